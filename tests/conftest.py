@@ -27,12 +27,11 @@ def session_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def isolated_env(monkeypatch, tmp_path, session_cache):
-    home = tmp_path / "home"
-    home.mkdir()
+def isolated_env(monkeypatch, tmp_path_factory, session_cache):
+    home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("POPRI_CACHE", str(session_cache))
     monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")

@@ -1,0 +1,26 @@
+# The two set-up commands of the README:
+#   make demo   -- install everything, then run the main job on the embedded default
+#   make test   -- install everything, then run the test suite (what .ci/run calls)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+RUN ?= runs/demo
+
+.PHONY: setup demo test test-fast bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	@PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/client_pipeline.sh $(RUN)
+
+test:
+	@bash scripts/test.sh
+
+test-fast:
+	@bash scripts/test.sh -m "not slow"
+
+bench: setup
+	$(PY) benchmarks/bench_score.py
+
+clean:
+	rm -rf runs .pytest_cache .hypothesis
