@@ -37,6 +37,8 @@ import numpy as np
 from .errors import InputError
 
 STDIO = "-"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -44,6 +46,7 @@ def _tmp_in(dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
     return Path(tmp)
 
 
