@@ -130,12 +130,16 @@ def main(argv: list[str] | None = None) -> None:
     except PopriError as e:
         sys.stderr.write(f"popri: error: {e}\n")
         code = e.exit_code
-    except click.exceptions.Exit as e:
+    except (click.exceptions.Exit, typer.Exit) as e:
         code = e.exit_code
-    except click.ClickException as e:
-        e.show()
+    # typer >= 0.2x raises its vendored click's exceptions (typer._click), not click's
+    except (click.ClickException, typer.TyperException) as e:
+        if hasattr(e, "show"):
+            e.show()
+        else:
+            sys.stderr.write(f"popri: error: {e.format_message()}\n")
         code = e.exit_code
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, typer.Abort):
         sys.stderr.write("popri: aborted\n")
         code = 130
     except KeyboardInterrupt:

@@ -1,0 +1,181 @@
+"""`popri account epsilon | sigma | ledger` through the real CLI.
+
+    python -m pytest -q tests/test_account_cli.py
+"""
+
+import json
+import math
+import re
+
+import pytest
+
+from popri_cli import ledger
+from popri_cli.privacy import accounting as A
+
+from conftest import write_jsonl
+
+PRETEXT_Z = 1.541 * math.sqrt(2)
+
+
+def ok(run_popri, *args):
+    p = run_popri(["account", *map(str, args)], check=True)
+    return p.stdout
+
+
+def js(run_popri, *args):
+    out = ok(run_popri, *args, "--json")
+    assert out.count("\n") == 1  # one JSON object, one line
+    return json.loads(out)
+
+
+def test_epsilon_line(run_popri):
+    out = ok(run_popri, "epsilon", "--noise-multiplier", 2.5, "--sample-rate", 0.1, "--steps", 20,
+             "--delta", 3e-6)
+    assert out == "epsilon = 0.9617 (rdp, q=0.1, T=20, delta=3e-06, z=2.5)\n"
+
+
+def test_epsilon_json_pld_pretext(run_popri):
+    d = js(run_popri, "epsilon", "-z", PRETEXT_Z, "-q", 1, "-T", 11, "--delta", 3e-6,
+           "--accountant", "pld")
+    assert d["epsilon"] == pytest.approx(7.58, abs=0.01)  # PrE-Text's 7.58 (D.1)
+    assert (d["noise_multiplier"], d["sample_rate"], d["steps"], d["delta"], d["accountant"]) == \
+        (pytest.approx(PRETEXT_Z), 1.0, 11, 3e-6, "pld")
+    assert d["neighbouring"] == "add/remove one client"
+
+
+def test_epsilon_zero_noise(run_popri):
+    assert ok(run_popri, "epsilon", "-z", 0, "-q", 0.5, "-T", 3).startswith("epsilon = inf (")
+    d = js(run_popri, "epsilon", "-z", 0, "-q", 0.5, "-T", 3, "-a", "pld")
+    assert d["epsilon"] is None and "infinity" in d["note"]
+
+
+@pytest.mark.parametrize("acc", ["rdp", "pld"])
+@pytest.mark.parametrize("target", [7.58, 1.29])
+def test_sigma_round_trips_pretext(run_popri, acc, target):
+    d = js(run_popri, "sigma", "--epsilon", target, "--steps", 11, "--sample-rate", 1,
+           "--delta", 3e-6, "--accountant", acc)
+    assert d["epsilon"] == target and d["accountant"] == acc
+    z = d["noise_multiplier"]
+    e = js(run_popri, "epsilon", "-z", repr(z), "-q", 1, "-T", 11, "--delta", 3e-6, "-a", acc)
+    assert target - 1e-3 <= e["epsilon"] <= target
+    assert e["epsilon"] == pytest.approx(d["epsilon_achieved"], abs=1e-12)
+
+
+def test_sigma_line_rounds_up(run_popri):
+    out = ok(run_popri, "sigma", "-e", 1, "-q", 1, "-T", 20)  # POPri C.1: 19.3 at q = 1
+    m = re.fullmatch(r"noise_multiplier = (\S+) \(rdp, q=1, T=20, delta=3e-06, "
+                     r"epsilon=(\S+) <= 1\)\n", out)
+    assert m, out
+    z = float(m.group(1))
+    assert 19.2 < z <= 19.3
+    assert A.epsilon(z, 1.0, 20, 3e-6) <= 1.0  # the printed (rounded) value meets the target
+
+
+def _entry(stage, z, q, steps, rid, sampling="poisson", delta=3e-6):
+    return {"stage": stage, "mechanism": "gaussian" if q == 1 else "subsampled_gaussian",
+            "noise_multiplier": z, "sample_rate": q, "sampling": sampling if q < 1 else "none",
+            "steps": steps, "delta": delta, "sensitivity": 1.0,
+            "neighbouring": "add/remove one client", "release_id": rid}
+
+
+@pytest.fixture
+def pipeline(tmp_path):
+    """Two heterogeneous releases; the score release also copied into a score sidecar and
+    into a second run directory (same release_id: counted once)."""
+    score = _entry("score", 1.05, 0.0075, 20, "rel-score", sampling="fixed")
+    hist = _entry("histogram", 12.858, 1.0, 11, "rel-hist")
+    (tmp_path / "round1").mkdir()
+    (tmp_path / "round2").mkdir()
+    write_jsonl(tmp_path / "round1" / "ledger.jsonl", [score])
+    ledger.append(tmp_path / "round2" / "out.npy", [ledger.LedgerEntry(**hist),
+                                                    ledger.LedgerEntry(**score)])
+    (tmp_path / "scores.json").write_text(json.dumps({"ids": ["a"], "ledger": [score]}))
+    return tmp_path, [(1.05, 0.0075, 20), (12.858, 1.0, 11)]
+
+
+@pytest.mark.parametrize("acc", ["rdp", "pld"])
+def test_ledger_json(run_popri, pipeline, acc):
+    root, history = pipeline
+    d = js(run_popri, "ledger", root, root / "scores.json", "--accountant", acc)
+    assert d["entries"] == 2 and len(d["groups"]) == 2
+    assert d["delta"] == 3e-6 and d["accountant"] == acc  # delta taken from the entries
+    assert d["epsilon"] == pytest.approx(A.compose(history, 3e-6, acc).epsilon, rel=1e-9)
+    alone = {g["stage"]: g["epsilon_alone"] for g in d["groups"]}
+    assert alone["histogram"] == pytest.approx(A.epsilon(12.858, 1.0, 11, 3e-6, acc), rel=1e-9)
+    assert d["epsilon"] > max(alone.values())
+    assert "L/N" in d["note"]  # fixed-size sampling convention is spelled out
+
+
+def test_ledger_table(run_popri, pipeline):
+    root, history = pipeline
+    p = run_popri(["account", "ledger", root / "round1" / "ledger.jsonl", root / "round2"],
+                  check=True)
+    lines = p.stdout.splitlines()
+    assert lines[0].split()[:6] == ["stage", "mechanism", "z", "q", "steps", "sampling"]
+    assert lines[1].split()[:7] == ["score", "subsampled_gaussian", "1.05", "0.0075", "20",
+                                    "fixed", "1"]
+    assert lines[2].split()[:7] == ["histogram", "gaussian", "12.858", "1", "11", "none", "1"]
+    eps = A.compose(history, 3e-6).epsilon
+    assert lines[3] == (f"total: epsilon = {math.ceil(eps * 1e4) / 1e4:.4f} "
+                        f"(rdp, delta=3e-06, 2 entries, 2 lines)")
+    assert "Poisson" in p.stderr  # the note goes to stderr, the table to stdout
+
+
+def test_ledger_delta_must_be_chosen_when_entries_disagree(run_popri, tmp_path):
+    write_jsonl(tmp_path / "ledger.jsonl", [_entry("a", 2.0, 0.1, 5, "x"),
+                                            _entry("b", 3.0, 1.0, 1, "y", delta=1e-5)])
+    p = run_popri(["account", "ledger", tmp_path])
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().count("\n") == 0 and "--delta" in p.stderr
+    d = js(run_popri, "ledger", tmp_path, "--delta", 1e-5)
+    assert d["delta"] == 1e-5 and d["entries"] == 2
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["epsilon", "-z", -1, "-q", 0.1, "-T", 5], "--noise-multiplier"),
+    (["epsilon", "-z", 1, "-q", 0, "-T", 5], "--sample-rate"),
+    (["epsilon", "-z", 1, "-q", 1.5, "-T", 5], "--sample-rate"),
+    (["epsilon", "-z", 1, "-q", 0.1, "-T", 0], "--steps"),
+    (["epsilon", "-z", 1, "-q", 0.1, "-T", 5, "--delta", 0], "--delta"),
+    (["epsilon", "-z", 1, "-q", 0.1, "-T", 5, "--delta", 1.5], "--delta"),
+    (["epsilon", "-z", 1, "-q", 0.1, "-T", 5, "-a", "moments"], "--accountant"),
+    (["sigma", "-e", 0, "-q", 0.1, "-T", 5], "--epsilon"),
+    (["sigma", "-e", -2, "-q", 0.1, "-T", 5], "--epsilon"),
+    (["sigma", "-e", 1, "-q", 0.1, "-T", 5, "--tol", 0], "--tol"),
+    (["ledger", "no/such/ledger.jsonl"], "no such file"),
+])
+def test_bad_input_one_clear_line(run_popri, args, needle):
+    p = run_popri(["account", *map(str, args)])
+    assert p.returncode == 2 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("popri: error:") and needle in lines[0]
+
+
+def test_bad_ledger_line_names_file_line_field(run_popri, tmp_path):
+    f = tmp_path / "ledger.jsonl"
+    write_jsonl(f, [_entry("a", 2.0, 0.1, 5, "x")])
+    with open(f, "a") as fh:
+        fh.write(json.dumps({"stage": "b", "mechanism": "gaussian", "sample_rate": 1,
+                             "steps": 1}) + "\n")
+    p = run_popri(["account", "ledger", f])
+    assert p.returncode == 2
+    assert p.stderr.strip() == (f"popri: error: {f}:2: field 'noise_multiplier': "
+                                "missing required ledger field")
+
+
+def test_non_integer_steps_is_a_usage_error(run_popri):
+    p = run_popri(["account", "epsilon", "-z", 1, "-q", 0.1, "-T", 2.5])
+    assert p.returncode == 2 and "--steps" in p.stderr and p.stdout == ""
+
+
+def test_help_explains_defaults_and_neighbouring(run_popri):
+    def text(*args):  # help as one line of words, without rich's box-drawing characters
+        return " ".join(re.sub(r"[\u2500-\u257f]", " ", ok(run_popri, *args)).split())
+
+    assert "rdp" in text("--help") and "pld" in text("--help")
+    for sub in ("epsilon", "sigma", "ledger"):
+        h = text(sub, "--help")
+        assert "adding or removing one client's whole data (user-level DP)" in h
+    eps_help = text("epsilon", "--help")
+    assert "POPri D.1" in eps_help and "PrE-Text D.1" in eps_help and "3e-6" in eps_help
+    assert "q = L/N, as POPri did (appendix D.1" in text("ledger", "--help")
