@@ -101,7 +101,8 @@ def root(
 
 # Order in `popri --help`: the pipeline order.  Every module in popri_cli.commands that has a
 # register() is added; an import error there is a bug and is not swallowed.
-_ORDER = ("bench", "embed", "score", "aggregate", "account")
+_ORDER = ("run", "bench", "embed", "gen", "score", "aggregate", "prefs", "dpo", "sft",
+          "train_downstream", "eval", "account")
 
 
 def _register() -> None:
