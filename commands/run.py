@@ -21,8 +21,7 @@ def run(
     run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Shortcut for --set run_dir=DIR."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the stage commands, run nothing."),
 ) -> None:
-    """Run POPri end to end: T rounds of gen -> score -> prefs -> dpo, then the synthetic set ->
-    train-downstream -> eval with the eps=0 / eps=inf baselines, and the ledger totalled.
+    """Run POPri end to end (T rounds of gen, score, prefs, dpo; then synthetic data, downstream training, evaluation against the eps=0 / eps=inf baselines, and the ledger totalled).
 
     Every stage's output goes into the run directory; a stage whose inputs and parameters are
     unchanged is skipped, so a killed run continues from the last finished stage.  The noise
