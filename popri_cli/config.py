@@ -42,7 +42,7 @@ class GeneratorConfig:
     top_p: float = 1.0
     max_new_tokens: int = 85             # reference code
     max_tokens: int = 64
-    batch_size: int = 16
+    batch_size: int = 8
     bf16: bool = True
 
 
@@ -79,7 +79,7 @@ class DPOConfig:
     batch_size: int = 4                  # POPri B.1: 24
     rejected_rank: int = 5               # POPri B.1: 1st vs 5th
     select_checkpoint: bool = True       # POPri B.1: lowest FID to the validation split
-    select_samples: int = 24
+    select_samples: int = 16
 
 
 @dataclass
@@ -99,9 +99,9 @@ class RunConfig:
     run_dir: str = "runs/default"
     seed: int = 0
     rounds: int = 2                      # POPri T (paper: 10 / 20)
-    prompts: int = 16                    # POPri K (paper: 1800)
+    prompts: int = 12                    # POPri K (paper: 1800)
     samples_per_prompt: int = 6          # POPri J (paper: 10)
-    num_synthetic: int = 240             # final N (paper: 1,000,000)
+    num_synthetic: int = 160             # final N (paper: 1,000,000)
     embedder: str = "all-MiniLM-L6-v2"   # POPri B.1
     baselines: bool = True               # eps = 0 and eps = inf runs
     data: DataConfig = field(default_factory=DataConfig)
