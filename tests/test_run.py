@@ -1,0 +1,86 @@
+"""`popri run` machinery: config loading/overrides and the cached, resumable stage runner."""
+
+import json
+
+import pytest
+
+from popri_cli import config as C
+from popri_cli.errors import PopriError
+from popri_cli.pipeline import POPriRun
+from popri_cli.stages import Stage, StageRunner
+
+
+def test_config_defaults_yaml_and_overrides(tmp_path):
+    y = tmp_path / "c.yaml"
+    y.write_text("rounds: 3\ndpo:\n  beta: 0.1\nprivacy:\n  epsilon: 7\n")
+    cfg = C.load(str(y), ["dpo.lr=2e-5", "score.clients_per_round=10", "run_dir=x"])
+    assert cfg.rounds == 3 and cfg.dpo.beta == 0.1 and cfg.dpo.lr == 2e-5
+    assert cfg.dpo.lora_r == 4 and cfg.privacy.delta == 3e-6  # untouched defaults stay
+    assert cfg.privacy.epsilon == 7.0 and cfg.score.clients_per_round == 10 and cfg.run_dir == "x"
+
+
+@pytest.mark.parametrize("override,msg", [("dpo.lrr=1", "unknown key 'dpo.lrr'"),
+                                          ("rounds=abc", "expects int"),
+                                          ("rounds", "key=value")])
+def test_config_errors_are_clear(override, msg):
+    with pytest.raises(PopriError, match=msg):
+        C.load(None, [override])
+
+
+def _eps_stage(out, z="2.0"):
+    return Stage("eps", ["account", "epsilon", "-z", z, "-q", "1", "-T", "1", "--json"],
+                 outputs=[str(out)], stdout_to=str(out))
+
+
+def test_stage_runs_once_then_skips_and_reruns_on_change(tmp_path):
+    out = tmp_path / "eps.json"
+    r = StageRunner(tmp_path)
+    assert r.run(_eps_stage(out)) is True
+    first = json.loads(out.read_text())
+    assert first["noise_multiplier"] == 2.0
+    assert StageRunner(tmp_path).run(_eps_stage(out)) is False      # unchanged: skipped
+    assert StageRunner(tmp_path).run(_eps_stage(out, "3.0")) is True  # new parameter: re-run
+    assert json.loads(out.read_text())["noise_multiplier"] == 3.0
+    out.unlink()                                                      # output gone: re-run
+    assert StageRunner(tmp_path).run(_eps_stage(out, "3.0")) is True
+    assert "popri account epsilon" in (tmp_path / "commands.sh").read_text()
+
+
+def test_downstream_stage_reruns_when_upstream_output_changes(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    r = StageRunner(tmp_path)
+    r.run(_eps_stage(a))
+    dep = Stage("dep", ["account", "ledger", str(tmp_path / "ledger.jsonl"), "--json"],
+                outputs=[str(b)], inputs=[str(a)], stdout_to=str(b))
+    (tmp_path / "ledger.jsonl").write_text(json.dumps(
+        {"stage": "s", "mechanism": "gaussian", "noise_multiplier": 2.0, "sample_rate": 1.0,
+         "steps": 1, "delta": 1e-5, "sensitivity": 1.0, "release_id": "x"}) + "\n")
+    assert r.run(dep) is True
+    r2 = StageRunner(tmp_path)
+    r2.run(_eps_stage(a))                 # same upstream: both skipped
+    assert r2.run(dep) is False
+    r3 = StageRunner(tmp_path)
+    r3.run(_eps_stage(a, "5.0"))          # upstream re-ran with a new result: dep re-runs
+    assert r3.run(dep) is True
+
+
+def test_failed_stage_leaves_no_marker_and_names_the_command(tmp_path):
+    out = tmp_path / "bad.json"
+    st = Stage("bad", ["account", "epsilon", "-z", "1", "-q", "7", "-T", "1"], outputs=[str(out)],
+               stdout_to=str(out))
+    with pytest.raises(PopriError, match="stage bad failed"):
+        StageRunner(tmp_path).run(st)
+    assert not (tmp_path / ".stages" / "bad.json").exists() and not out.exists()
+
+
+def test_dry_run_plans_every_stage_of_the_loop(tmp_path, capsys):
+    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=2", "privacy.noise_multiplier=1.5"])
+    POPriRun(cfg, dry_run=True).execute()
+    cmds = (tmp_path / "run" / "commands.sh").read_text().splitlines()
+    names = [c.split()[1] for c in cmds]
+    assert names[:2] == ["bench", "bench"]
+    assert names.count("gen") == 3 and names.count("dpo") == 2 and names.count("prefs") == 2
+    assert names.count("train-downstream") == 2 and names[-1] == "account"
+    round2_gen = [c for c in cmds if " gen " in f" {c} " and "--round 2" in c][0]
+    assert "--adapter" in round2_gen and "round1/dpo/adapter" in round2_gen
+    assert any("--noise-multiplier 1.5" in c for c in cmds)
