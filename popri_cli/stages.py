@@ -112,7 +112,8 @@ class StageRunner:
                 if p.returncode != 0:
                     raise PopriError(f"stage {stage.name} failed (exit {p.returncode}): {shown}")
         else:
-            p = subprocess.run(cmd, env=self.env)
+            # a stage's own stdout (data, e.g. an adapter path) must not mix into ours
+            p = subprocess.run(cmd, env=self.env, stdout=sys.stderr.fileno())
             if p.returncode != 0:
                 raise PopriError(f"stage {stage.name} failed (exit {p.returncode}): {shown}")
         missing = [o for o in stage.outputs if not Path(o).exists()]
