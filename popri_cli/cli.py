@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from typing import Optional
 
 import click
@@ -41,17 +40,9 @@ app = typer.Typer(
 
 
 def _load_config(path: str) -> dict:
-    import yaml
+    from .config import load_yaml_mapping
 
-    p = Path(path)
-    if not p.exists():
-        raise PopriError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise PopriError(f"{path}: malformed YAML: {e}") from None
-    if not isinstance(data, dict):
-        raise PopriError(f"{path}: expected a mapping of command -> options")
+    data = load_yaml_mapping(path)
 
     def norm(d):
         if isinstance(d, dict):

@@ -164,20 +164,26 @@ def set_dotted(d: dict, dotted: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
+def load_yaml_mapping(path: str) -> dict:
+    """A YAML file whose top level is a mapping, or one clear PopriError."""
+    import yaml
+
+    p = Path(path)
+    if not p.exists():
+        raise PopriError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise PopriError(f"{path}: malformed YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise PopriError(f"{path}: expected a mapping at the top level")
+    return data
+
+
 def load(path: str | None, overrides: list[str] = ()) -> RunConfig:
     import yaml
 
-    raw: dict = {}
-    if path:
-        p = Path(path)
-        if not p.exists():
-            raise PopriError(f"config file not found: {path}")
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise PopriError(f"{path}: malformed YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise PopriError(f"{path}: expected a mapping at the top level")
+    raw: dict = load_yaml_mapping(path) if path else {}
     for o in overrides:
         if "=" not in o:
             raise PopriError(f"--set expects key=value, got {o!r}")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import log
+from ..io import sha256_file
 from ..errors import InputError, MissingResourceError
 from .sources import Document, SourceData
 
@@ -187,16 +188,9 @@ def load_debian(source: str | None = None) -> SourceData:
     if no_long:
         log.info(f"debian: {no_long} packages have no Translation-en entry (short description only)")
     docs = [seen[k] for k in sorted(seen)]
-    files = [{"file": os.path.basename(f), "sha256": _sha256(f)} for f in pk_files + tr_files]
+    files = [{"file": os.path.basename(f), "sha256": sha256_file(f)} for f in pk_files + tr_files]
     log.info(f"debian: {len(docs)} packages from {len(pk_files)} Packages + "
              f"{len(tr_files)} Translation-en indexes")
     return SourceData("debian", "apt indexes " + hashlib.sha256(
         "".join(x["sha256"] for x in files).encode()).hexdigest()[:16], docs, {"indexes": files})
 
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while b := fh.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()

