@@ -56,7 +56,7 @@ def accuracy(
                                             help="Token appended to every text (default: the "
                                                  "tokenizer's EOS)."),
     batch_size: int = typer.Option(32, min=1, help="Sequences per forward pass."),
-    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast (2.4x faster on CPU)."),
+    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast (1.3-2.4x faster on CPU in our runs)."),
     max_samples: Optional[int] = typer.Option(None, min=1, help="Evaluate the first N records only."),
     bootstrap: int = typer.Option(1000, min=0, help="Bootstrap resamples of clients for accuracy_se "
                                                     "(0: none)."),

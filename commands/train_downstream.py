@@ -52,8 +52,9 @@ def train_downstream(
                                                          "(memory only; same gradient)."),
     lora: bool = typer.Option(False, "--lora/--full",
                               help="LoRA adapter or full fine-tuning (default: full, as both papers "
-                                   "fine-tune DistilGPT2; on 2 CPU threads LoRA+bf16 measured 2.2x "
-                                   "faster per step for SmolLM2-135M: benchmarks/bench_downstream.py)."),
+                                   "fine-tune DistilGPT2 fully; for SmolLM2-135M on 2 CPU threads "
+                                   "LoRA+bf16 steps measured about 2-3x faster than full: "
+                                   "benchmarks/bench_downstream.py)."),
     lora_r: int = typer.Option(4, min=1, help="LoRA rank (PrE-Text: 4)."),
     lora_alpha: int = typer.Option(8, min=1, help="LoRA alpha (PrE-Text: 8)."),
     select_by: str = typer.Option("accuracy", help="Best epoch by val 'accuracy' (the reference code; "
