@@ -79,6 +79,9 @@ def dpo(
                                 "checkpoint in --out."),
     gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing",
                                                 help="Trade compute for memory (large models on GPU)."),
+    eval_pairs: int = typer.Option(0, "--eval-pairs", min=0, help="After training, the exact "
+                                   "(fp32) reward margin on the first N pairs (the bf16-logged "
+                                   "margins carry rounding noise ~1e-3); into metrics.json."),
     select_on: Optional[str] = typer.Option(None, "--select-on", help="Validation data for "
                                             "checkpoint selection by FID (POPri B.1)."),
     select_prompts: Optional[str] = typer.Option(None, "--select-prompts", help="Prompts for the "
@@ -110,7 +113,7 @@ def dpo(
                         epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
                         max_length=max_length, save_steps=save_steps, max_steps=max_steps,
                         seed=seed, bf16=bf16, resume=resume, min_lr_ratio=min_lr_ratio,
-                        gradient_checkpointing=gradient_checkpointing)
+                        gradient_checkpointing=gradient_checkpointing, eval_pairs=eval_pairs)
     adapter_out = res["adapter"]
     if select:
         adapter_out = select(res["checkpoints"], Path(out))

@@ -144,20 +144,35 @@ def _init_from_adapter(peft_model, adapter: str) -> None:
                          f"{len(res.unexpected_keys)} unexpected LoRA weights", path=adapter)
 
 
-def _load_base(model: str, adapter: str | None, lora_r, lora_alpha, target_modules):
+def _load_base(model: str, adapter: str | None, lora_r, lora_alpha, target_modules, bf16: bool):
+    """(base model, tokenizer, LoRA config): the adapter's own config when continuing one.
+    On a bf16-capable GPU the base weights are loaded in bf16 (the frozen part); on CPU in fp32
+    with bf16 autocast."""
+    import torch
+
     from . import llm
 
-    base, tok = llm.load_causal_lm(model)
+    dtype = "bfloat16" if bf16 and torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
+        else "float32"
+    base, tok = llm.load_causal_lm(model, dtype=dtype)
     if adapter:
         cfg = _adapter_config(adapter)
         if (cfg.r, cfg.lora_alpha) != (lora_r, lora_alpha):
-            log.info(f"dpo: continuing adapter {adapter} with its own LoRA rank {cfg.r} / alpha "
+            log.info(f"train: continuing adapter {adapter} with its own LoRA rank {cfg.r} / alpha "
                      f"{cfg.lora_alpha}")
         cfg.inference_mode = False
         peft_cfg = cfg
     else:
         peft_cfg = lora_config(base, r=lora_r, alpha=lora_alpha, target_modules=target_modules)
     return base, tok, peft_cfg
+
+
+def _adapter_digest(adapter: str | None) -> str | None:
+    """Content hash of an adapter's weights (a resumed run must start from the same adapter)."""
+    if not adapter:
+        return None
+    files = sorted(Path(adapter).glob("adapter_model.*"))
+    return io.sha256_file(files[0]) if files else None
 
 
 # --------------------------------------------------------------------------- trainer plumbing
@@ -329,7 +344,8 @@ def _epoch_table(kind: str, epochs: list[dict]) -> None:
         log.info(line)
 
 
-def _run(kind: str, trainer, out_dir: Path, resume_from: str | None, config: dict) -> dict:
+def _run(kind: str, trainer, out_dir: Path, resume_from: str | None, config: dict,
+         eval_records: Sequence[dict] = ()) -> dict:
     t0 = time.perf_counter()
     start_step = 0
     if resume_from:
@@ -347,6 +363,14 @@ def _run(kind: str, trainer, out_dir: Path, resume_from: str | None, config: dic
         "train_loss": out.training_loss if steps_run else None,
         "epochs": epochs, "steps": steps, "config": config,
     }
+    if eval_records:  # exact (fp32) margins: bf16 logged rewards carry rounding noise ~1e-3
+        ev = margin_stats(trainer.model, trainer.processing_class, eval_records, config["beta"],
+                          config["max_length"])
+        ev["margins"] = [float(x) for x in ev["margins"]]
+        metrics["eval_margin"] = ev
+        log.info(f"{kind}: fp32 reward margin on {ev['pairs']} training pairs: {ev['margin']:+.4g} "
+                 f"(accuracy {ev['accuracy']:.2f}; dlogp chosen {ev['dlogp_chosen']:+.3g}, "
+                 f"rejected {ev['dlogp_rejected']:+.3g})")
     io.write_json(metrics, out_dir / METRICS_FILE)
     _epoch_table(kind, epochs)
     if metrics["seconds_per_step"]:
@@ -354,6 +378,7 @@ def _run(kind: str, trainer, out_dir: Path, resume_from: str | None, config: dic
                  f" -> {adapter}")
     return {"adapter": adapter, "metrics": str(out_dir / METRICS_FILE),
             "checkpoints": metrics["checkpoints"], "epochs": epochs,
+            "eval_margin": metrics.get("eval_margin"),
             "global_step": trainer.state.global_step, "steps_this_run": steps_run,
             "resumed_from": resume_from, "seconds_per_step": metrics["seconds_per_step"]}
 
@@ -377,7 +402,7 @@ def build_dpo_trainer(records: list[dict], *, model: str, adapter: str | None = 
     if loss not in ("dpo", "ipo"):
         raise InputError(f"--loss must be dpo or ipo (got {loss!r})")
     runtime.configure_torch()
-    base, tok, peft_cfg = _load_base(model, adapter, lora_r, lora_alpha, target_modules)
+    base, tok, peft_cfg = _load_base(model, adapter, lora_r, lora_alpha, target_modules, bf16)
     args = DPOConfig(**_common_args(out_dir=out_dir, lr=lr, epochs=epochs, batch_size=batch_size,
                                     grad_accum=grad_accum, save_steps=save_steps, max_steps=max_steps,
                                     seed=seed, bf16=bf16, logging_steps=logging_steps,
@@ -401,13 +426,15 @@ def train_dpo(pairs_path_or_records, *, model: str, adapter: str | None = None, 
               max_length: int = DEFAULT_MAX_LENGTH, save_steps: int | None = None,
               max_steps: int | None = None, seed: int = 0, bf16: bool = True, resume: bool = True,
               logging_steps: int = 1, min_lr_ratio: float = MIN_LR_RATIO,
-              gradient_checkpointing: bool = False, callbacks=None) -> dict:
+              gradient_checkpointing: bool = False, eval_pairs: int = 0, callbacks=None) -> dict:
     """Train; returns {"adapter": OUT/adapter, "metrics": OUT/metrics.json, "checkpoints", "epochs",
-    ...}.  ``resume``: continue from the latest checkpoint in ``out_dir`` (same data/settings)."""
+    ...}.  ``resume``: continue from the latest checkpoint in ``out_dir`` (same data/settings).
+    ``eval_pairs``: also measure the exact (fp32) reward margin on the first N pairs afterwards."""
     records = load_pairs(pairs_path_or_records)
     lr = DEFAULT_LR if lr is None else lr
     out_dir = Path(out_dir)
-    config = {"model": model, "adapter": adapter, "loss": loss, "beta": beta, "lora_r": lora_r,
+    config = {"model": model, "adapter": adapter, "adapter_sha256": _adapter_digest(adapter),
+              "loss": loss, "beta": beta, "lora_r": lora_r,
               "lora_alpha": lora_alpha, "target_modules": list(target_modules or []) or None,
               "lr": lr, "epochs": epochs, "batch_size": batch_size, "grad_accum": grad_accum,
               "max_length": max_length, "save_steps": save_steps, "max_steps": max_steps,
@@ -419,7 +446,7 @@ def train_dpo(pairs_path_or_records, *, model: str, adapter: str | None = None, 
         batch_size=batch_size, grad_accum=grad_accum, max_length=max_length, save_steps=save_steps,
         max_steps=max_steps, seed=seed, bf16=bf16, logging_steps=logging_steps,
         min_lr_ratio=min_lr_ratio, gradient_checkpointing=gradient_checkpointing, callbacks=callbacks)
-    return _run("dpo", trainer, out_dir, resume_from, config)
+    return _run("dpo", trainer, out_dir, resume_from, config, records[:max(int(eval_pairs), 0)])
 
 
 # --------------------------------------------------------------------------- SFT (PE+SFT)
@@ -437,7 +464,7 @@ def build_sft_trainer(records: list[dict], *, model: str, adapter: str | None = 
     from . import runtime
 
     runtime.configure_torch()
-    base, tok, peft_cfg = _load_base(model, adapter, lora_r, lora_alpha, target_modules)
+    base, tok, peft_cfg = _load_base(model, adapter, lora_r, lora_alpha, target_modules, bf16)
     args = SFTConfig(**_common_args(out_dir=out_dir, lr=lr, epochs=epochs, batch_size=batch_size,
                                     grad_accum=grad_accum, save_steps=save_steps, max_steps=max_steps,
                                     seed=seed, bf16=bf16, logging_steps=logging_steps,
@@ -464,7 +491,8 @@ def train_sft(records, *, model: str, adapter: str | None = None, out_dir, lora_
     recs = _check_sft(records)
     lr = DEFAULT_SFT_LR if lr is None else lr
     out_dir = Path(out_dir)
-    config = {"model": model, "adapter": adapter, "lora_r": lora_r, "lora_alpha": lora_alpha,
+    config = {"model": model, "adapter": adapter, "adapter_sha256": _adapter_digest(adapter),
+              "lora_r": lora_r, "lora_alpha": lora_alpha,
               "target_modules": list(target_modules or []) or None, "lr": lr, "epochs": epochs,
               "batch_size": batch_size, "grad_accum": grad_accum, "max_length": max_length,
               "save_steps": save_steps, "max_steps": max_steps, "seed": seed, "bf16": bf16,
@@ -505,22 +533,30 @@ def sequence_logps(model, tok, prompts: Sequence[str], completions: Sequence[str
     return np.asarray(out)
 
 
-def reward_margins(peft_model, tok, pairs: Sequence[dict], beta: float = BETA,
-                   max_length: int = DEFAULT_MAX_LENGTH) -> np.ndarray:
-    """DPO implicit reward margin per pair: beta * [(log pi - log ref)(chosen) - (same)(rejected)],
-    pi = adapter enabled, ref = adapter disabled."""
+def margin_stats(peft_model, tok, pairs: Sequence[dict], beta: float = BETA,
+                 max_length: int = DEFAULT_MAX_LENGTH) -> dict:
+    """DPO implicit rewards per pair, in fp32 (no autocast): policy = adapter enabled, reference =
+    adapter disabled.  ``margins`` = beta * [(log pi - log ref)(chosen) - (same)(rejected)]."""
     prompts = [p["prompt"] for p in pairs]
+    ch, rj = [p["chosen"] for p in pairs], [p["rejected"] for p in pairs]
     was_training = peft_model.training
     peft_model.eval()
     try:
-        pc = sequence_logps(peft_model, tok, prompts, [p["chosen"] for p in pairs], max_length)
-        pr = sequence_logps(peft_model, tok, prompts, [p["rejected"] for p in pairs], max_length)
+        pc, pr = (sequence_logps(peft_model, tok, prompts, x, max_length) for x in (ch, rj))
         with peft_model.disable_adapter():
-            rc = sequence_logps(peft_model, tok, prompts, [p["chosen"] for p in pairs], max_length)
-            rr = sequence_logps(peft_model, tok, prompts, [p["rejected"] for p in pairs], max_length)
+            rc, rr = (sequence_logps(peft_model, tok, prompts, x, max_length) for x in (ch, rj))
     finally:
         peft_model.train(was_training)
-    return beta * ((pc - rc) - (pr - rr))
+    margins = beta * ((pc - rc) - (pr - rr))
+    return {"pairs": len(pairs), "margin": float(margins.mean()),
+            "accuracy": float((margins > 0).mean()), "dlogp_chosen": float((pc - rc).mean()),
+            "dlogp_rejected": float((pr - rr).mean()), "margins": margins}
+
+
+def reward_margins(peft_model, tok, pairs: Sequence[dict], beta: float = BETA,
+                   max_length: int = DEFAULT_MAX_LENGTH) -> np.ndarray:
+    """Per-pair DPO reward margins (see :func:`margin_stats`)."""
+    return margin_stats(peft_model, tok, pairs, beta, max_length)["margins"]
 
 
 # --------------------------------------------------------------------------- checkpoint selection

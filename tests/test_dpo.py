@@ -50,10 +50,12 @@ def test_dpo_grows_the_reward_margin_on_the_training_pairs(tiny_lm, tmp_path):
     tr = lib.build_dpo_trainer(pairs, model=tiny_lm, out_dir=tmp_path / "probe", lr=5e-3, **FAST)
     before = lib.reward_margins(tr.model, tr.processing_class, pairs)
     assert np.allclose(before, 0.0, atol=1e-6)  # fresh LoRA (B = 0): policy == reference
-    res = lib.train_dpo(pairs, model=tiny_lm, out_dir=tmp_path / "o", lr=5e-3, epochs=3, **FAST)
-    model, tok = llm.load_causal_lm(tiny_lm, adapter=res["adapter"])
+    res = lib.train_dpo(pairs, model=tiny_lm, out_dir=tmp_path / "o", lr=5e-3, epochs=3,
+                        eval_pairs=8, **FAST)
+    model, tok = llm.load_causal_lm(tiny_lm, adapter=res["adapter"])  # the saved adapter
     after = lib.reward_margins(model, tok, pairs)
     assert after.mean() > 0.02 and (after > 0).mean() >= 0.75, after
+    assert res["eval_margin"]["margin"] == pytest.approx(after.mean(), rel=1e-4)
     # TRL's own log agrees in direction, and the per-epoch table is in metrics.json
     m = json.loads(Path(res["metrics"]).read_text())
     assert [e["epoch"] for e in m["epochs"]] == [1, 2, 3]
