@@ -131,11 +131,13 @@ def _open_in(path: str | os.PathLike) -> IO[str]:
     return open(p, "r", encoding="utf-8")
 
 
-def iter_jsonl(path: str | os.PathLike, required: Sequence[str] = ()) -> Iterator[dict]:
+def iter_jsonl(path: str | os.PathLike, required: Sequence[str] = (),
+               locate: bool = False) -> Iterator[dict]:
     """Yield the objects of a JSONL file (``-`` = stdin), validating ``required`` fields.
 
     Blank lines are skipped.  Any malformed line raises :class:`InputError` naming the file,
-    the line number and the field.
+    the line number and the field.  ``locate=True`` adds ``_path`` / ``_line`` to each object so
+    later checks can name where a record came from.
     """
     fh = _open_in(path)
     close = str(path) != STDIO
@@ -155,6 +157,8 @@ def iter_jsonl(path: str | os.PathLike, required: Sequence[str] = ()) -> Iterato
                     raise InputError("missing required field", path=str(path), line=lineno, field=f)
             if "text" in required and not isinstance(obj["text"], str):
                 raise InputError("must be a string", path=str(path), line=lineno, field="text")
+            if locate:
+                obj["_path"], obj["_line"] = str(path), lineno
             yield obj
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text ({e.reason})", path=str(path)) from None

@@ -162,31 +162,9 @@ def top_samples(samples: list[dict], scores: np.ndarray, ids: list[str] | None, 
 
 def read_samples(path: str) -> list[dict]:
     """Samples JSONL with each record's file/line kept (``_path``, ``_line``) for error messages."""
-    from .io import _open_in
+    from .io import iter_jsonl
 
-    import json
-
-    recs = []
-    fh = _open_in(path)
-    try:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"malformed JSON: {e.msg} (column {e.colno})", path=path,
-                                 line=lineno) from None
-            if not isinstance(obj, dict):
-                raise InputError("expected a JSON object", path=path, line=lineno)
-            obj["_path"], obj["_line"] = path, lineno
-            recs.append(obj)
-    except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 text ({e.reason})", path=path) from None
-    finally:
-        if path != "-":
-            fh.close()
-    return recs
+    return list(iter_jsonl(path, locate=True))
 
 
 def load_score_vector(path: str) -> tuple[np.ndarray, list[str] | None]:
