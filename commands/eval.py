@@ -21,7 +21,8 @@ eval_app = typer.Typer(
 _ACC_HELP = """Next-token prediction accuracy and loss of a causal LM on a dataset split.
 
 Each text is [BOS] + tokens + [EOS] cut to --max-length (64, POPri B.1); BOS is the tokenizer's
-(its EOS if it has none; the tokenizer never adds one itself).  Position j >= 1 is predicted
+(its EOS if it has none; the tokenizer never adds one itself). A chat-turn marker (SmolLM2-Instruct's <|im_start|> / <|im_end|>) is replaced by <|endoftext|>, the
+document separator of pretraining (eps=0 on SmolLM2: 0.291 accuracy with the markers, 0.303 without).  Position j >= 1 is predicted
 from positions < j: a sequence of n tokens has n - 1 targets -- BOS is never a target, padding
 never counts, the EOS counts unless --no-count-eos (the POPri and PrE-Text evaluation code count
 it; a text filling the window has no EOS).  accuracy = argmax hits / targets and loss = mean
@@ -51,7 +52,7 @@ def accuracy(
                                    help="Count the EOS target (POPri / PrE-Text code: yes)."),
     bos_token: Optional[str] = typer.Option(
         None, "--bos-token", help="Token that starts every sequence (default: the tokenizer's BOS, "
-        "its EOS if none). Compare models with the same START/EOS."),
+        "its EOS if none; chat markers -> <|endoftext|>). Compare models with the same START/EOS."),
     eos_token: Optional[str] = typer.Option(None, "--eos-token",
                                             help="Token appended to every text (default: the "
                                                  "tokenizer's EOS)."),

@@ -46,17 +46,23 @@ def trained(tiny_lm, tmp_path_factory):
 def test_counted_positions_by_hand(tok):
     body = tok("Hello world", add_special_tokens=False)["input_ids"]
     assert len(body) == 2 and tok.bos_token_id is not None
+    # SmolLM2-Instruct declares the chat markers <|im_start|> / <|im_end|> as BOS / EOS; plain text
+    # is framed by the document separator <|endoftext|> (id 0) instead, unless asked otherwise
+    assert (tok.bos_token, tok.eos_token) == ("<|im_start|>", "<|im_end|>")
+    sep = tok.convert_tokens_to_ids("<|endoftext|>")
     (seq, has_eos), = ds.encode(tok, ["Hello world"], 64)
-    assert seq == [tok.bos_token_id, *body, tok.eos_token_id] and has_eos
+    assert seq == [sep, *body, sep] and has_eos
+    (seq, _), = ds.encode(tok, ["Hello world"], 64, bos_token="<|im_start|>", eos_token="<|im_end|>")
+    assert seq == [tok.bos_token_id, *body, tok.eos_token_id]
     long_text = " ".join(["word"] * 40)
     seqs = ds.encode(tok, ["Hello world", long_text], 8)
     assert len(seqs[1][0]) == 8 and seqs[1][1] is False  # cut: no EOS, 7 targets
-    assert seqs[1][0][0] == tok.bos_token_id
+    assert seqs[1][0][0] == sep
     assert ds.count_targets(seqs, count_eos=True) == 3 + 7
     assert ds.count_targets(seqs, count_eos=False) == 2 + 7
     ids, mask, labels = ds.make_batch(seqs, pad_id=tok.pad_token_id, count_eos=True)
     assert ids.shape == (2, 8) and mask[0].tolist() == [1, 1, 1, 1, 0, 0, 0, 0]
-    assert labels[0].tolist() == [-100, *body, tok.eos_token_id, -100, -100, -100, -100]
+    assert labels[0].tolist() == [-100, *body, sep, -100, -100, -100, -100]
     assert (labels[:, 0] == -100).all()  # BOS is never a target
     assert int((labels != -100).sum()) == 10
     _, _, labels_ne = ds.make_batch(seqs, pad_id=tok.pad_token_id, count_eos=False)
@@ -80,13 +86,18 @@ def brute_force(model_dir, texts, max_length=64, count_eos=True):
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     m = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    bos, eos = tok.bos_token_id, tok.eos_token_id  # chat markers -> <|endoftext|>, written out
+    if tok.bos_token == "<|im_start|>":
+        bos = tok.convert_tokens_to_ids("<|endoftext|>")
+    if tok.eos_token == "<|im_end|>":
+        eos = tok.convert_tokens_to_ids("<|endoftext|>")
     n = hits = 0
     loss = 0.0
     ambiguous = 0
     for t in texts:
-        ids = [tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"]
+        ids = [bos] + tok(t, add_special_tokens=False)["input_ids"]
         eos_kept = len(ids) < max_length
-        ids = (ids + [tok.eos_token_id])[:max_length] if eos_kept else ids[:max_length]
+        ids = (ids + [eos])[:max_length] if eos_kept else ids[:max_length]
         with torch.no_grad():
             logits = m(torch.tensor([ids])).logits[0].float()
         for j in range(1, len(ids)):

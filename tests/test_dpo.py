@@ -206,7 +206,7 @@ def _samples_and_scores(tmp_path, K=3, J=5):
     return sp, npy
 
 
-def test_cli_prefs_build_then_dpo_then_sft(tiny_lm, tmp_path, run_popri):
+def test_cli_prefs_build_then_dpo(tiny_lm, tmp_path, run_popri):
     sp, npy = _samples_and_scores(tmp_path)
     pairs = tmp_path / "pairs.jsonl"
     run_popri(["prefs", "build", "--samples", sp, "--scores", npy, "--out", pairs], check=True)
@@ -218,6 +218,16 @@ def test_cli_prefs_build_then_dpo_then_sft(tiny_lm, tmp_path, run_popri):
     m = json.loads((out / "metrics.json").read_text())
     assert m["config"]["loss"] == "ipo" and len(m["steps"]) == 2
     assert "margin" in p.stderr and "epoch" in p.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "chosen": "b"}\n')
+    p = run_popri(["dpo", "--pairs", bad, "--model", tiny_lm, "--out", tmp_path / "bad"])
+    assert p.returncode == 2 and "bad.jsonl:1: field 'rejected'" in p.stderr
+
+
+def test_cli_sft_from_samples_or_pairs(tiny_lm, tmp_path, run_popri):
+    sp, npy = _samples_and_scores(tmp_path)
+    pairs = tmp_path / "pairs.jsonl"
+    run_popri(["prefs", "build", "--samples", sp, "--scores", npy, "--out", pairs], check=True)
     # SFT from samples + scores (top-scored per prompt) and from the pairs
     for src in (["--samples", sp, "--scores", npy], ["--pairs", pairs]):
         o = tmp_path / f"sft{len(src)}"
@@ -226,10 +236,6 @@ def test_cli_prefs_build_then_dpo_then_sft(tiny_lm, tmp_path, run_popri):
         assert p.stdout.strip() == str(o / "adapter") and (o / "adapter").is_dir()
     p = run_popri(["sft", "--pairs", pairs, "--samples", sp, "--out", tmp_path / "bad"])
     assert p.returncode == 2 and "either --pairs" in p.stderr
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"prompt": "a", "chosen": "b"}\n')
-    p = run_popri(["dpo", "--pairs", bad, "--model", tiny_lm, "--out", tmp_path / "bad"])
-    assert p.returncode == 2 and "bad.jsonl:1: field 'rejected'" in p.stderr
 
 
 def test_cli_dpo_selects_the_checkpoint_by_fid(tiny_lm, tiny_st_model, tmp_path, run_popri):
@@ -258,7 +264,7 @@ def test_slow_smollm2_one_epoch_grows_the_margin(tmp_path, monkeypatch):
     monkeypatch.setenv("POPRI_THREADS", "2")
     pairs = make_pairs(16)
     res = lib.train_dpo(pairs, model="smollm2-135m", out_dir=tmp_path / "o", epochs=1,
-                        batch_size=8, bf16=True)
+                        batch_size=4, bf16=True)  # default lr (5e-4), 4 steps
     model, tok = llm.load_causal_lm("smollm2-135m", adapter=res["adapter"])
     after = lib.reward_margins(model, tok, pairs)
     assert after.mean() > 0 and (after > 0).mean() > 0.5, after
