@@ -5,13 +5,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RUN ?= runs/demo
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo demo-client compare test test-fast bench clean
 
 setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	@PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/client_pipeline.sh $(RUN)
+	@$(VENV)/bin/popri run examples/default.yaml --run-dir $(RUN)
+
+demo-client: setup
+	@PATH="$(abspath $(VENV))/bin:$$PATH" bash examples/client_pipeline.sh runs/client
+
+compare: setup
+	@PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) examples/compare.py --runs runs/compare
 
 test:
 	@bash scripts/test.sh

@@ -23,6 +23,11 @@ def run(
 ) -> None:
     """Run POPri end to end (T rounds of gen, score, prefs, dpo; then synthetic data, downstream training, evaluation against the eps=0 / eps=inf baselines, and the ledger totalled).
 
+    method: popri (default) | pe (PrE-Text: T rounds of nn-histogram votes, survivor draws and
+    variations, then expand the DP seed set; examples/pe.yaml) | pe-sft (POPri's PE+SFT baseline:
+    SFT on the top-scored samples instead of DPO; examples/pe-sft.yaml).  score.mode
+    nn-histogram with method popri is POPri's scoring ablation.
+
     Every stage's output goes into the run directory; a stage whose inputs and parameters are
     unchanged is skipped, so a killed run continues from the last finished stage.  The noise
     multiplier is calibrated from privacy.epsilon / privacy.delta over the T rounds at the client

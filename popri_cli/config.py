@@ -83,6 +83,19 @@ class DPOConfig:
 
 
 @dataclass
+class PEConfig:
+    """Private Evolution / PrE-Text (``method: pe``): population, variation and expansion."""
+    num_syn: int = 48                    # N_syn (PrE-Text D.2: 1024 at eps 1.29, 2048 at eps 7.58)
+    variation: str = "paraphrase"        # mask-fill (PrE-Text: RoBERTa-large) | paraphrase (Aug-PE)
+    variation_model: str | None = None   # default: roberta-large (mask-fill) / generator.model
+    mask_ratio: float = 0.3              # PrE-Text D.2: MASK% = 30
+    mask_steps: int = 2                  # PrE-Text D.2: W_steps = 2
+    lookahead: int = 0                   # K variations averaged for the vote (PrE-Text; 0 = off)
+    threshold: float | None = None       # H; None = the noise std z * M (PrE-Text D.2)
+    fallback: bool = True                # mask-fill without a loadable MLM -> paraphrase
+
+
+@dataclass
 class DownstreamConfig:
     model: str = "smollm2-135m"          # POPri: DistilGPT2
     epochs: int = 2                      # POPri: 80 (on 1M samples)
@@ -97,6 +110,7 @@ class DownstreamConfig:
 @dataclass
 class RunConfig:
     run_dir: str = "runs/default"
+    method: str = "popri"                # popri | pe (PrE-Text) | pe-sft (POPri's PE+SFT baseline)
     seed: int = 0
     rounds: int = 2                      # POPri T (paper: 10 / 20)
     prompts: int = 12                    # POPri K (paper: 1800)
@@ -109,6 +123,7 @@ class RunConfig:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    pe: PEConfig = field(default_factory=PEConfig)
     downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
 
 
@@ -193,7 +208,25 @@ def load(path: str | None, overrides: list[str] = ()) -> RunConfig:
         except yaml.YAMLError:
             val = v
         set_dotted(raw, k.strip(), val)
-    return from_dict(RunConfig, raw)
+    cfg = from_dict(RunConfig, raw)
+    check(cfg)
+    return cfg
+
+
+METHODS = ("popri", "pe", "pe-sft")
+
+
+def check(cfg: RunConfig) -> None:
+    """Choices that the types cannot express."""
+    if cfg.method not in METHODS:
+        raise PopriError(f"config: method must be one of {', '.join(METHODS)} (got {cfg.method!r})")
+    if cfg.score.mode not in ("cosine", "nn-histogram"):
+        raise PopriError(f"config: score.mode must be cosine or nn-histogram (got {cfg.score.mode!r})")
+    if cfg.pe.variation not in ("mask-fill", "paraphrase"):
+        raise PopriError("config: pe.variation must be mask-fill or paraphrase "
+                         f"(got {cfg.pe.variation!r})")
+    if cfg.rounds < 1:
+        raise PopriError("config: rounds must be >= 1")
 
 
 def to_dict(cfg: RunConfig) -> dict:

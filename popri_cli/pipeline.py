@@ -1,4 +1,4 @@
-"""The whole POPri loop as cached, resumable stages (popri.txt Algorithm 1).
+"""The whole POPri loop (and PE / PE+SFT) as cached, resumable stages (popri.txt Algorithm 1).
 
     popri run examples/default.yaml                      # the embedded default, ~15 min on 2 CPUs
     popri run examples/default.yaml --set rounds=1 --set privacy.epsilon=7
@@ -116,17 +116,19 @@ class POPriRun:
                 "--max-tokens", str(g.max_tokens), "--batch-size", str(g.batch_size),
                 "--seed", str(seed), *_flag("bf16", g.bf16), *_opt("--adapter", adapter)]
 
-    def score_args(self, z: float, seed: int, t: int) -> list[str]:
+    def score_args(self, z: float, seed: int, t: int, *, mode: str | None = None,
+                   threshold: float | None = None) -> list[str]:
         sc, pr = self.cfg.score, self.cfg.privacy
-        a = ["--mode", sc.mode, "--private", str(self.p["emb_private"]), "--noise-multiplier",
+        mode = mode or sc.mode
+        a = ["--mode", mode, "--private", str(self.p["emb_private"]), "--noise-multiplier",
              repr(z), "--seed", str(seed), "--delta", repr(pr.delta), "--round", str(t),
              "--model", self.cfg.embedder, *_opt("--clients-per-round", sc.clients_per_round),
              *_opt("--sample-rate", sc.sample_rate)]
-        if sc.mode == "cosine":
+        if mode == "cosine":
             a += ["--clip", repr(sc.clip), *_flag("standardize", sc.standardize)]
         else:
             a += ["--max-samples-per-client", str(sc.max_samples_per_client),
-                  "--threshold", repr(sc.threshold)]
+                  "--threshold", repr(sc.threshold if threshold is None else threshold)]
         return a
 
     def round_stages(self, t: int, adapter: str | None, z: float) -> str:
@@ -144,6 +146,8 @@ class POPriRun:
         self.runner.run(Stage(f"round{t}-score", [
             "score", "--synthetic", str(samples), "--out", str(scores), *self.score_args(z, seed, t)],
             outputs=[str(scores)], inputs=[str(samples), str(self.p["emb_private"])]))
+        if c.method == "pe-sft":
+            return self.sft_stage(t, samples, scores, adapter, seed)
         prefs_extra, prefs_inputs = [], [str(samples), str(scores)]
         if c.score.recovery_rate:
             # not private, never released: the noise-free scores of the same samples, kept out of
@@ -180,21 +184,124 @@ class POPriRun:
                               inputs=inputs))
         return str(dpo_dir / "adapter")
 
+    def sft_stage(self, t: int, samples: Path, scores: Path, adapter: str | None, seed: int) -> str:
+        """PE+SFT (POPri section 3, baseline (2)): supervised tuning on each prompt's top-scored
+        sample, with the same LoRA, epochs, batch and learning rate as the DPO stage."""
+        c, dp = self.cfg, self.cfg.dpo
+        out = self.run / f"round{t}" / "sft"
+        self.runner.run(Stage(f"round{t}-sft", [
+            "sft", "--samples", str(samples), "--scores", str(scores), "--model", c.generator.model,
+            "--out", str(out), "--lora-r", str(dp.lora_r), "--lora-alpha", str(dp.lora_alpha),
+            "--epochs", str(dp.epochs), "--batch-size", str(dp.batch_size), "--seed", str(seed),
+            *_flag("bf16", c.generator.bf16), *_opt("--lr", dp.lr), *_opt("--adapter", adapter)],
+            outputs=[str(out / "adapter")], inputs=[str(samples), str(scores), *([adapter] if adapter else [])]))
+        return str(out / "adapter")
+
+    # ------------------------------------------------------------------ PE / PrE-Text
+    def pe_threshold(self, z: float) -> float:
+        from .pe import default_threshold
+
+        pe = self.cfg.pe
+        return float(pe.threshold) if pe.threshold is not None else default_threshold(
+            z, self.cfg.score.max_samples_per_client)
+
+    def vary_args(self) -> list[str]:
+        pe, g = self.cfg.pe, self.cfg.generator
+        model = pe.variation_model or (None if pe.variation == "mask-fill" else g.model)
+        return ["--method", pe.variation, *_opt("--model", model), "--mask-ratio", repr(pe.mask_ratio),
+                "--steps", str(pe.mask_steps), "--temperature", repr(g.temperature),
+                "--top-p", repr(g.top_p), "--max-tokens", str(g.max_tokens),
+                "--max-new-tokens", str(g.max_new_tokens), "--batch-size", str(g.batch_size),
+                *_flag("bf16", g.bf16),
+                *(["--fallback-model", g.model] if pe.fallback else ["--no-fallback"])]
+
+    def pe_stages(self, z: float) -> str:
+        """PrE-Text Algorithm 1: S_1 from public text; per round the DP nearest-neighbour vote
+        (with lookahead), survivors drawn from P_t, their variations as the next population; the
+        union of the survivor sets is the DP seed set.  Returns the seed set's path."""
+        c, pe = self.cfg, self.cfg.pe
+        H = self.pe_threshold(z)
+        pop = self.run / "round1" / "population.jsonl"
+        self.runner.run(Stage("pe-init", [
+            "pe", "init", *self.omega, "--num", str(pe.num_syn), "--seed", str(c.seed),
+            "--out", str(pop)], outputs=[str(pop)], inputs=self._omega_inputs()))
+        survivors = []
+        for t in range(1, c.rounds + 1):
+            R = self.run / f"round{t}"
+            seed = c.seed * 1000 + t
+            if pe.lookahead > 0:
+                syn = R / "lookahead.npy"
+                self.runner.run(Stage(f"round{t}-lookahead", [
+                    "vary", str(pop), *self.vary_args(), "--lookahead", str(pe.lookahead),
+                    "--lookahead-out", str(syn), "--embedder", c.embedder, "--round", str(t),
+                    "--seed", str(seed), "--out", str(R / "lookahead_variations.jsonl")],
+                    outputs=[str(syn)], inputs=[str(pop)]))
+            else:
+                syn = R / "population_emb.npy"
+                self.runner.run(Stage(f"round{t}-embed", [
+                    "embed", str(pop), "--out", str(syn), "--model", c.embedder],
+                    outputs=[str(syn)], inputs=[str(pop)]))
+            hist = R / "hist.npy"
+            self.runner.run(Stage(f"round{t}-score", [
+                "score", "--synthetic", str(syn), "--out", str(hist),
+                *self.score_args(z, seed, t, mode="nn-histogram", threshold=H)],
+                outputs=[str(hist)], inputs=[str(syn), str(self.p["emb_private"])]))
+            surv = R / "survivors.jsonl"
+            self.runner.run(Stage(f"round{t}-draw", [
+                "pe", "draw", "--population", str(pop), "--scores", str(hist), "--num",
+                str(pe.num_syn), "--round", str(t), "--seed", str(seed), "--out", str(surv),
+                "--stats-out", str(R / "draw_stats.json")],
+                outputs=[str(surv)], inputs=[str(pop), str(hist)]))
+            survivors.append(str(surv))
+            if t < c.rounds:  # S_{T+1} is never voted on: no variation after the last round
+                nxt = self.run / f"round{t + 1}" / "population.jsonl"
+                self.runner.run(Stage(f"round{t}-vary", [
+                    "vary", str(surv), *self.vary_args(), "--round", str(t + 1), "--seed",
+                    str(seed), "--out", str(nxt)], outputs=[str(nxt)], inputs=[str(surv)]))
+                pop = nxt
+        seeds = self.run / "pe_seeds.jsonl"
+        self.runner.run(Stage("pe-seeds", ["pe", "seeds", *survivors, "--out", str(seeds)],
+                              outputs=[str(seeds)], inputs=survivors))
+        return str(seeds)
+
     def _omega_inputs(self) -> list[str]:
         src = self.omega[0]
         return [str(Path(src) / "manifest.json")] if Path(src).is_dir() else [src]
 
     # ------------------------------------------------------------------ downstream
-    def downstream_stages(self, adapter: str | None) -> dict:
-        c, ds = self.cfg, self.cfg.downstream
-        priv = str(self.p["private"])
-        man = [str(self.p["private"] / "manifest.json")]
+    def synthetic_stage(self, adapter: str | None) -> None:
+        """POPri / PE+SFT: the final adapter writes N samples from Omega prompts."""
+        c = self.cfg
         self.runner.run(Stage("synthetic", [
             "gen", *self.omega, "--num-samples", str(c.num_synthetic), "--samples-per-prompt",
             str(c.samples_per_prompt), "--round", str(c.rounds + 1), "--out", str(self.p["synthetic"]),
             "--stats-out", str(self.run / "synthetic_stats.json"),
             *self.gen_args(adapter=adapter, seed=c.seed * 1000 + 999)],
             outputs=[str(self.p["synthetic"])], inputs=[*self._omega_inputs(), *([adapter] if adapter else [])]))
+
+    def expand_stage(self, seeds: str) -> None:
+        """PrE-Text: Expand the DP seed set to N samples with the (untuned) generator."""
+        c, g = self.cfg, self.cfg.generator
+        self.runner.run(Stage("expand", [
+            "expand", seeds, "--num-samples", str(c.num_synthetic), "--out", str(self.run / "expand"),
+            "--merged-out", str(self.p["synthetic"]), "--model", g.model, "--backend", g.backend,
+            "--temperature", repr(g.temperature), "--top-p", repr(g.top_p),
+            "--max-new-tokens", str(g.max_new_tokens), "--max-tokens", str(g.max_tokens),
+            "--batch-size", str(g.batch_size), "--seed", str(c.seed * 1000 + 999), *_flag("bf16", g.bf16)],
+            outputs=[str(self.p["synthetic"])], inputs=[seeds]))
+
+    def downstream_stages(self) -> dict:
+        c, ds = self.cfg, self.cfg.downstream
+        name = c.method
+        priv = str(self.p["private"])
+        man = [str(self.p["private"] / "manifest.json")]
+        syn = str(self.p["synthetic"])
+        # FID of the synthetic set to the private validation split (POPri's checkpoint criterion;
+        # reported, like the accuracy, for the comparison table)
+        self.runner.run(Stage("fid-synthetic", [
+            "eval", "fid", syn, str(self.p["emb_val"]), "--model", c.embedder, "--json"],
+            outputs=[str(self.p["eval"] / "fid.json")], inputs=[syn, str(self.p["emb_val"])],
+            stdout_to=str(self.p["eval"] / "fid.json")))
 
         def train(name: str, data: list[str], inputs: list[str], max_samples: int | None = None):
             out = self.run / "downstream" / name
@@ -220,8 +327,8 @@ class POPriRun:
             return str(per)
 
         per = {}
-        ckpt = train("popri", [str(self.p["synthetic"])], [str(self.p["synthetic"])])
-        per["popri"] = evaluate("popri", ["--model", ckpt], [ckpt])
+        ckpt = train(name, [syn], [syn])
+        per[name] = evaluate(name, ["--model", ckpt], [ckpt])
         if c.baselines:
             per["eps0"] = evaluate("eps0", ["--model", ds.model], [])
             # eps = inf: the same recipe on the private train split, size-matched to the
@@ -230,9 +337,9 @@ class POPriRun:
                         max_samples=c.num_synthetic)
             per["epsinf"] = evaluate("epsinf", ["--model", inf], [inf])
             self.runner.run(Stage("gap-closed", [
-                "eval", "gap", "--method", per["popri"], "--eps0", per["eps0"],
+                "eval", "gap", "--method", per[name], "--eps0", per["eps0"],
                 "--epsinf", per["epsinf"], "--bootstrap", str(ds.bootstrap), "--seed", str(c.seed),
-                "--json"],
+                "--allow-undefined", "--json"],
                 outputs=[str(self.p["eval"] / "gap.json")], inputs=list(per.values()),
                 stdout_to=str(self.p["eval"] / "gap.json")))
         return per
@@ -247,10 +354,14 @@ class POPriRun:
             json.dump(to_dict(c), fh, indent=2)
         self.data_stages()
         noise = self.calibrate()
-        adapter = None
-        for t in range(1, c.rounds + 1):
-            adapter = self.round_stages(t, adapter, noise["noise_multiplier"])
-        self.downstream_stages(adapter)
+        if c.method == "pe":
+            self.expand_stage(self.pe_stages(noise["noise_multiplier"]))
+        else:
+            adapter = None
+            for t in range(1, c.rounds + 1):
+                adapter = self.round_stages(t, adapter, noise["noise_multiplier"])
+            self.synthetic_stage(adapter)
+        self.downstream_stages()
         self.runner.run(Stage("account", [
             "account", "ledger", *self.ledgers(), "--delta", repr(c.privacy.delta),
             "--accountant", c.privacy.accountant, "--json"],
@@ -272,8 +383,17 @@ class POPriRun:
                "accountant": priv.get("accountant"), "noise_multiplier": noise["noise_multiplier"],
                "sample_rate": noise["sample_rate"], "rounds": c.rounds, "prompts": c.prompts,
                "samples_per_prompt": c.samples_per_prompt, "num_synthetic": c.num_synthetic,
-               "generator": c.generator.model, "downstream": c.downstream.model, "methods": {}}
-        for name in ("popri", "eps0", "epsinf"):
+               "generator": c.generator.model, "downstream": c.downstream.model,
+               "method": c.method, "seed": c.seed, "methods": {}}
+        if c.method == "pe":
+            out["pe"] = {"num_syn": c.pe.num_syn, "variation": c.pe.variation,
+                         "lookahead": c.pe.lookahead,
+                         "threshold": self.pe_threshold(noise["noise_multiplier"])}
+            seeds = self.run / "pe_seeds.jsonl"
+            if seeds.exists():
+                with open(seeds, encoding="utf-8") as fh:
+                    out["pe"]["seed_set"] = sum(1 for line in fh if line.strip())
+        for name in (c.method, "eps0", "epsinf"):
             f = E / f"{name}.json"
             if f.exists():
                 r = read_json(f)
@@ -281,6 +401,8 @@ class POPriRun:
                                                                 "tokens", "clients")}
         if (E / "gap.json").exists():
             out["gap_closed"] = read_json(E / "gap.json")
+        if (E / "fid.json").exists():
+            out["fid_to_val"] = read_json(E / "fid.json").get("fid")
         recov = []
         for t in range(1, c.rounds + 1):
             rep = self.run / f"round{t}" / "prefs_report.json"
@@ -297,24 +419,37 @@ def _fmt(x, nd=4):
     return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
+METHOD_LABELS = {"popri": "POPri", "pe": "PE (PrE-Text)", "pe-sft": "PE+SFT"}
+
+
 def results_table(r: dict) -> str:
     eps = r.get("epsilon")
-    lines = [f"POPri on {r['run_dir']}: T={r['rounds']} rounds, K={r['prompts']} x J="
-             f"{r['samples_per_prompt']}, N={r['num_synthetic']} synthetic, generator "
-             f"{r['generator']}, downstream {r['downstream']}",
-             "",
-             "| method | epsilon | delta | next-token accuracy | SE (clients) | loss |",
-             "|---|---|---|---|---|---|"]
-    labels = {"popri": ("POPri", _fmt(eps, 3)), "eps0": ("eps=0 (public model)", "0"),
-              "epsinf": ("eps=inf (private data)", "inf")}
+    method = r.get("method", "popri")
+    if method == "pe":
+        pe = r.get("pe", {})
+        shape = (f"PE on {r['run_dir']}: T={r['rounds']} rounds, N_syn={pe.get('num_syn')}, "
+                 f"variation {pe.get('variation')}, lookahead {pe.get('lookahead')}, "
+                 f"H={_fmt(pe.get('threshold'), 2)}, seed set {pe.get('seed_set', '-')} -> "
+                 f"N={r['num_synthetic']} expanded")
+    else:
+        shape = (f"{METHOD_LABELS.get(method, method)} on {r['run_dir']}: T={r['rounds']} rounds, "
+                 f"K={r['prompts']} x J={r['samples_per_prompt']}, N={r['num_synthetic']} synthetic")
+    lines = [f"{shape}, generator {r['generator']}, downstream {r['downstream']}", "",
+             "| method | epsilon | delta | next-token accuracy | SE (clients) | loss | FID to val |",
+             "|---|---|---|---|---|---|---|"]
+    labels = {method: (METHOD_LABELS.get(method, method), _fmt(eps, 3)),
+              "eps0": ("eps=0 (public model)", "0"), "epsinf": ("eps=inf (private data)", "inf")}
     for k, (label, e) in labels.items():
         m = r["methods"].get(k)
         if m:
-            lines.append(f"| {label} | {e} | {r.get('delta') if k == 'popri' else '-'} | "
+            fid = _fmt(r.get("fid_to_val"), 3) if k == method else "-"
+            lines.append(f"| {label} | {e} | {r.get('delta') if k == method else '-'} | "
                          f"{_fmt(m.get('accuracy'))} | {_fmt(m.get('accuracy_se'))} | "
-                         f"{_fmt(m.get('loss'))} |")
+                         f"{_fmt(m.get('loss'))} | {fid} |")
     g = r.get("gap_closed")
-    if g:
+    if g and g.get("gap_closed") is None:
+        lines += ["", f"gap closed: undefined ({g.get('undefined', 'eps=0 = eps=inf')})"]
+    elif g:
         lines += ["", f"gap closed (acc - acc_eps0) / (acc_epsinf - acc_eps0): "
                       f"{_fmt(g.get('gap_closed'), 3)} +- {_fmt(g.get('gap_closed_se'), 3)} "
                       f"(paired bootstrap over test clients)"]

@@ -84,3 +84,28 @@ def test_dry_run_plans_every_stage_of_the_loop(tmp_path, capsys):
     round2_gen = [c for c in cmds if " gen " in f" {c} " and "--round 2" in c][0]
     assert "--adapter" in round2_gen and "round1/dpo/adapter" in round2_gen
     assert any("--noise-multiplier 1.5" in c for c in cmds)
+
+
+def test_dry_run_plans_the_pe_loop_with_the_paper_threshold(tmp_path):
+    """PrE-Text: init -> T x (vote, draw) with T - 1 variation steps -> seeds -> expand; H = z*M."""
+    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "method=pe", "rounds=3", "pe.lookahead=2",
+                        "privacy.noise_multiplier=2.1793", "score.max_samples_per_client=8"])
+    POPriRun(cfg, dry_run=True).execute()
+    cmds = (tmp_path / "run" / "commands.sh").read_text().splitlines()
+    sub = [" ".join(c.split()[1:3]) for c in cmds]
+    assert sub.count("pe init") == 1 and sub.count("pe draw") == 3 and sub.count("pe seeds") == 1
+    assert sum(1 for c in cmds if " vary " in f" {c} " and "--lookahead" in c) == 3
+    assert sum(1 for c in cmds if " vary " in f" {c} " and "--lookahead" not in c) == 2
+    assert "gen" not in [c.split()[1] for c in cmds] and "dpo" not in [c.split()[1] for c in cmds]
+    scores = [c for c in cmds if c.split()[1] == "score"]
+    assert len(scores) == 3 and all("--mode nn-histogram" in c for c in scores)
+    assert all(f"--threshold {8 * 2.1793!r}" in c for c in scores)
+    expand = [c for c in cmds if c.split()[1] == "expand"][0]
+    assert "pe_seeds.jsonl" in expand and "--merged-out" in expand
+
+
+def test_method_and_modes_are_checked():
+    with pytest.raises(PopriError, match="method must be one of"):
+        C.load(None, ["method=dp-fedavg"])
+    with pytest.raises(PopriError, match="pe.variation"):
+        C.load(None, ["pe.variation=shuffle"])

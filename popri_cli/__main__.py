@@ -1,0 +1,5 @@
+"""python -m popri_cli ... == popri ..."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,153 @@
+"""`popri run` end to end on tiny random models: every method, a killed run resuming, the table.
+
+    python -m pytest -q tests/test_run_e2e.py            # tiny models (minutes: ~25 subprocesses each)
+    python -m pytest -q tests/test_run_e2e.py -m slow    # + the embedded default on SmolLM2 / MiniLM
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import write_jsonl
+
+WORDS = ("river market winter council harvest railway treaty budget school harbor army labor "
+         "court senate tariff union farmer coal steel bank trade navy").split()
+
+
+def _texts(rng, n, lo=6, hi=14):
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(lo, hi)))).capitalize() + "."
+            for _ in range(n)]
+
+
+@pytest.fixture
+def tiny_inputs(tmp_path, run_popri):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    priv = tmp_path / "priv.jsonl"
+    write_jsonl(priv, [{"user": f"u{i % 24}", "text": t} for i, t in enumerate(_texts(rng, 192))])
+    data = tmp_path / "data"
+    run_popri(["bench", "fetch", priv, "--client-column", "user", "--out", data, "--seed", "0"],
+              check=True)
+    pub = tmp_path / "public.jsonl"
+    write_jsonl(pub, [{"id": f"p{i}", "text": t} for i, t in enumerate(_texts(rng, 30))])
+    return data, pub
+
+
+def tiny_overrides(run_dir, data, pub, lm, st, method="popri"):
+    return [f"run_dir={run_dir}", f"method={method}", f"data.dir={data}", f"data.public_source={pub}",
+            f"embedder={st}", f"generator.model={lm}", "generator.max_new_tokens=16",
+            "generator.bf16=false", "generator.batch_size=8", "rounds=2", "prompts=3",
+            "samples_per_prompt=5", "num_synthetic=12", "dpo.rejected_rank=5", "dpo.epochs=1",
+            "dpo.select_samples=4", f"downstream.model={lm}", "downstream.epochs=1",
+            "downstream.eval_max_samples=24", "downstream.bootstrap=50", "downstream.lr=0.003",
+            "pe.num_syn=8",
+            "privacy.epsilon=1.0"]
+
+
+def popri_cmd(overrides):
+    return [sys.executable, "-m", "popri_cli.cli", "run", *[f"--set={o}" for o in overrides]]
+
+
+def env():
+    e = dict(os.environ)
+    e["POPRI_THREADS"] = "1"
+    return e
+
+
+def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, tiny_st_model,
+                                                         tmp_path):
+    data, pub = tiny_inputs
+    run = tmp_path / "run"
+    ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model) + ["rounds=1"]
+    marker = run / ".stages" / "round1-score.json"
+    # start, and kill the whole process group once round 1's DP scores are released
+    p = subprocess.Popen(popri_cmd(ov), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(),
+                         start_new_session=True, text=True)
+    t0 = time.time()
+    while not marker.exists():
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        assert time.time() - t0 < 600, "round1-score never finished"
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not (run / "results.json").exists()
+    done_before = {f.name: f.stat().st_mtime_ns for f in (run / ".stages").glob("*.json")}
+    assert {"embed-train", "embed-val", "round1-gen", "round1-score"} <= {n[:-5] for n in done_before}
+    scores_before = (run / "round1" / "scores.npy").read_bytes()
+    # rerun the same command: finished stages are skipped, the rest runs, results appear
+    r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name in ("round1-gen", "round1-score"):
+        assert f"run: [{name}] up to date, skipped" in r.stderr
+        assert (run / ".stages" / f"{name}.json").stat().st_mtime_ns == done_before[f"{name}.json"]
+    assert (run / "round1" / "scores.npy").read_bytes() == scores_before
+    assert "| POPri |" in r.stdout and "gap closed" in r.stdout, r.stdout
+    res = json.loads((run / "results.json").read_text())
+    assert set(res["methods"]) == {"popri", "eps0", "epsinf"}
+    assert res["epsilon"] == pytest.approx(1.0, abs=2e-3)  # the ledger totals the budget
+    assert res["fid_to_val"] is not None and res["fid_to_val"] >= 0
+    # a third run has nothing left to do
+    r3 = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
+    assert r3.returncode == 0 and "skipped" in r3.stderr
+    assert r3.stderr.count("] popri ") == 0 and r3.stdout == r.stdout
+    # the ledger holds exactly the T = 1 DP release (the noise-free diagnostics are outside it)
+    led = [json.loads(l) for l in open(run / "round1" / "ledger.jsonl")]
+    assert len({e["release_id"] for e in led}) == 1 and led[0]["noise_multiplier"] > 0
+
+
+@pytest.mark.parametrize("method", ["pe", "pe-sft"])
+def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_model, tmp_path):
+    data, pub = tiny_inputs
+    run = tmp_path / method
+    ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model, method=method)
+    ov += ["baselines=false", "pe.variation=paraphrase"]
+    r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((run / "results.json").read_text())
+    assert list(res["methods"]) == [method] and res["epsilon"] == pytest.approx(1.0, abs=2e-3)
+    syn = [json.loads(l) for l in open(run / "synthetic.jsonl")]
+    assert len(syn) == 12
+    if method == "pe":
+        # T rounds of votes -> draws; one variation step between them; seeds -> expand
+        for t in (1, 2):
+            assert (run / f"round{t}" / "hist.npy").exists()
+            assert len((run / f"round{t}" / "survivors.jsonl").read_text().splitlines()) == 8
+        assert (run / "round2" / "population.jsonl").exists()
+        seeds = (run / "pe_seeds.jsonl").read_text().splitlines()
+        assert 1 <= len(seeds) <= 16 and res["pe"]["seed_set"] == len(seeds)
+        led = [json.loads(l) for t in (1, 2) for l in open(run / f"round{t}" / "ledger.jsonl")]
+        assert {e["params"].get("mode") for e in led} == {"nn-histogram"} or all(
+            e["sensitivity"] == 8 for e in led)
+        assert "| PE (PrE-Text) |" in r.stdout
+    else:
+        assert (run / "round2" / "sft" / "adapter").is_dir()
+        assert not (run / "round1" / "prefs.jsonl").exists()
+        assert "| PE+SFT |" in r.stdout
+
+
+@pytest.mark.slow
+def test_slow_embedded_default_reduced_on_real_models(tmp_path):
+    """The README's main job at reduced size on the real SmolLM2-135M / MiniLM (offline)."""
+    ov = [f"run_dir={tmp_path / 'run'}", "rounds=1", "prompts=4", "num_synthetic=24",
+          "downstream.eval_max_samples=48", "downstream.epochs=1", "dpo.select_checkpoint=false"]
+    repo = Path(__file__).resolve().parents[1]
+    e = env()
+    e["POPRI_THREADS"] = "2"
+    r = subprocess.run([*popri_cmd(ov)[:4], str(repo / "examples" / "default.yaml"),
+                        *[f"--set={o}" for o in ov]], capture_output=True, text=True, env=e,
+                       timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "run" / "results.json").read_text())
+    m = res["methods"]
+    assert 0.1 < m["eps0"]["accuracy"] < 0.5 and m["epsinf"]["accuracy"] > m["eps0"]["accuracy"]
+    assert res["epsilon"] == pytest.approx(1.0, abs=2e-3)
+    assert "| POPri |" in r.stdout
