@@ -149,7 +149,10 @@ def sigma_cmd(
     "line alone; identical releases of one stage share a line) and the total; --json gives "
     "{\"epsilon\", \"delta\", \"accountant\", \"entries\", \"groups\": [...], \"note\"}. RDP adds "
     "the per-order RDP of all releases (like opacus' RDPAccountant history); PLD composes their "
-    "privacy loss distributions. Mechanism 'gaussian' or sampling 'none' counts as q = 1.\n\n"
+    "privacy loss distributions. Mechanism 'gaussian' or sampling 'none' counts as q = 1. All "
+    "entries must protect one neighbouring relation (e.g. 'popri fred stats' at sample level "
+    "records 'replace one sample'); the total holds for that relation, named in the JSON and on "
+    "the total line when it is not the default.\n\n"
     + FIXED + "\n\n" + NEIGHBOURS))
 def ledger_cmd(
     paths: List[str] = typer.Argument(
@@ -188,8 +191,9 @@ def ledger_cmd(
     width = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         typer.echo("  ".join(x.ljust(w) for x, w in zip(r, width)).rstrip())
+    rel = "" if c.neighbouring == A.NEIGHBOURING else f"; neighbours: {c.neighbouring}"
     typer.echo(f"total: epsilon = {_up(c.epsilon)} ({accountant}, delta={_g(delta)}, "
-               f"{c.entries} entries, {len(c.groups)} lines)")
+               f"{c.entries} entries, {len(c.groups)} lines{rel})")
 
 
 def register(root: typer.Typer) -> None:

@@ -10,7 +10,8 @@ samples have the lowest FID to the validation split), `popri eval fid`, and FreD
 The trace of the matrix square root is computed in a numerically safe symmetric form:
 Tr((C1 C2)^(1/2)) = Tr((S1 C2 S1)^(1/2)) with S1 = C1^(1/2), and both square roots come from
 eigen-decompositions of symmetric PSD matrices with negative round-off eigenvalues clipped to 0.
-No complex parts, and the result is clipped at 0 (round-off can make it slightly negative).
+No complex parts, and the covariance term is clipped at 0 (round-off can make it slightly
+negative).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def gaussian_stats(emb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(emb, dtype=np.float64)
     if x.ndim != 2 or x.shape[0] < 2:
         raise ValueError(f"need at least 2 embeddings of shape [N, d], got {x.shape}")
-    return x.mean(axis=0), np.cov(x, rowvar=False)
+    return x.mean(axis=0), np.atleast_2d(np.cov(x, rowvar=False))  # [d, d], also at d = 1
 
 
 def _psd_sqrt(c: np.ndarray) -> np.ndarray:
@@ -41,12 +42,18 @@ def trace_sqrt_product(c1: np.ndarray, c2: np.ndarray) -> float:
 
 
 def frechet_distance(mu1, c1, mu2, c2) -> float:
+    """||mu1 - mu2||^2 + Tr(C1 + C2 - 2 (C1 C2)^(1/2)) for symmetric PSD C1, C2 (FID, FreD).
+
+    The covariance term is a squared Bures-Wasserstein distance, >= 0: it is clipped at 0 on
+    its own, so round-off in it never eats into the mean term."""
     mu1, mu2 = np.asarray(mu1, np.float64), np.asarray(mu2, np.float64)
     c1, c2 = np.asarray(c1, np.float64), np.asarray(c2, np.float64)
-    if mu1.shape != mu2.shape or c1.shape != c2.shape:
-        raise ValueError(f"dimension mismatch: {mu1.shape} vs {mu2.shape}")
-    d = float(np.sum((mu1 - mu2) ** 2) + np.trace(c1) + np.trace(c2) - 2 * trace_sqrt_product(c1, c2))
-    return max(d, 0.0)
+    d = mu1.shape[0] if mu1.ndim == 1 else -1
+    if mu1.shape != mu2.shape or c1.shape != (d, d) or c2.shape != (d, d):
+        raise ValueError(f"dimension mismatch: means {mu1.shape}, {mu2.shape}; "
+                         f"covariances {c1.shape}, {c2.shape}")
+    cov_term = np.trace(c1) + np.trace(c2) - 2 * trace_sqrt_product(c1, c2)
+    return float(np.sum((mu1 - mu2) ** 2)) + max(float(cov_term), 0.0)
 
 
 def fid(emb_a: np.ndarray, emb_b: np.ndarray) -> float:

@@ -284,15 +284,16 @@ def load_embedding_set(path: str | os.PathLike, mmap: bool = False) -> Embedding
 
 
 def save_embedding_set(path: str | os.PathLike, emb: np.ndarray, rows: Sequence[dict],
-                       meta: dict | None = None) -> None:
-    """Write the three files of an embedding set atomically (all or nothing)."""
+                       meta: dict | None = None, out: AtomicOutputs | None = None) -> None:
+    """Write the three files of an embedding set atomically (all or nothing); with ``out`` only
+    stage them (committed with the caller's other outputs)."""
     path = str(path)
     if not path.endswith(".npy"):
         raise InputError("embedding set output must end in .npy", path=path)
     emb = np.ascontiguousarray(emb, dtype=np.float32)
     if emb.shape[0] != len(rows):
         raise ValueError("rows and embeddings differ in length")
-    with AtomicOutputs() as out:
+    with (contextlib.nullcontext(out) if out is not None else AtomicOutputs()) as out:
         np.save(out.path(path, suffix=".npy"), emb, allow_pickle=False)
         with open(out.path(sidecar_path(path)), "w", encoding="utf-8") as fh:
             for r in rows:

@@ -263,11 +263,12 @@ class Composition:
     order: float | None = None
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    neighbouring: str = NEIGHBOURING  # the relation every composed entry protects
 
     def to_dict(self) -> dict:
         eps = self.epsilon if math.isfinite(self.epsilon) else None
         d = {"epsilon": eps, "delta": self.delta, "accountant": self.accountant,
-             "neighbouring": NEIGHBOURING, "entries": self.entries, "groups": self.groups}
+             "neighbouring": self.neighbouring, "entries": self.entries, "groups": self.groups}
         if self.order is not None:
             d["order"] = self.order
         if self.notes:
@@ -296,7 +297,9 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
 
     ``entries``: :class:`popri_cli.ledger.LedgerEntry` objects, their dicts, or (z, q, steps)
     tuples.  ``mechanism == "gaussian"`` or ``sampling == "none"`` is accounted at q = 1;
-    ``sampling == "fixed"`` at q = sample_rate = L/N (see ``FIXED_NOTE``).  Identical
+    ``sampling == "fixed"`` at q = sample_rate = L/N (see ``FIXED_NOTE``).  All entries must
+    protect one neighbouring relation (``Composition.neighbouring``): add/remove, or a replace
+    relation for plain q = 1 Gaussians (whose privacy curve depends only on z).  Identical
     (stage, mechanism, sampling, z, q) entries form one group whose steps add up; RDP sums the
     per-order RDP of the groups, PLD composes ``SelfComposedDpEvent`` s in a ``ComposedDpEvent``.
     ``alone`` adds each group's own epsilon to its dict.
@@ -304,14 +307,24 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
     check(delta=delta, accountant=accountant)
     groups: dict[tuple, dict] = {}
     notes: list[str] = []
+    relations: dict[str, str] = {}  # relation -> first entry with it; all entries must agree
     n = 0
     for e in entries:
         d = _fields(e)
         n += 1
         who = f"entry {n} (stage {d['stage']!r})"
-        if "add/remove" not in str(d["neighbouring"]).lower():
+        rel = " ".join(str(d["neighbouring"]).lower().split())
+        if "add/remove" not in rel and not ("replace" in rel and _unsampled(d)):
             raise ParameterError("neighbouring", f"{who} is for {d['neighbouring']!r}; only "
-                                                 f"{NEIGHBOURING!r} releases compose here")
+                                                 f"add/remove releases, or plain (q = 1) Gaussian "
+                                                 f"releases under a replace relation, compose here")
+        relations.setdefault(rel, who)
+        if len(relations) > 1:
+            r0 = next(iter(relations))
+            w0 = relations[r0]
+            raise ParameterError("neighbouring", f"{who} protects {rel!r} but {w0} protects "
+                                                 f"{r0!r}: guarantees for different neighbouring "
+                                                 f"relations do not add up; total them separately")
         try:
             check(z=d["noise_multiplier"], q=d["sample_rate"], steps=d["steps"])
         except ParameterError as err:
@@ -343,7 +356,14 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
     if not math.isfinite(res.epsilon):
         notes.append(INF_NOTE)
     return Composition(res.epsilon, delta, accountant, n, out, res.order, notes,
-                       [w for w in res.warnings if w != INF_NOTE])
+                       [w for w in res.warnings if w != INF_NOTE],
+                       next(iter(relations)) if relations else NEIGHBOURING)
+
+
+def _unsampled(d: dict) -> bool:
+    """Accounted at q = 1: a plain Gaussian, whose (eps, delta) curve depends only on z under
+    any neighbouring relation (z measured in that relation's sensitivity)."""
+    return d["mechanism"] == "gaussian" or d["sampling"] == "none" or d["sample_rate"] == 1
 
 
 def _delta_of(e: Any) -> float | None:
