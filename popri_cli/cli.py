@@ -92,8 +92,8 @@ def root(
 
 # Order in `popri --help`: the pipeline order.  Every module in popri_cli.commands that has a
 # register() is added; an import error there is a bug and is not swallowed.
-_ORDER = ("run", "bench", "embed", "gen", "score", "aggregate", "prefs", "dpo", "sft",
-          "train_downstream", "eval", "account")
+_ORDER = ("run", "bench", "embed", "gen", "vary", "expand", "score", "aggregate", "pe", "prefs",
+          "dpo", "sft", "train_downstream", "eval", "account", "fred")
 
 
 def _register() -> None:

@@ -445,14 +445,15 @@ def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
              seed: int = 0, bf16: bool = True, device: str | None = None,
              model_obj=None, tokenizer_obj=None, num_samples: int | None = None,
              marker: str = MARKER, adapter_mode: str = "lora",
-             max_model_len: int | None = None) -> tuple[list[dict], dict]:
+             max_model_len: int | None = None, clean=None) -> tuple[list[dict], dict]:
     """Sample ``samples_per_prompt`` texts per prompt -> (records, stats).
 
     Records (ordered by prompt, then sample): ``{"id": "r{round}-p{prompt_id}-s{sample_idx}",
     "round", "prompt_id", "sample_idx", "prompt", "text", "model"}`` plus ``"adapter"`` when one
     is used and ``"degenerate": true`` for a sample still degenerate after ``max_retries``.
     ``num_samples`` keeps only the first N of the K*J grid.  ``model_obj``/``tokenizer_obj``
-    reuse a loaded model (an ``vllm.LLM`` for the vllm backend).
+    reuse a loaded model (an ``vllm.LLM`` for the vllm backend).  ``clean(raw, tokenizer,
+    max_tokens, marker)`` replaces :func:`clean_generation` (the degeneracy check sees its result).
     """
     if backend not in BACKENDS:
         raise InputError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}", field="backend")
@@ -511,7 +512,7 @@ def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
         again = []
         for row, (r, _) in zip(todo, raw):
             p = prompts[row[0]]
-            text = clean_generation(r, tok, max_tokens, marker)
+            text = (clean or clean_generation)(r, tok, max_tokens, marker)
             reason = degeneracy(text, min_words=min_words, prompt=p["prompt"],
                                 examples=p.get("example_texts", ()))
             if attempt == 0 and reason:
