@@ -76,8 +76,8 @@ def _token_id(tok, token: str, what: str) -> int:
 
 # Chat-turn markers that some instruct tokenizers declare as BOS/EOS (SmolLM2-Instruct: BOS
 # <|im_start|>, EOS <|im_end|>).  Plain text in pretraining was delimited by the document separator
-# <|endoftext|> instead: on SmolLM2-135M-Instruct the eps=0 baseline scores 0.291 next-token
-# accuracy with the chat markers and 0.303 with <|endoftext|> (255 sotu test records), so the
+# <|endoftext|> instead: on SmolLM2-135M-Instruct the eps=0 baseline scores 0.2825 next-token
+# accuracy with the chat markers and 0.2913 with <|endoftext|> (400 sotu test records), so the
 # markers would flatter every gap-closed figure.
 CHAT_TURN_MARKERS = ("<|im_start|>", "<|im_end|>")
 DOC_SEPARATOR = "<|endoftext|>"
@@ -398,8 +398,11 @@ def micro_accuracy(rows: Sequence[dict]) -> float:
     return sum(float(r["correct"]) for r in rows) / t if t else float("nan")
 
 
-def gap_from_files(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, seed: int = 0) -> dict:
-    """Gap closed on the clients common to three per-client files, with a paired bootstrap SE."""
+def gap_from_files(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, seed: int = 0,
+                   allow_undefined: bool = False) -> dict:
+    """Gap closed on the clients common to three per-client files, with a paired bootstrap SE.
+    When eps=0 and eps=inf score the same the gap is undefined: an error, or with
+    ``allow_undefined`` a result whose ``gap_closed`` is None and ``undefined`` says why."""
     tabs = [read_per_client(p) for p in (method, eps0, epsinf)]
     ids = [{str(r["client_id"]) for r in t} for t in tabs]
     if not (ids[0] == ids[1] == ids[2]):
@@ -408,7 +411,14 @@ def gap_from_files(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, s
                          path=method, field="client_id")
     accs = [micro_accuracy(t) for t in tabs]
     if accs[2] == accs[1]:
-        raise InputError("eps=inf and eps=0 accuracies are equal: the gap is undefined", path=epsinf)
+        why = "eps=inf and eps=0 accuracies are equal: the gap is undefined"
+        if not allow_undefined:
+            raise InputError(why, path=epsinf)
+        diff = paired_bootstrap(tabs[:2], lambda a, z: a - z, n_boot=n_boot, seed=seed)
+        return {"gap_closed": None, "gap_closed_se": None, "gap_closed_ci": None, "undefined": why,
+                "acc": accs[0], "acc_eps0": accs[1], "acc_epsinf": accs[2],
+                "acc_minus_eps0": diff["value"], "acc_minus_eps0_se": diff["se"],
+                "clients": diff["clients"], "bootstrap": int(n_boot), "seed": int(seed)}
     b = paired_bootstrap(tabs, gap_closed, n_boot=n_boot, seed=seed)
     diff = paired_bootstrap(tabs[:2], lambda a, z: a - z, n_boot=n_boot, seed=seed)
     return {"gap_closed": b["value"], "gap_closed_se": b["se"], "gap_closed_ci": [b["ci_low"], b["ci_high"]],
