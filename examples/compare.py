@@ -96,7 +96,8 @@ def main() -> None:
             if m == "popri":
                 for b in ("eps0", "epsinf"):
                     base[b].append(r["methods"][b])
-    lines = [f"Methods on the embedded default, seeds {' '.join(map(str, a.seeds))} "
+    setting = "the embedded default" + (f" with {' '.join(a.sets)}" if a.sets else "")
+    lines = [f"Methods on {setting}, seeds {' '.join(map(str, a.seeds))} "
              f"({len(a.seeds)} seeds; SE within = bootstrap over test clients, between = over seeds)",
              "", "| method | epsilon (ledger) | accuracy | SE within / between | gap closed | "
              "SE within / between | FID to val |", "|---|---|---|---|---|---|---|"]
