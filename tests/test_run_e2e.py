@@ -104,12 +104,16 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     assert len({e["release_id"] for e in led}) == 1 and led[0]["noise_multiplier"] > 0
 
 
-@pytest.mark.parametrize("method", ["pe", "pe-sft"])
+@pytest.mark.parametrize("method", ["pe", "pe-sft", "popri-nn"])
 def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_model, tmp_path):
     data, pub = tiny_inputs
     run = tmp_path / method
+    nn = method == "popri-nn"  # POPri's scoring ablation: DP nearest-neighbour votes
+    method = "popri" if nn else method
     ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model, method=method)
     ov += ["baselines=false", "pe.variation=paraphrase"]
+    if nn:
+        ov += ["score.mode=nn-histogram", "score.threshold=0"]
     r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
@@ -128,6 +132,11 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
         assert {e["params"].get("mode") for e in led} == {"nn-histogram"} or all(
             e["sensitivity"] == 8 for e in led)
         assert "| PE (PrE-Text) |" in r.stdout
+    elif nn:
+        side = json.loads((run / "round1" / "scores.json").read_text())
+        assert side["mode"] == "nn-histogram"
+        assert len((run / "round1" / "prefs.jsonl").read_text().splitlines()) == 3
+        assert (run / "round2" / "dpo" / "adapter").is_dir() and "| POPri |" in r.stdout
     else:
         assert (run / "round2" / "sft" / "adapter").is_dir()
         assert not (run / "round1" / "prefs.jsonl").exists()
