@@ -114,17 +114,9 @@ def expand(
         if m.parent == Path(out).resolve() and (m.name == "manifest.json"
                                                  or m.name.startswith("shard-")):
             raise InputError("would clobber a file of the --out directory", field="merged-out")
-    tmpl = None
-    if template:
-        if not Path(template).is_file():
-            raise InputError("no such file", path=template)
-        tmpl = Path(template).read_text(encoding="utf-8")
-        from popri_cli.generation import check_template
+    from popri_cli.generation import check_template, read_template
 
-        try:
-            check_template(tmpl, 3)
-        except InputError as e:
-            raise InputError(e.message, path=template, field=e.field) from None
+    tmpl = read_template(template, lambda t: check_template(t, 3))
 
     recs, src = text_records(seeds)
     manifest = run_expand(

@@ -121,17 +121,9 @@ def gen(
     for name, dest in (("out", out), ("prompts-out", prompts_out), ("stats-out", stats_out)):
         if dest and dest != STDIO and omega != STDIO and Path(dest).resolve() == Path(src_in).resolve():
             raise InputError(f"--{name} {dest} would overwrite the input", path=omega)
-    tmpl = None
-    if template:
-        if not Path(template).is_file():
-            raise InputError("no such file", path=template)
-        tmpl = Path(template).read_text(encoding="utf-8")
-        try:
-            from popri_cli.generation import check_template
+    from popri_cli.generation import check_template, read_template
 
-            check_template(tmpl, shots)
-        except InputError as e:
-            raise InputError(e.message, path=template, field=e.field) from None
+    tmpl = read_template(template, lambda t: check_template(t, shots))
 
     recs, src = text_records(omega, split)
     k = prompts if prompts is not None else math.ceil(num_samples / samples_per_prompt)

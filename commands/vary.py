@@ -161,15 +161,9 @@ def vary(
         if dest and dest != STDIO and input != STDIO and Path(input).exists() \
                 and Path(dest).resolve() == Path(input).resolve():
             raise InputError(f"--{name} {dest} would overwrite the input", path=input)
-    tmpl = None
-    if template:
-        if not Path(template).is_file():
-            raise InputError("no such file", path=template)
-        tmpl = Path(template).read_text(encoding="utf-8")
-        try:
-            check_paraphrase_template(tmpl)
-        except InputError as e:
-            raise InputError(e.message, path=template, field=e.field) from None
+    from popri_cli.generation import read_template
+
+    tmpl = read_template(template, check_paraphrase_template)
 
     ids, texts, src = _read(input)
     n_per = max(variations, lookahead)

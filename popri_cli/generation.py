@@ -85,6 +85,23 @@ def check_template(template: str, shots: int) -> None:
                          field="template")
 
 
+def read_template(path: str | None, check) -> str | None:
+    """A prompt template from a file (None when no file is given), checked by ``check(text)``;
+    any problem is one InputError naming the file."""
+    if not path:
+        return None
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise InputError("no such file", path=path)
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        check(text)
+    except InputError as e:
+        raise InputError(e.message, path=path, field=e.field) from None
+    return text
+
+
 def fill_template(template: str, examples: Sequence[str]) -> str:
     named = {f"sample{i + 1}": ex for i, ex in enumerate(examples)}
     return template.format(*examples, **named)

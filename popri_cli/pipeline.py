@@ -1,6 +1,6 @@
 """The whole POPri loop (and PE / PE+SFT) as cached, resumable stages (popri.txt Algorithm 1).
 
-    popri run examples/default.yaml                      # the embedded default, ~15 min on 2 CPUs
+    popri run examples/default.yaml                      # the embedded default, ~12 min on 2 CPUs
     popri run examples/default.yaml --set rounds=1 --set privacy.epsilon=7
     popri run examples/biorxiv-gpu.yaml                  # the paper's bioRxiv setting, GPU box
 
