@@ -146,21 +146,12 @@ def stats(
 def _load(path: str, *, what: str, split: str, **kw):
     """An embedding set from a .npy set, a dataset dir (its split), or JSONL (a file or '-')
     of texts or of 'embedding' rows (the pipe format of 'popri embed --out -')."""
-    from pathlib import Path
-
-    from popri_cli.embed import as_embedding_set, is_federated_dir
-    from popri_cli.errors import InputError
-    from popri_cli.io import STDIO, is_embedding_path, iter_jsonl
+    from popri_cli.embed import as_embedding_set, read_records
+    from popri_cli.io import STDIO, is_embedding_path
 
     if path != STDIO and is_embedding_path(path):
         return as_embedding_set(path, what=what, **kw)
-    src = path
-    if path != STDIO and Path(path).is_dir():
-        if not is_federated_dir(path):
-            raise InputError("directory is not a federated dataset (no manifest.json / "
-                             "train.jsonl)", path=path)
-        src = str(Path(path) / f"{split}.jsonl")
-    recs = [r if "id" in r else {"id": str(i), **r} for i, r in enumerate(iter_jsonl(src))]
+    recs, src = read_records(path, split)
     return as_embedding_set(src, records=recs, what=what, **kw)
 
 

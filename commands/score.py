@@ -157,19 +157,10 @@ def _empty(what: str, private: bool) -> str:
 
 def _records(path: str, split: str, what: str, need_client: bool):
     """JSONL / dataset-dir records (read once, so '-' works), checked non-empty."""
-    from pathlib import Path
-
-    from popri_cli.embed import is_federated_dir
+    from popri_cli.embed import read_records
     from popri_cli.errors import InputError
-    from popri_cli.io import STDIO, iter_jsonl
 
-    src = path
-    if path != STDIO and Path(path).is_dir():
-        if not is_federated_dir(path):
-            raise InputError("directory is not a federated dataset (no manifest.json / "
-                             "train.jsonl)", path=path)
-        src = str(Path(path) / f"{split}.jsonl")
-    recs = [r if "id" in r else {"id": str(i), **r} for i, r in enumerate(iter_jsonl(src))]
+    recs, src = read_records(path, split)
     for i, r in enumerate(recs, start=1):
         if need_client and r.get("client_id") is None:
             raise InputError("missing required field (private data needs client ids)", path=src,

@@ -141,21 +141,23 @@ def is_federated_dir(path: str | os.PathLike) -> bool:
     return p.is_dir() and ((p / "manifest.json").exists() or (p / "train.jsonl").exists())
 
 
-def text_records(path: str, split: str = "train", require_client: bool = False) -> tuple[list[dict], str]:
-    """Records with ``text`` from a federated dataset directory (one split) or a JSONL file."""
+def read_records(path: str, split: str = "train", required: tuple[str, ...] = ()) -> tuple[list[dict], str]:
+    """(records, source file) from a federated dataset directory (its ``split``) or a JSONL file
+    ('-' = stdin); a record without ``id`` gets its 0-based row number."""
     src = path
     if path != STDIO and Path(path).is_dir():
         if not is_federated_dir(path):
             raise InputError("directory is not a federated dataset (no manifest.json / train.jsonl)",
                              path=path)
         src = str(Path(path) / f"{split}.jsonl")
-    req = ("text", "client_id") if require_client else ("text",)
-    recs = []
-    for i, r in enumerate(iter_jsonl(src, required=req), start=1):
-        if "id" not in r:
-            r = {"id": f"{i - 1}", **r}
-        recs.append(r)
+    recs = [r if "id" in r else {"id": str(i), **r}
+            for i, r in enumerate(iter_jsonl(src, required=required))]
     return recs, src
+
+
+def text_records(path: str, split: str = "train", require_client: bool = False) -> tuple[list[dict], str]:
+    """Records with ``text`` from a federated dataset directory (one split) or a JSONL file."""
+    return read_records(path, split, ("text", "client_id") if require_client else ("text",))
 
 
 def as_embedding_set(path: str, *, model: str | None = None, normalize: bool = True,
