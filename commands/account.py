@@ -101,8 +101,8 @@ def epsilon_cmd(
         obj["order"] = r.order
     if accountant == "pld":
         obj["value_discretization_interval"] = A.PLD_INTERVAL
-    if not math.isfinite(r.epsilon):
-        obj["note"] = A.INF_NOTE
+    if not math.isfinite(r.epsilon):  # z = 0, or z too small / steps too many to account
+        obj["note"] = r.warnings[0] if r.warnings else A.INF_NOTE
     _emit(obj, as_json, f"epsilon = {_up(r.epsilon)} ({accountant}, q={_g(sample_rate)}, "
                         f"T={steps}, delta={_g(delta)}, z={_g(noise_multiplier)})")
 
@@ -127,6 +127,9 @@ def sigma_cmd(
     from popri_cli import log
     from popri_cli.privacy import accounting as A
 
+    from popri_cli.validate import finite
+
+    finite(tol, "--tol", lo=1e-12, hi=1)  # z is found to within tol; 1e-300 never finished
     try:
         z = A.noise_multiplier(eps, sample_rate, steps, delta, accountant, tol)
         r = A.epsilon_details(z, sample_rate, steps, delta, accountant)
@@ -163,12 +166,19 @@ def ledger_cmd(
                               "(POPri and PrE-Text use 3e-6); otherwise required."),
     accountant: str = typer.Option("rdp", "--accountant", "-a", help=H_ACC),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
+    max_epsilon: Optional[float] = typer.Option(
+        None, "--max-epsilon",
+        help="Budget guard: exit with status 4 (after printing the total) when the total epsilon "
+             "exceeds E. For scripts and CI: 'popri account ledger runs/x --max-epsilon 1'."),
 ) -> None:
     """Total privacy cost of a set of ledgers."""
     from popri_cli import log
+    from popri_cli.errors import InputError
     from popri_cli.ledger import collect
     from popri_cli.privacy import accounting as A
 
+    if max_epsilon is not None and not (0 < max_epsilon < math.inf):
+        raise InputError(f"must be a finite number > 0 (got {max_epsilon})", field="--max-epsilon")
     entries = collect(paths)
     try:
         if delta is None:
@@ -178,8 +188,22 @@ def ledger_cmd(
         raise _bad(e) from None
     for w in c.warnings:
         log.warn(w)
+    research = sum(e.mode == "research" for e in entries)
+    if research:
+        log.warn(f"{research} of {len(entries)} entries are RESEARCH mode: their noise was drawn "
+                 "from a recorded seed, so anyone holding the sidecars can regenerate it and the "
+                 "epsilon below protects nobody from them. Rerun with --release for outputs you "
+                 "publish.")
+    over = max_epsilon is not None and not (c.epsilon <= max_epsilon * (1 + 1e-9))
     if as_json:
-        _emit(c.to_dict(), True, "")
+        obj = c.to_dict()
+        obj["modes"] = {"research": research, "release": len(entries) - research}
+        if max_epsilon is not None:
+            obj["max_epsilon"] = max_epsilon
+            obj["within_budget"] = not over
+        _emit(obj, True, "")
+        if over:
+            raise typer.Exit(4)
         return
     for n in c.notes:
         log.info(f"note: {n}")
@@ -194,6 +218,10 @@ def ledger_cmd(
     rel = "" if c.neighbouring == A.NEIGHBOURING else f"; neighbours: {c.neighbouring}"
     typer.echo(f"total: epsilon = {_up(c.epsilon)} ({accountant}, delta={_g(delta)}, "
                f"{c.entries} entries, {len(c.groups)} lines{rel})")
+    if over:
+        log.warn(f"budget exceeded: total epsilon {_up(c.epsilon)} > --max-epsilon "
+                 f"{_g(max_epsilon)}")
+        raise typer.Exit(4)
 
 
 def register(root: typer.Typer) -> None:

@@ -14,11 +14,12 @@ import typer
 HELP = """Sum per-client uploads (from 'popri score --per-client-out') into one score vector.
 
 Several files are shards of the same round: they must have the same synthetic ids, mode, round and
-mechanism parameters, and disjoint clients.  --reduce mean (default for cosine, POPri Algorithm 1
-line 20) divides by the expected count q*N when the sidecar says Poisson sampling, else by the
-number of clients (override with --expected-clients); --reduce sum is the default for nn-
-histogram, followed by max(hist - H, 0) with the H recorded by 'popri score' (PrE-Text Algorithm
-2), unless --threshold is given.
+mechanism parameters, and disjoint clients.  The default --reduce is what 'popri score' chose: a
+cosine mean (POPri Algorithm 1 line 20) only over a PUBLIC count -- the fixed L of
+--clients-per-round, or q*N / N from --public-clients -- else the sum (the number of uploads is
+private under add/remove-one-client neighbours); --expected-clients N divides by a count you
+declare public.  nn-histogram sums, then max(hist - H, 0) with the H recorded by 'popri score'
+(PrE-Text Algorithm 2), unless --threshold is given.
 
 No new privacy is spent: the output sidecar and the ledger.jsonl next to it get the SAME ledger
 entries (same release_id, so 'popri account ledger' counts them once).  --out - prints JSONL
@@ -53,13 +54,18 @@ def aggregate(
         raise InputError("--out must be NAME.npy or '-'", path=out)
     if expected_clients is not None and not expected_clients > 0:
         raise InputError("--expected-clients must be > 0")
+    from popri_cli.validate import finite, optional
+
+    optional(threshold, "--threshold", lo=0)
+    optional(expected_clients, "--expected-clients", lo=0, lo_open=True)
+    from popri_cli.guard import check_outputs
+
+    check_outputs([out], files, companions="scores")
     first, seen, entries, total, count = None, set(), [], None, 0
     for f in files:
         side_path = io.score_sidecar_path(f)
         if not f.endswith(".npy"):
             raise InputError("expected a per-client CLIENTS.npy", path=f)
-        if out != "-" and Path(out).resolve() == Path(f).resolve():
-            raise InputError("--out would overwrite an input", path=out)
         if not Path(f).exists():
             raise InputError("no such file", path=f)
         if not Path(side_path).exists():
@@ -72,11 +78,16 @@ def aggregate(
                         ("ledger", list)):
             if not isinstance(side.get(k), kind):
                 raise InputError(f"missing or not a {kind.__name__}", path=side_path, field=k)
-        try:
-            arr = np.load(f, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise InputError(f"not a .npy array: {e}", path=f) from None
-        rows = len(side["clients"]) + int(side.get("server_noise_rows", 0))
+        io.check_score_sidecar(side, side_path)
+        if any(isinstance(c, bool) or not isinstance(c, (str, int)) for c in side["clients"]):
+            raise InputError("every client id must be a string or an integer", path=side_path,
+                             field="clients")
+        extra = side.get("server_noise_rows", 0)
+        if isinstance(extra, bool) or not isinstance(extra, int) or extra not in (0, 1):
+            raise InputError(f"must be 0 or 1 (got {extra!r})", path=side_path,
+                             field="server_noise_rows")
+        arr = io.load_npy(f, mmap=True)
+        rows = len(side["clients"]) + extra
         if arr.ndim != 2 or arr.shape != (rows, len(side["ids"])):
             raise InputError(f"array shape {arr.shape} does not match the sidecar "
                              f"({rows} rows x {len(side['ids'])} ids)", path=f)
@@ -105,32 +116,58 @@ def aggregate(
 
     params = first["params"]
     mode = first["mode"]
+    side0 = io.score_sidecar_path(files[0])
+    if params.get("reduce") not in (None, "mean", "sum"):
+        raise InputError(f"must be mean or sum (got {params['reduce']!r})", path=side0,
+                         field="params.reduce")
+    if params.get("threshold") is not None:
+        finite(params["threshold"], "params.threshold", lo=0, path=side0)
+    if expected_clients is None and params.get("sampling") == "poisson":
+        finite(params.get("sample_rate"), "params.sample_rate", lo=0, hi=1, lo_open=True,
+               path=side0)
+    if params.get("public_clients") is not None:
+        finite(params["public_clients"], "params.public_clients", lo=0, lo_open=True, path=side0)
     reduce = reduce or params.get("reduce") or ("mean" if mode == "cosine" else "sum")
     if threshold is None and mode == "nn-histogram":
         threshold = params.get("threshold") or 0.0
     if expected_clients is not None:
-        denom = float(expected_clients)
-    elif params.get("sampling") == "poisson":
-        denom = params["sample_rate"] * params["total_clients"]
-    else:
-        denom = float(count)
+        denom = float(expected_clients)  # a count the user declares public
+    else:  # only a public count may divide the sum (popri_cli.score_release.public_denominator)
+        from popri_cli.score_release import public_denominator
+
+        denom = public_denominator(mode, params.get("sampling"), params.get("sample_rate"),
+                                   count, params.get("public_clients"))[1]
+        if reduce == "mean" and denom is None:
+            raise InputError("a mean needs a public client count (the number of uploads is "
+                             "private under add/remove-one-client neighbours): give "
+                             "--expected-clients N, or --reduce sum", path=files[0])
     if reduce == "mean" and not denom > 0:
         raise InputError("no clients to average over; give --expected-clients", path=files[0])
-    scores = scoring.finish(total, reduce=reduce, denominator=denom, threshold=threshold)
+    scores = scoring.finish(total, reduce=reduce, denominator=denom or 1.0,
+                            threshold=threshold)
     entries = ledger.dedupe(entries)
+    if any(e.mode == "release" for e in entries):
+        raise InputError("per-client uploads are a research-mode simulation; release-mode scores "
+                         "are aggregated inside 'popri score'", path=files[0], field="ledger")
     sidecar = {"ids": first["ids"], "mode": mode, "round": first.get("round", params.get("round")),
+               "privacy_mode": "research",
                "params": {**params, "participating_clients": count, "reduce": reduce,
                           "denominator": denom if reduce == "mean" else None,
+                          "public_clients": params.get("public_clients"),
                           "threshold": threshold, "aggregated_from": [str(f) for f in files]},
                "ledger": [e.to_dict() for e in entries]}
     if out == "-":
         io.write_jsonl(({"id": i, "score": float(s)} for i, s in zip(first["ids"], scores)), "-")
         return
-    lp = ledger.ledger_path_for(out)
-    if lp.exists():
-        ledger.read_ledger(lp)  # a broken ledger fails before anything is written
-    io.save_scores(out, scores, sidecar)
-    ledger.append(out, entries)
+    from popri_cli.privacy.release import record
+
+    ledger.check_writable([out])  # a broken ledger fails before anything is written
+    staged = io.AtomicOutputs()
+    try:
+        io.save_scores(out, scores, sidecar, out=staged)
+        record([out], entries, staged)  # entries first (locked), then the outputs
+    finally:
+        staged.discard()
     log.info(f"aggregate: {count} clients from {len(files)} file(s), {reduce} -> {out}")
 
 

@@ -84,8 +84,13 @@ def fetch(
     date_column: Optional[str] = typer.Option(None, help="Column holding a date (for --split "
                                                          "date); '@none' = ignore the default."),
 ) -> None:
-    from popri_cli.data.build import FetchOptions, fetch as do_fetch
+    from pathlib import Path
 
+    from popri_cli.data.build import FILES, FetchOptions, fetch as do_fetch
+    from popri_cli.guard import check_outputs
+
+    check_outputs([out, *(Path(out) / f for f in (*FILES, "manifest.json"))],
+                  [name if Path(name).is_file() else None, source])
     opts = FetchOptions(max_tokens=max_tokens, min_words=min_words, tokenizer=tokenizer,
                         max_samples_per_client=max_samples_per_client, max_clients=max_clients,
                         split=split, val_frac=val_frac, test_frac=test_frac, seed=seed, force=force,

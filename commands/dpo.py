@@ -42,7 +42,8 @@ deletes earlier checkpoints in DIR and starts over.
 
 Checkpoint selection (POPri B.1: per round keep the checkpoint whose samples have the lowest FID to
 the validation split): --select-on VAL (a federated dataset dir, whose 'val' split is used, an
-embedding set .npy, or JSONL texts) and --select-prompts FILE (JSONL with "prompt", e.g. this
+embedding set .npy, JSONL texts, or STATS.npz from 'popri fred stats': its DP mean and covariance,
+so that selection reads no private sample; the other forms read the split without noise) and --select-prompts FILE (JSONL with "prompt", e.g. this
 round's samples; or Omega texts with "text", from which prompts are built as 'popri gen' does).
 Each checkpoint writes --select-samples samples; FID on all-MiniLM-L6-v2 embeddings."""
 
@@ -85,7 +86,8 @@ def dpo(
                                    "(fp32) reward margin on the first N pairs (the bf16-logged "
                                    "margins carry rounding noise ~1e-3); into metrics.json."),
     select_on: Optional[str] = typer.Option(None, "--select-on", help="Validation data for "
-                                            "checkpoint selection by FID (POPri B.1)."),
+                                            "checkpoint selection by FID (POPri B.1), or a "
+                                            "'popri fred stats' STATS.npz (DP statistics)."),
     select_prompts: Optional[str] = typer.Option(None, "--select-prompts", help="Prompts for the "
                                                  "selection samples (JSONL 'prompt', or Omega 'text')."),
     select_samples: int = typer.Option(24, "--select-samples", min=2, help="Samples per checkpoint "
@@ -101,11 +103,21 @@ def dpo(
 
     if loss not in ("dpo", "ipo"):
         raise InputError(f"--loss must be dpo or ipo (got {loss!r})")
+    from popri_cli import validate
+
+    validate.finite(beta, "--beta", lo=0, lo_open=True)
+    validate.optional(lr, "--lr", lo=0, lo_open=True, hi=1)
+    validate.finite(epochs, "--epochs", lo=0, lo_open=True, hi=validate.EPOCHS_MAX)
     if bool(select_on) != bool(select_prompts):
         raise InputError("checkpoint selection needs both --select-on and --select-prompts")
-    if adapter and Path(adapter).resolve() == (Path(out) / lib.ADAPTER_DIR).resolve():
-        raise InputError("--adapter is the adapter this run would replace; use a new --out",
-                         path=adapter)
+    from popri_cli.guard import check_outputs
+
+    o = Path(out)
+    check_outputs([out, o / lib.ADAPTER_DIR, o / lib.METRICS_FILE, o / lib.RUN_FILE,
+                   o / "selection.json" if select_on else None,
+                   *(() if resume else lib.list_checkpoints(o, complete_only=False))],
+                  [pairs, adapter, select_on, select_prompts,
+                   model if Path(model).exists() else None])
     targets = [t.strip() for t in target_modules.split(",") if t.strip()] if target_modules else None
     records = lib.load_pairs(pairs)
     select = (_selector(select_on, select_prompts, select_samples, model, seed, bf16, embed_model)
@@ -150,10 +162,30 @@ def _selector(select_on, select_prompts, n, model, seed, bf16, embed_model):
         bad = next(i for i, r in enumerate(recs, 1) if not isinstance(r.get("prompt", r.get("text")), str))
         raise InputError("need 'prompt' (prompts) or 'text' (Omega texts) in every line",
                          path=select_prompts, line=bad, field="prompt")
-    split = "val" if Path(select_on).is_dir() and is_federated_dir(select_on) else "train"
-    val = as_embedding_set(select_on, model=embed_model, split=split, what="validation")
-    if len(val) < 2:
-        raise InputError("need at least 2 validation samples for a Frechet distance", path=select_on)
+    if str(select_on).endswith(".npz"):  # FreD statistics: a mean + covariance, no samples
+        from popri_cli.embed import default_model, resolve_model
+        from popri_cli.fred import load_stats
+
+        mean, cov, side = load_stats(select_on)
+        smodel = side.get("embedding_model")
+        if smodel and resolve_model(smodel) != resolve_model(embed_model or default_model()):
+            raise InputError(f"the statistics were computed on {smodel!r} embeddings but the "
+                             f"selection samples would be embedded with "
+                             f"{embed_model or default_model()!r}: pass --embed-model {smodel}",
+                             path=select_on, field="embedding_model")
+        target = {"val_stats": (mean, cov)}
+        criterion = ("lowest Frechet distance to the DP mean and covariance of the validation "
+                     "split ('popri fred stats')" if side.get("private") else
+                     "lowest Frechet distance to the EXACT (non-private) statistics in "
+                     f"{select_on}")
+    else:
+        split = "val" if Path(select_on).is_dir() and is_federated_dir(select_on) else "train"
+        val = as_embedding_set(select_on, model=embed_model, split=split, what="validation")
+        if len(val) < 2:
+            raise InputError("need at least 2 validation samples for a Frechet distance",
+                             path=select_on)
+        target = {"val_embeddings": val.embeddings}
+        criterion = "lowest FID to the validation split (POPri B.1)"
     per_prompt = -(-n // len(prompts))
 
     def select(checkpoints, out_dir: Path) -> str:
@@ -167,11 +199,10 @@ def _selector(select_on, select_prompts, n, model, seed, bf16, embed_model):
         def emb(texts: list[str]):
             return embed_texts(texts, embed_model, desc="embed selection")
 
-        best, results = lib.select_checkpoint(checkpoints, base_model=model,
-                                              val_embeddings=val.embeddings, generate_fn=gen,
-                                              embed_fn=emb)
+        best, results = lib.select_checkpoint(checkpoints, base_model=model, generate_fn=gen,
+                                              embed_fn=emb, **target)
         path = lib.save_adapter(None, out_dir / lib.ADAPTER_DIR, source=best)
-        write_json({"selected": best, "criterion": "lowest FID to the validation split (POPri B.1)",
+        write_json({"selected": best, "criterion": criterion,
                     "validation": select_on, "prompts": select_prompts, "samples": n,
                     "results": results}, out_dir / "selection.json")
         log.info(f"dpo: selected {best} (lowest FID)")

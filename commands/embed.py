@@ -34,14 +34,9 @@ def embed(
     from popri_cli.io import STDIO, save_embedding_set, write_jsonl
     from popri_cli import log
 
-    from pathlib import Path
+    from popri_cli.guard import check_outputs
 
-    from popri_cli.errors import InputError
-    from popri_cli.io import sidecar_path
-
-    if out != STDIO and input != STDIO and Path(sidecar_path(out)).resolve() == Path(input).resolve():
-        raise InputError(f"--out {out} would overwrite the input with its sidecar "
-                         f"{sidecar_path(out)}; choose another name", path=input)
+    check_outputs([out], [input], companions="embeddings")
     es = as_embedding_set(input, model=model, normalize=normalize, split=split,
                           batch_size=batch_size, use_cache=cache, what="texts")
     meta = {**model_meta(model, normalize), **es.meta} if not es.meta.get("model") else es.meta

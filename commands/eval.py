@@ -66,10 +66,14 @@ def accuracy(
                                                  help="Write per-client sums to this JSONL file."),
     json_out: bool = typer.Option(False, "--json", help="Print the full result as JSON."),
 ) -> None:
+    from pathlib import Path
+
     from popri_cli import log
     from popri_cli.downstream import evaluate_next_token
+    from popri_cli.guard import check_outputs
     from popri_cli.io import dumps, write_jsonl
 
+    check_outputs([per_client_out], [data, adapter, model if Path(model).exists() else None])
     res = evaluate_next_token(model, data, max_length=max_length, count_eos=count_eos,
                               batch_size=batch_size, bf16=bf16, adapter=adapter, split=split,
                               max_samples=max_samples, bootstrap=bootstrap, seed=seed,

@@ -107,13 +107,16 @@ def expand(
         raise InputError("not a PEFT adapter directory (no adapter_config.json)", path=adapter)
     if out == STDIO:
         raise InputError("--out is a directory; use --merged-out - for stdout", field="out")
-    if merged_out and merged_out != STDIO:
-        m = Path(merged_out).resolve()
-        if seeds != STDIO and Path(seeds).exists() and m == Path(seeds).resolve():
-            raise InputError(f"--merged-out {merged_out} would overwrite the input", path=seeds)
-        if m.parent == Path(out).resolve() and (m.name == "manifest.json"
-                                                 or m.name.startswith("shard-")):
-            raise InputError("would clobber a file of the --out directory", field="merged-out")
+    from popri_cli.expand import MANIFEST, SHARD_RE
+    from popri_cli.guard import check_outputs
+
+    # --out DIR's files: its manifest and shards (--force removes those there; a shard name
+    # that --merged-out would take is one it will write)
+    shards = {str(f) for f in Path(out).glob("shard-*.jsonl") if SHARD_RE.fullmatch(f.name)}
+    if merged_out and merged_out != STDIO and SHARD_RE.fullmatch(Path(merged_out).name):
+        shards.add(str(Path(out) / Path(merged_out).name))
+    check_outputs([out, str(Path(out) / MANIFEST), *sorted(shards), merged_out],
+                  [seeds, template, adapter, model if Path(model).exists() else None])
     from popri_cli.generation import check_template, read_template
 
     tmpl = read_template(template, lambda t: check_template(t, 3))

@@ -190,6 +190,14 @@ def _stats(private, out, epsilon, delta, clip, non_private, relation, level,
         if epsilon is None or delta is None:
             raise InputError("required for a private release (or give --non-private)",
                              field="--epsilon" if epsilon is None else "--delta")
+        from popri_cli import validate
+
+        # bounds (popri_cli/validate.py): e^eps must be finite for the analytic calibration,
+        # c^2 z finite and precise for the covariance release
+        validate.finite(epsilon, "--epsilon", lo=0, lo_open=True, hi=validate.EPSILON_MAX)
+        validate.delta(delta)
+        if clip is not None:
+            validate.clip(clip)
         try:
             design = F.Design(relation or "replace-one", level or "sample",
                               1.0 if clip is None else clip, max_samples_per_client)
@@ -197,9 +205,19 @@ def _stats(private, out, epsilon, delta, clip, non_private, relation, level,
             z = F.noise_multiplier(epsilon, delta, cal)
         except ParameterError as e:
             raise _bad(e) from None
-    lp = ledger.ledger_path_for(out)
-    if lp.exists():
-        ledger.read_ledger(lp)  # a broken ledger fails now, before anything is written
+        if not z <= validate.Z_MAX:
+            raise InputError(f"too small: it needs noise multiplier {z:.3g} > {validate.Z_MAX:g}, "
+                             "statistics that are pure noise", field="--epsilon")
+    from popri_cli.guard import check_outputs
+    from popri_cli.privacy.release import Release
+
+    check_outputs([out], [private])
+    if non_private and release:
+        raise InputError("--non-private writes the exact statistics; --release does not apply",
+                         field="--release")
+    rel = Release("fred", seed=None if release else seed, secure=bool(release), ledgers=[out],
+                  diagnostic=bool(non_private))
+    rel.check_ledgers()  # a broken ledger fails now, before anything is computed
 
     user = not non_private and design.level == "user"
     es = _load(private, what="private", split=split, model=model, require_client=user)
@@ -232,19 +250,22 @@ def _stats(private, out, epsilon, delta, clip, non_private, relation, level,
                                 ("covariance", design.cov_sensitivity,
                                  st.params["noise_std_sum2"])):
             entries.append(ledger.LedgerEntry(
-                stage="fred", mechanism="gaussian", noise_multiplier=z, sample_rate=1.0, steps=1,
-                delta=delta, sensitivity=sens, sampling="none", neighbouring=design.neighbouring,
-                release_id=ledger.make_release_id("fred", what, *rid_parts, secure=secure),
+                stage="fred", mechanism="gaussian",
+                noise_multiplier=st.params["effective_noise_multiplier"][what], sample_rate=1.0,
+                steps=1, delta=delta, sensitivity=sens, sampling="none",
+                neighbouring=design.neighbouring, mode=rel.mode,
+                release_id=rel.release_id(what, *rid_parts),
                 params={"release": what, "epsilon": epsilon, "delta": delta, "calibration": cal,
-                        "noise_std_on_sum": std, "claim": claim}))
+                        "noise_std_on_sum": std, "claim": claim, "noise": st.params["noise"],
+                        "nominal_noise_multiplier": z}))
     sidecar = {"kind": "fred-stats", "private": not non_private, "dim": int(emb.shape[1]),
+               "privacy_mode": None if non_private else rel.mode,
                "n": st.n, "n_public": bool(non_private or design.count_public), **meta,
                "neighbouring": None if non_private else design.neighbouring,
                "params": params, "ledger": [e.to_dict() for e in entries]}
-    with io.AtomicOutputs() as staged:
-        F.save_stats(out, st, sidecar, staged)
-        if entries:  # recorded before the statistics appear (a failed commit over-counts)
-            ledger.append(out, entries)
+    with rel:  # the entries are recorded (locked) before the statistics appear
+        F.save_stats(out, st, sidecar, rel.outputs)
+        rel.commit(entries)
     if non_private:
         log.info(f"fred stats: exact statistics of {len(emb)} x {emb.shape[1]} -> {out}")
         return

@@ -117,10 +117,10 @@ def gen(
     for name, dest in (("prompts-out", prompts_out), ("stats-out", stats_out)):
         if dest == STDIO:
             raise InputError("stdout carries the samples; give a file name", field=name)
-    src_in = omega if omega == STDIO or not Path(omega).is_dir() else str(Path(omega) / f"{split}.jsonl")
-    for name, dest in (("out", out), ("prompts-out", prompts_out), ("stats-out", stats_out)):
-        if dest and dest != STDIO and omega != STDIO and Path(dest).resolve() == Path(src_in).resolve():
-            raise InputError(f"--{name} {dest} would overwrite the input", path=omega)
+    from popri_cli.guard import check_outputs
+
+    check_outputs([out, prompts_out, stats_out],
+                  [omega, template, adapter, model if Path(model).exists() else None])
     from popri_cli.generation import check_template, read_template
 
     tmpl = read_template(template, lambda t: check_template(t, shots))

@@ -48,9 +48,11 @@ def init(
 ) -> None:
     from popri_cli import io, log
     from popri_cli.embed import text_records
+    from popri_cli.guard import check_outputs
     from popri_cli.pe import initial_population
     from popri_cli.privacy.noise import make_rng
 
+    check_outputs([out], [public])
     recs, src = text_records(public, split)
     idx = initial_population(recs, num, make_rng(seed, stream="pe-init"))
     rows = [{"id": f"r1-p{i}", "round": 1, "text": " ".join(recs[j]["text"].split()),
@@ -77,10 +79,12 @@ def draw(
     import numpy as np
 
     from popri_cli import io, log
+    from popri_cli.guard import check_outputs
     from popri_cli.pe import draw_survivors
     from popri_cli.prefs import align_scores, load_score_vector
     from popri_cli.privacy.noise import make_rng
 
+    check_outputs([out, stats_out], [population, scores])
     pop = list(io.iter_jsonl(population, required=("id", "text"), locate=True))
     arr, ids = load_score_vector(scores)
     hist = align_scores(pop, arr, ids, path=scores)
@@ -112,8 +116,10 @@ def seeds(
     out: str = typer.Option("-", "--out", "-o", help="Seed set JSONL, or '-'."),
 ) -> None:
     from popri_cli import io, log
+    from popri_cli.guard import check_outputs
     from popri_cli.pe import union_of_sets
 
+    check_outputs([out], survivors)
     rounds = []
     for k, path in enumerate(survivors, start=1):
         rows = list(io.iter_jsonl(path, required=("text",)))

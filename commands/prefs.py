@@ -42,19 +42,13 @@ def build(
     report_out: Optional[str] = typer.Option(None, "--report-out", help="JSON report: counts, "
                                              "skipped prompts, mean score gap, recovery rate."),
 ) -> None:
-    from pathlib import Path
-
     from popri_cli import io, log
     from popri_cli.errors import InputError
     from popri_cli.prefs import build_pairs, load_score_vector, read_samples
 
-    files = [f for f in (out, report_out) if f and f != "-"]
-    for f in files:
-        for src in (samples, scores, true_scores):
-            if src and src != "-" and Path(src).exists() and Path(f).resolve() == Path(src).resolve():
-                raise InputError("output would overwrite an input; choose another name", path=f)
-    if len(files) == 2 and Path(files[0]).resolve() == Path(files[1]).resolve():
-        raise InputError("--out and --report-out are the same file", path=out)
+    from popri_cli.guard import check_outputs
+
+    check_outputs([out, report_out], [samples, scores, true_scores])
     recs = read_samples(samples)
     arr, ids = load_score_vector(scores)
     t_arr = t_ids = None

@@ -65,12 +65,24 @@ def sft(
     from popri_cli.errors import InputError
     from popri_cli.prefs import load_score_vector, read_samples, top_samples
 
+    from popri_cli import validate
+
+    validate.optional(lr, "--lr", lo=0, lo_open=True, hi=1)
+    validate.finite(epochs, "--epochs", lo=0, lo_open=True, hi=validate.EPOCHS_MAX)
     if bool(pairs) == bool(samples):
         raise InputError("give either --pairs, or --samples with --scores")
     if samples and not scores:
         raise InputError("--samples needs --scores")
     if scores and not samples:
         raise InputError("--scores goes with --samples")
+    from pathlib import Path
+
+    from popri_cli.guard import check_outputs
+
+    o = Path(out)
+    check_outputs([out, o / lib.ADAPTER_DIR, o / lib.METRICS_FILE, o / lib.RUN_FILE,
+                   *(() if resume else lib.list_checkpoints(o, complete_only=False))],
+                  [pairs, samples, scores, adapter, model if Path(model).exists() else None])
     if pairs:
         records = lib.sft_records_from_pairs(pairs)
     else:

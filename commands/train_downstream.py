@@ -83,6 +83,18 @@ def train_downstream(
 
     if select_by not in ("accuracy", "loss"):
         raise InputError(f"--select-by must be 'accuracy' or 'loss', got {select_by!r}")
+    from popri_cli import validate
+
+    validate.finite(lr, "--lr", lo=0, lo_open=True, hi=1)
+    validate.finite(weight_decay, "--weight-decay", lo=0)
+    from pathlib import Path
+
+    from popri_cli.guard import check_outputs
+
+    # the checkpoint directory is replaced whole: every file now under it is overwritten
+    o = Path(out)
+    check_outputs([out, *(sorted(map(str, o.rglob("*"))) if o.is_dir() else ())],
+                  [train, val, model if Path(model).exists() else None])
     res = run(train, model=model, out_dir=out, val_records=val, max_length=max_length, lr=lr,
               epochs=epochs, batch_size=batch_size, micro_batch_size=micro_batch_size, lora=lora,
               lora_r=lora_r, lora_alpha=lora_alpha, bf16=bf16, seed=seed, max_steps=max_steps,

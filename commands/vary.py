@@ -126,8 +126,7 @@ def vary(
 
     from popri_cli import log
     from popri_cli.errors import InputError
-    from popri_cli.io import STDIO, AtomicOutputs, dumps, sidecar_path, write_jsonl
-    from popri_cli.io import meta_path, save_embedding_set
+    from popri_cli.io import STDIO, AtomicOutputs, dumps, save_embedding_set, write_jsonl
     from popri_cli.variation import (FILL_MODES, METHODS, check_paraphrase_template,
                                      lookahead_means, variation_rows)
     from popri_cli.variation import vary as run_vary
@@ -153,14 +152,12 @@ def vary(
                          field="stats-out" if stats_out == STDIO else "lookahead-out")
     if adapter and not (Path(adapter) / "adapter_config.json").exists():
         raise InputError("not a PEFT adapter directory (no adapter_config.json)", path=adapter)
-    dests = [("out", out), ("stats-out", stats_out)]
-    if lookahead_out:
-        dests += [("lookahead-out", f) for f in (lookahead_out, sidecar_path(lookahead_out),
-                                                   meta_path(lookahead_out))]
-    for name, dest in dests:
-        if dest and dest != STDIO and input != STDIO and Path(input).exists() \
-                and Path(dest).resolve() == Path(input).resolve():
-            raise InputError(f"--{name} {dest} would overwrite the input", path=input)
+    from popri_cli.guard import check_outputs
+
+    check_outputs([out, stats_out, lookahead_out],
+                  [input, template, adapter,
+                   *(m for m in (model, embedder, fallback_model) if m and Path(m).exists())],
+                  companions="embeddings")
     from popri_cli.generation import read_template
 
     tmpl = read_template(template, check_paraphrase_template)

@@ -104,8 +104,14 @@ def embed_texts(texts: Sequence[str], model: str | None = None, *, normalize: bo
     key = cache_key(model, normalize, max_length, texts)
     cpath = runtime.cache_dir() / "embeddings" / f"{key}.npy"
     if use_cache and cpath.exists():
-        log.info(f"{desc}: {len(texts)} texts from cache ({cpath.name[:12]})")
-        return np.load(cpath)
+        try:
+            cached = np.load(cpath, allow_pickle=False)
+            if isinstance(cached, np.ndarray) and cached.ndim == 2 and len(cached) == len(texts):
+                log.info(f"{desc}: {len(texts)} texts from cache ({cpath.name[:12]})")
+                return cached
+        except (ValueError, OSError, EOFError):
+            pass
+        log.warn(f"embedding cache entry {cpath.name[:12]} is unreadable: recomputing")
     st = load_model(model, device)
     if max_length:
         st.max_seq_length = int(max_length)
@@ -113,6 +119,7 @@ def embed_texts(texts: Sequence[str], model: str | None = None, *, normalize: bo
         else st.get_sentence_embedding_dimension()
     out = np.zeros((len(texts), dim), dtype=np.float32)
     step = max(batch_size * 8, 256)
+    texts = _cut_long(texts, st)
     with log.progress() as prog:
         task = prog.add_task(desc, total=len(texts))
         for s in range(0, len(texts), step):
@@ -122,11 +129,31 @@ def embed_texts(texts: Sequence[str], model: str | None = None, *, normalize: bo
                                               show_progress_bar=False)
             prog.advance(task, len(chunk))
     if use_cache:
-        cpath.parent.mkdir(parents=True, exist_ok=True)
         tmp = cpath.with_name(cpath.name + f".{os.getpid()}.tmp.npy")
-        np.save(tmp, out)
-        os.replace(tmp, cpath)
+        try:
+            cpath.parent.mkdir(parents=True, exist_ok=True)
+            np.save(tmp, out)
+            os.replace(tmp, cpath)
+        except OSError as e:  # the cache is an optimisation: a full or read-only disk skips it
+            tmp.unlink(missing_ok=True)
+            log.warn(f"embedding cache not written ({e.strerror or e}): {cpath.parent}")
+        except BaseException:  # interrupted, SIGTERM: no stray file in the cache
+            tmp.unlink(missing_ok=True)
+            raise
     return out
+
+
+def _cut_long(texts: list[str], st) -> list[str]:
+    """Texts longer than the model can read cut before tokenisation (same embedding: the
+    tokenizer truncates to max_seq_length tokens anyway); a 15 MB text took 2.8 GB and 21 s."""
+    from .data.tokenize import CHARS_PER_TOKEN, hf_counter, prefix_for_tokens
+
+    limit = int(getattr(st, "max_seq_length", None) or 512)
+    if all(len(t) <= limit * CHARS_PER_TOKEN for t in texts):
+        return texts
+    count = hf_counter(getattr(st, "tokenizer", None))
+    return [t if len(t) <= limit * CHARS_PER_TOKEN else prefix_for_tokens(t, limit, count)
+            for t in texts]
 
 
 def model_meta(model: str | None, normalize: bool, max_length: int | None = None) -> dict:

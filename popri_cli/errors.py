@@ -38,6 +38,12 @@ class InputError(PopriError):
         return f"{where}{fld}{self.message}"
 
 
+class ConfigError(InputError):
+    """A bad configuration (``popri run`` YAML / ``--set``, or the global ``--config``): exit 2,
+    before any stage runs.  ``path`` is the YAML file (or ``--set KEY=VALUE``), ``field`` the
+    dotted key."""
+
+
 class MissingResourceError(PopriError):
     """Something the command needs is not installed or not reachable (model, apt index...)."""
 

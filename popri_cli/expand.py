@@ -292,8 +292,8 @@ def expand(records: Sequence[dict], *, num_samples: int, out_dir: str, model: st
     if num_samples < 1 or shard_size < 1 or max_tokens < 1 or max_new_tokens < 1:
         raise InputError("--num-samples, --shard-size, --max-tokens and --max-new-tokens must "
                          "be >= 1")
-    if attempt_factor < 1:
-        raise InputError("must be >= 1", field="attempt-factor")
+    if not 1 <= attempt_factor <= 1e6:  # it multiplies the shard size into a prompt count
+        raise InputError(f"must be in [1, 1e6] (got {attempt_factor})", field="attempt-factor")
     if temperature < 0 or not 0 < top_p <= 1:
         raise InputError("temperature must be >= 0 and top-p in (0, 1]", field="top-p")
     template = generation.DEFAULT_TEMPLATE if template is None else template

@@ -287,18 +287,36 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
     s1, s2 = z * design.mean_sensitivity, z * design.cov_sensitivity
     rows = sum(len(x) for x in clients)
 
+    secure = bool(getattr(rng, "secure", False))
+    z_eff = {"mean": z, "covariance": z}
     t1 = server_sum(mean_contribution(x, c, g) for x in clients)
-    if design.count_public:
+    if secure:  # release mode: snapped + discrete Gaussian (popri_cli.privacy.noise)
+        from .privacy.noise import discrete_gaussian_release
+
+        v1 = t1[:d] if design.count_public else t1
+        sum1, ze, _ = discrete_gaussian_release(v1, s1, design.mean_sensitivity, rng)
+        z_eff["mean"] = ze
+    elif design.count_public:
         sum1 = t1[:d] + s1 * np.asarray(rng.standard_normal(d), dtype=np.float64)
-        n, clamped = float(rows), False
     else:
         sum1 = t1 + s1 * np.asarray(rng.standard_normal(d + 1), dtype=np.float64)
+    if design.count_public:
+        n, clamped = float(rows), False
+    else:
         n_hat = float(sum1[d] / g)
         n, clamped = max(n_hat, 1.0), n_hat < 1.0
     pmean = sum1[:d] / n
 
     t2 = server_sum(cov_contribution(x, c, pmean) for x in clients)
-    sum2 = t2 + symmetric_noise(d, s2, rng)
+    if secure:
+        iu = np.triu_indices(d)
+        tri, ze, _ = discrete_gaussian_release(t2[iu], s2, design.cov_sensitivity, rng)
+        z_eff["covariance"] = ze
+        sum2 = np.zeros((d, d))
+        sum2[iu] = tri
+        sum2 = sum2 + np.triu(sum2, 1).T
+    else:
+        sum2 = t2 + symmetric_noise(d, s2, rng)
     cov = denoise_spectrum(sum2 / n, s2 / n) if denoise else project_psd(sum2 / n)
     params = {
         "noise_multiplier": z, "mean_sensitivity": design.mean_sensitivity,
@@ -307,6 +325,8 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
         "count_weight": g, "count_noise_std": None if design.count_public else s1 / g,
         "count_clamped": clamped, "covariance": "denoised" if denoise else "nearest-psd",
         "noise_edge": 2.0 * s2 / n * math.sqrt(d),
+        "noise": "discrete-gaussian" if secure else "gaussian",
+        "effective_noise_multiplier": z_eff,
     }
     return FredStats(pmean, cov, n, True, params, sum1, sum2)
 
@@ -376,10 +396,19 @@ def load_stats(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
     if not isinstance(side, dict) or side.get("kind") != "fred-stats":
         raise InputError("not a FreD statistics sidecar (written by 'popri fred stats')",
                          path=side_path, field="kind")
+    for k, kind, what in (("embedding_model", str, "a string"), ("normalize", bool, "a boolean"),
+                          ("params", dict, "an object"), ("ledger", list, "a list")):
+        if side.get(k) is not None and not isinstance(side[k], kind):
+            raise InputError(f"must be {what} (got {type(side[k]).__name__})", path=side_path,
+                             field=k)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):  # a .npy named .npz
+            raise InputError("is a .npy array, not an .npz archive (written by 'popri fred "
+                             "stats')", path=path)
+        with z:
             arrays = {k: np.asarray(z[k], dtype=np.float64) for k in z.files}
-    except (ValueError, OSError, zipfile.BadZipFile) as e:
+    except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise InputError(f"not an .npz archive: {e}", path=path) from None
     for k in ("mean", "cov"):
         if k not in arrays:

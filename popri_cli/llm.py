@@ -53,6 +53,33 @@ def _gguf_file(alias: GgufAlias) -> Path:
     raise MissingResourceError(f"package {alias.pip_name!r} has no .gguf file under {roots}")
 
 
+def load_gguf_tokenizer(gguf: str | os.PathLike):
+    """The tokenizer of a GGUF file, with BOS / EOS / PAD as the GGUF's own metadata gives them
+    and padding on the right.  transformers before 5.18 loads SmolLM2's with EOS = <|im_start|>
+    and no pad token (the GGUF says <|im_end|> for both) and pads on the left: fixed here, so
+    every transformers version that pyproject.toml admits frames and stops text the same way."""
+    from transformers import AutoTokenizer
+
+    gguf = Path(gguf)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    try:
+        from gguf import GGUFReader
+
+        fields = GGUFReader(str(gguf)).fields
+    except Exception:  # gguf missing or too old to read it: keep transformers' reading
+        fields = {}
+    for key, attr in (("bos", "bos_token"), ("eos", "eos_token"), ("padding", "pad_token")):
+        f = fields.get(f"tokenizer.ggml.{key}_token_id")
+        if f is None or not len(f.data):
+            continue
+        text = tok.convert_ids_to_tokens(int(f.parts[f.data[0]][0]))
+        if text is not None and getattr(tok, attr) != text:
+            setattr(tok, attr, text)
+    tok.padding_side = "right"
+    tok.init_kwargs["padding_side"] = "right"  # saved with it (Llama's class default is left)
+    return tok
+
+
 def materialise_alias(name: str) -> Path:
     """De-quantise a packaged GGUF once into a cached transformers checkpoint directory."""
     alias = ALIASES[name]
@@ -62,11 +89,11 @@ def materialise_alias(name: str) -> Path:
     gguf = _gguf_file(alias)
     log.info(f"llm: de-quantising {gguf.name} once into {dest} (later loads are fast)")
     runtime.configure_torch()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok = load_gguf_tokenizer(gguf)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer.remove_quantization_config(model)
@@ -116,7 +143,9 @@ def load_causal_lm(name: str, adapter: str | None = None, *, dtype: str = "float
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                    "float16": torch.float16}[dtype]
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        from .compat import dtype_kwargs
+
+        model = AutoModelForCausalLM.from_pretrained(path, **dtype_kwargs(torch_dtype))
     except Exception as e:
         raise MissingResourceError(f"cannot load model {name!r} ({path}): {type(e).__name__}: {e}") from None
     if adapter:

@@ -21,11 +21,11 @@ def set_quiet(q: bool) -> None:
 
 def info(msg: str) -> None:
     if not _quiet:
-        console.print(msg, markup=False)
+        console.print(msg, markup=False, soft_wrap=True)
 
 
 def warn(msg: str) -> None:
-    console.print(f"popri: warning: {msg}", markup=False, style="yellow")
+    console.print(f"popri: warning: {msg}", markup=False, style="yellow", soft_wrap=True)
 
 
 def progress() -> Progress:

@@ -245,14 +245,28 @@ def block_clients(n_syn: int, block: int | None = None) -> int:
 
 
 def noisy_sum(n: int, L: int, *, exact, rows, std_sum: float, noise_rng, rows_out=None,
-              block: int | None = None) -> np.ndarray:
+              block: int | None = None, sensitivity: float | None = None) -> np.ndarray:
     """The sum of the L clients' clipped rows plus noise of std ``std_sum`` on the sum, float64 [n].
 
     Without ``rows_out``: ``exact()`` (the sum, computed without forming the rows) plus one draw
     of N(0, std_sum^2).  With ``rows_out`` ([L, n]): each client's row ``rows(c0, c1)`` plus its own
     N(0, std_sum^2 / L) is written there and summed; if L = 0 (a Poisson draw of nobody),
     ``rows_out`` is [1, n] and holds the server's N(0, std_sum^2).
+
+    Release mode (``noise_rng`` is a :class:`popri_cli.privacy.noise.SecureRandom`): the sum is
+    snapped to a grid and gets discrete Gaussian noise
+    (:func:`popri_cli.privacy.noise.discrete_gaussian_release`, safe in floating point); its
+    effective noise multiplier is :func:`popri_cli.privacy.noise.effective_multiplier`.
+    Per-client rows are refused there: the sum of per-client discrete noise shares is not a
+    discrete Gaussian (the distributed discrete Gaussian needs its own accounting).
     """
+    secure = bool(getattr(noise_rng, "secure", False))
+    if secure and std_sum > 0:
+        if rows_out is not None:
+            raise ValueError("per-client noisy rows are not available in release mode")
+        from .privacy.noise import discrete_gaussian_release
+
+        return discrete_gaussian_release(exact(), std_sum, float(sensitivity), noise_rng)[0]
     if rows_out is None:
         total = exact()
         return total + std_sum * noise_rng.standard_normal(n) if std_sum > 0 else total
@@ -280,7 +294,7 @@ def cosine_round(emb, codes, sample: Sample, syn, *, noise_multiplier: float, cl
     return noisy_sum(len(Y), len(means), exact=lambda: Y @ (a @ means) - b.sum(),
                      rows=lambda c0, c1: cosine_rows(means[c0:c1], Y, a[c0:c1], b[c0:c1]),
                      std_sum=noise_multiplier * clip, noise_rng=noise_rng, rows_out=rows_out,
-                     block=block)
+                     block=block, sensitivity=clip)
 
 
 def histogram_round(emb, codes, sample: Sample, syn, *, noise_multiplier: float,
@@ -293,7 +307,7 @@ def histogram_round(emb, codes, sample: Sample, syn, *, noise_multiplier: float,
                      exact=lambda: np.bincount(labels, minlength=n).astype(np.float64),
                      rows=lambda c0, c1: histogram_rows(who, labels, c0, c1, n),
                      std_sum=noise_multiplier * max_per_client, noise_rng=noise_rng,
-                     rows_out=rows_out, block=block)
+                     rows_out=rows_out, block=block, sensitivity=float(max_per_client))
 
 
 def finish(total: np.ndarray, *, reduce: str, denominator: float,

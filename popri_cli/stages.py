@@ -20,6 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from . import log
 from .errors import PopriError
@@ -33,15 +34,38 @@ class Stage:
     outputs: list[str]                    # paths (files or dirs) that must exist afterwards
     inputs: list[str] = field(default_factory=list)  # files/dirs this stage reads
     stdout_to: str | None = None          # capture stdout into this file (atomically)
+    # called with the stage's key right before it runs (not when it is skipped, not in a dry
+    # run): e.g. the budget guard of a DP stage, which raises to stop the run
+    before: Callable[[str], None] | None = None
+
+    def shown(self) -> str:
+        """The command line as a user would type it (commands.sh, the dry-run plan)."""
+        s = "popri " + " ".join(shlex.quote(a) for a in self.args)
+        return s + (f" > {shlex.quote(self.stdout_to)}" if self.stdout_to else "")
+
+
+COMMANDS_HEADER = ("#!/bin/sh\n"
+                   "# The stage commands of this run in order (cached ones included); every\n"
+                   "# 'popri run' rewrites this file.\n"
+                   "set -e\n")
 
 
 class StageRunner:
+    """Runs stages with caching.  ``dry_run``: nothing runs and nothing is written (no marker,
+    no commands.sh, no directory); ``commands`` collects the plan, each command with
+    ``# up to date`` where its cached result would be kept."""
+
     def __init__(self, run_dir: str | Path, *, env: dict | None = None, dry_run: bool = False):
         self.run_dir = Path(run_dir)
         self.marker_dir = self.run_dir / ".stages"
-        self.marker_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(os.environ, **(env or {}))
+        # a stage's mode and defaults come from its command line only: an ambient POPRI_RELEASE
+        # or POPRI_CONFIG would change them behind the run's back (and its results table)
+        for k in ("POPRI_RELEASE", "POPRI_CONFIG"):
+            if k not in (env or {}):
+                self.env.pop(k, None)
         self.dry_run = dry_run
+        self.commands: list[str] = []      # this run's commands, in order (commands.sh)
         self.keys: dict[str, str] = {}     # output path -> key of the stage that made it
         self.timings: dict[str, float] = {}
         self.ran: list[str] = []
@@ -90,21 +114,25 @@ class StageRunner:
     def run(self, stage: Stage) -> bool:
         """Run ``stage`` unless its cached result is current. Returns True when it ran."""
         key = self.key(stage)
+        shown = stage.shown()
         if self.done(stage, key):
             self.skipped.append(stage.name)
-            log.info(f"run: [{stage.name}] up to date, skipped")
+            self._record(shown + ("  # up to date" if self.dry_run else ""))
+            if not self.dry_run:
+                log.info(f"run: [{stage.name}] up to date, skipped")
             for o in stage.outputs:
                 self.keys[o] = key
             return False
-        cmd = [sys.executable, "-m", "popri_cli.cli", *stage.args]
-        shown = "popri " + " ".join(shlex.quote(a) for a in stage.args)
-        if stage.stdout_to:
-            shown += f" > {shlex.quote(stage.stdout_to)}"
-        log.info(f"run: [{stage.name}] {shown}")
-        with open(self.log_path, "a", encoding="utf-8") as fh:
-            fh.write(shown + "\n")
         if self.dry_run:
+            self._record(shown)
+            for o in stage.outputs:  # what it would write is new: its dependants would run too
+                self.keys[o] = f"planned:{key}"
             return False
+        if stage.before is not None:
+            stage.before(key)
+        cmd = [sys.executable, "-m", "popri_cli.cli", *stage.args]
+        log.info(f"run: [{stage.name}] {shown}")
+        self._record(shown)
         t0 = time.time()
         if stage.stdout_to:
             with atomic_write(stage.stdout_to) as out:
@@ -127,3 +155,11 @@ class StageRunner:
             self.keys[o] = key
         self.ran.append(stage.name)
         return True
+
+    def _record(self, shown: str) -> None:
+        """Add a command to this run's list; a real run rewrites RUN/commands.sh with the list
+        so far (one file per run, not an ever-growing log)."""
+        self.commands.append(shown)
+        if not self.dry_run:
+            with atomic_write(self.log_path) as fh:
+                fh.write(COMMANDS_HEADER + "".join(c + "\n" for c in self.commands))

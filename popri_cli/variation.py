@@ -93,6 +93,8 @@ def load_masked_lm(name: str, *, dtype: str = "float32", device: str | None = No
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from .compat import dtype_kwargs
+
     hf_logging.disable_progress_bar()
     p = Path(name).expanduser()
     path = str(p.resolve()) if p.exists() else name
@@ -103,7 +105,7 @@ def load_masked_lm(name: str, *, dtype: str = "float32", device: str | None = No
 
     def attempt(local: bool):
         tok = AutoTokenizer.from_pretrained(path, local_files_only=local)
-        return AutoModelForMaskedLM.from_pretrained(path, dtype=torch_dtype,
+        return AutoModelForMaskedLM.from_pretrained(path, **dtype_kwargs(torch_dtype),
                                                     local_files_only=local), tok
 
     try:  # a local directory, or the local hub cache
@@ -175,8 +177,11 @@ class MaskFiller:
     # ---- text <-> ids
     def encode(self, texts: Sequence[str], max_tokens: int) -> list[list[int]]:
         """Token ids without special tokens, cut to ``max_tokens`` (and the model's length)."""
+        from .data.tokenize import hf_counter, prefix_for_tokens
+
         limit = max(1, min(int(max_tokens), self.max_len))
-        texts = [generation.normalise_ws(t) for t in texts]
+        count = hf_counter(self.tok)  # a long text is cut first (same ids: see prefix_for_tokens)
+        texts = [prefix_for_tokens(generation.normalise_ws(t), limit, count) for t in texts]
         if not texts:
             return []
         ids = self.tok(texts, add_special_tokens=False)["input_ids"]

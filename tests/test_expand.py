@@ -388,7 +388,7 @@ def test_cli_bad_input_and_config_change(seeds_file, tiny_lm, tmp_path, run_popr
     assert f"{tmp_path / 'o' / 'manifest.json'}: field 'config.temperature': was 1.0, now 0.5" in p.stderr
     assert shard_bytes(tmp_path / "o") == before
     p = run_popri([*base, "--merged-out", seeds_file])
-    assert p.returncode == 2 and "would overwrite the input" in p.stderr
+    assert p.returncode == 2 and "output would overwrite input" in p.stderr
 
 
 def test_cli_sigkill_then_resume_equals_uninterrupted(seeds_file, tiny_lm, tiny_loaded, tmp_path):

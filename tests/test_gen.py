@@ -379,7 +379,7 @@ def test_cli_bad_input_one_line_nothing_written(omega_file, tmp_path, run_popri)
     cases = [(["--template", tmpl, "-K", "2"], f"{tmpl}: field 'template': unknown placeholder"),
              ([], "exactly one of --prompts K and --num-samples N"),
              (["-K", "2", "--backend", "tgi"], "unknown backend"),
-             (["-K", "2", "--out", omega_file], "would overwrite the input")]
+             (["-K", "2", "--out", omega_file], "output would overwrite input")]
     for extra, msg in cases:
         p = run_popri(["gen", omega_file, "--out", out, *extra])
         assert p.returncode == 2 and msg in p.stderr and p.stderr.count("\n") == 1, p.stderr

@@ -94,9 +94,15 @@ def test_ledger_append_dedupes_release_ids(tmp_path):
     entries = ledger.read_ledger(tmp_path / "ledger.jsonl")
     assert [e.release_id for e in entries] == ["a", "b"]
     # the same release copied into a sidecar is counted once by collect()
-    (tmp_path / "s.json").write_text(json.dumps({"ledger": [_entry(rid="b").to_dict()]}))
+    (tmp_path / "s.json").write_text(json.dumps({"ledger": [_entry(z=2.0, rid="b").to_dict()]}))
     got = ledger.collect([tmp_path / "ledger.jsonl", tmp_path / "s.json"])
     assert [e.release_id for e in got] == ["a", "b"]
+    # ... but one id with a different noise multiplier is a conflict, never merged (issue 9)
+    (tmp_path / "t.json").write_text(json.dumps({"ledger": [_entry(rid="b").to_dict()]}))
+    with pytest.raises(InputError, match="recorded twice with different noise_multiplier"):
+        ledger.collect([tmp_path / "ledger.jsonl", tmp_path / "t.json"])
+    with pytest.raises(InputError, match="recorded twice"):
+        ledger.append(out, [_entry(rid="b")])
 
 
 def test_ledger_rejects_bad_entries(tmp_path):

@@ -19,7 +19,7 @@ def test_config_defaults_yaml_and_overrides(tmp_path):
     assert cfg.privacy.epsilon == 7.0 and cfg.score.clients_per_round == 10 and cfg.run_dir == "x"
 
 
-@pytest.mark.parametrize("override,msg", [("dpo.lrr=1", "unknown key 'dpo.lrr'"),
+@pytest.mark.parametrize("override,msg", [("dpo.lrr=1", "field 'dpo.lrr': unknown key"),
                                           ("rounds=abc", "expects int"),
                                           ("rounds", "key=value")])
 def test_config_errors_are_clear(override, msg):
@@ -74,9 +74,11 @@ def test_failed_stage_leaves_no_marker_and_names_the_command(tmp_path):
 
 
 def test_dry_run_plans_every_stage_of_the_loop(tmp_path, capsys):
-    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=2", "privacy.noise_multiplier=1.5"])
-    POPriRun(cfg, dry_run=True).execute()
-    cmds = (tmp_path / "run" / "commands.sh").read_text().splitlines()
+    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=2", "privacy.noise_multiplier=1.5",
+                        "privacy.epsilon=null"])
+    run = POPriRun(cfg, dry_run=True)
+    run.execute()
+    cmds = run.runner.commands
     names = [c.split()[1] for c in cmds]
     assert names[:2] == ["bench", "bench"]
     assert names.count("gen") == 3 and names.count("dpo") == 2 and names.count("prefs") == 2
@@ -89,9 +91,11 @@ def test_dry_run_plans_every_stage_of_the_loop(tmp_path, capsys):
 def test_dry_run_plans_the_pe_loop_with_the_paper_threshold(tmp_path):
     """PrE-Text: init -> T x (vote, draw) with T - 1 variation steps -> seeds -> expand; H = z*M."""
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "method=pe", "rounds=3", "pe.lookahead=2",
-                        "privacy.noise_multiplier=2.1793", "score.max_samples_per_client=8"])
-    POPriRun(cfg, dry_run=True).execute()
-    cmds = (tmp_path / "run" / "commands.sh").read_text().splitlines()
+                        "privacy.noise_multiplier=2.1793", "score.max_samples_per_client=8",
+                        "privacy.epsilon=null"])
+    run = POPriRun(cfg, dry_run=True)
+    run.execute()
+    cmds = run.runner.commands
     sub = [" ".join(c.split()[1:3]) for c in cmds]
     assert sub.count("pe init") == 1 and sub.count("pe draw") == 3 and sub.count("pe seeds") == 1
     assert sum(1 for c in cmds if " vary " in f" {c} " and "--lookahead" in c) == 3
@@ -105,7 +109,7 @@ def test_dry_run_plans_the_pe_loop_with_the_paper_threshold(tmp_path):
 
 
 def test_method_and_modes_are_checked():
-    with pytest.raises(PopriError, match="method must be one of"):
+    with pytest.raises(PopriError, match="field 'method': must be one of"):
         C.load(None, ["method=dp-fedavg"])
     with pytest.raises(PopriError, match="pe.variation"):
         C.load(None, ["pe.variation=shuffle"])

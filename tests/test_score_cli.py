@@ -44,8 +44,8 @@ def read_ledger(path):
 def test_cosine_zero_noise_equals_brute_force_and_records_everything(sets, tmp_path, run_popri):
     priv_p, syn_p, priv, cids, syn = sets
     out = tmp_path / "o" / "scores.npy"
-    p = run_popri(score_args(priv_p, syn_p, out, "--no-standardize", "--clip", "1e6", z="0"),
-                  check=True)
+    p = run_popri(score_args(priv_p, syn_p, out, "--no-standardize", "--clip", "1e6",
+                             "--public-clients", "15", z="0"), check=True)
     assert p.stdout == "" and "NO PRIVACY" in p.stderr
     clients = sorted(set(cids))
     want = np.mean([[np.mean([e @ y / np.linalg.norm(e) / np.linalg.norm(y)
@@ -53,6 +53,11 @@ def test_cosine_zero_noise_equals_brute_force_and_records_everything(sets, tmp_p
                      for y in syn.astype(float)] for k in clients], axis=0)
     got = np.load(out)
     assert got.dtype == np.float32 and np.allclose(got, want, atol=1e-6)
+    # without a public count the realised count (private) never divides: the sum is released
+    run_popri(score_args(priv_p, syn_p, tmp_path / "u" / "s.npy", "--no-standardize", "--clip",
+                         "1e6", z="0"), check=True)
+    assert np.allclose(np.load(tmp_path / "u" / "s.npy"), want * 15, atol=1e-4)
+    assert json.loads((tmp_path / "u" / "s.json").read_text())["params"]["reduce"] == "sum"
     side = json.loads((tmp_path / "o" / "scores.json").read_text())
     assert side["ids"] == [f"r{i}" for i in range(40)] and side["mode"] == "cosine"
     assert side["round"] == 0
@@ -92,7 +97,7 @@ def test_per_client_uploads_aggregate_to_the_same_scores(sets, tmp_path, run_pop
     priv_p, syn_p, *_ = sets
     out, pc = tmp_path / "r" / "scores.npy", tmp_path / "r" / "clients.npy"
     run_popri(score_args(priv_p, syn_p, out, "--per-client-out", pc, "--sample-rate", "0.5",
-                         "--block-size", "2"), check=True)
+                         "--block-size", "2", "--public-clients", "15"), check=True)
     rows = np.load(pc)
     side = json.loads((tmp_path / "r" / "clients.json").read_text())
     L = side["params"]["participating_clients"]
@@ -332,7 +337,7 @@ def test_poisson_round_with_no_client_is_server_noise(sets, tmp_path, run_popri)
     rows = np.load(pc)
     assert rows.shape == (1, 40) and rows.std() > 0.3  # N(0, 1) noise, nothing else
     scores = np.load(tmp_path / "s.npy")
-    assert np.allclose(scores, rows[0] / (1e-9 * 15), rtol=1e-5)
+    assert np.allclose(scores, rows[0], rtol=1e-5)  # the noisy sum: no public count given
     run_popri(["aggregate", pc, "--out", tmp_path / "a.npy"], check=True)
     assert np.allclose(np.load(tmp_path / "a.npy"), scores, rtol=1e-5)
 

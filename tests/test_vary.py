@@ -372,7 +372,7 @@ def test_cli_bad_input_one_line_nothing_written(in_file, tiny_roberta, tmp_path,
              ([in_file, "--mask-ratio", "0"], "--mask-ratio must be in (0, 1]"),
              ([in_file, "--fill", "gibbs"], "unknown fill 'gibbs'"),
              ([in_file, "--template", tmpl], f"{tmpl}: field 'template': unknown placeholder"),
-             ([in_file, "--stats-out", in_file], "would overwrite the input")]
+             ([in_file, "--stats-out", in_file], "output would overwrite input")]
     for extra, msg in cases:
         p = run_popri(["vary", *extra, "--model", tiny_roberta, "--out", out])
         assert p.returncode == 2 and msg in p.stderr, (extra, p.stderr)

@@ -33,8 +33,23 @@ def dataset_stats(path: str, tokenizer: str | None = None) -> dict:
     if not d.is_dir():
         raise InputError("not a directory (expected a dataset written by 'popri bench fetch')",
                          path=path)
-    man = read_json(d / "manifest.json")
+    mpath = str(d / "manifest.json")
+    man = read_json(mpath, expect=dict)
+    for key in ("chunking", "files", "source"):
+        if man.get(key) is not None and not isinstance(man[key], dict):
+            raise InputError(f"must be an object (got {type(man[key]).__name__})", path=mpath,
+                             field=key)
     tinfo = (man.get("chunking") or {}).get("tokenizer") or {}
+    if not isinstance(tinfo, dict):
+        raise InputError("must be an object", path=mpath, field="chunking.tokenizer")
+    for key in ("name", "fingerprint"):
+        if tinfo.get(key) is not None and not isinstance(tinfo[key], str):
+            raise InputError("must be a string", path=mpath, field=f"chunking.tokenizer.{key}")
+    for fname, entry in (man.get("files") or {}).items():
+        sha = entry.get("sha256") if isinstance(entry, dict) else 0
+        if not isinstance(sha, (str, type(None))):
+            raise InputError("must be an object with a string 'sha256'", path=mpath,
+                             field=f"files.{fname}")
     tname = tokenizer or tinfo.get("name") or "whitespace"
     tok = load_tokenizer(tname)
     if tinfo.get("fingerprint") and tok.describe()["fingerprint"] != tinfo["fingerprint"]:

@@ -41,6 +41,10 @@ import numpy as np
 
 ACCOUNTANTS = ("rdp", "pld")
 NEIGHBOURING = "add/remove one client"
+#: the relations an entry may name, matched exactly (no substring tests: "not add/remove ..."
+#: must not pass for add/remove); popri_cli.ledger.RELATIONS is their union
+ADD_REMOVE = ("add/remove one client", "add/remove one sample")
+REPLACE = ("replace one client", "replace one sample")
 
 # == opacus.accountants.RDPAccountant.DEFAULT_ALPHAS (checked by the tests), + larger orders.
 OPACUS_ALPHAS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
@@ -49,6 +53,19 @@ ORDERS = OPACUS_ALPHAS + (64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024)
 PLD_INTERVAL = 1e-4         # dp-accounting's default value_discretization_interval
 PLD_SEARCH_INTERVAL = 1e-3  # coarse grid for bracketing in noise_multiplier()
 Z_MIN, Z_MAX = 1e-2, 1e6    # search range of noise_multiplier()
+#: a noise multiplier above this is accounted as this one: epsilon falls as z grows, so the
+#: result is an upper bound (~0: 0.0047 by RDP, whose floor is set by its largest order, 0 by
+#: PLD); z = 1e200 overflowed z**2 in both accountants
+Z_CLAMP = 1e10
+#: the PLD grid is coarsened (a pessimistic estimate is an upper bound at any interval) so that
+#: the privacy losses it spans take at most this many points: a noise multiplier of 1e-3 asked
+#: dp-accounting for 10^10 points (76 GiB); a loss range that needs an interval above
+#: PLD_MAX_INTERVAL is reported as epsilon = infinity (the noise is negligible: z < ~1e-4)
+PLD_MAX_POINTS = 3_000_000
+PLD_MAX_INTERVAL = 10.0
+TINY_NOTE = ("the privacy losses (smallest noise multiplier {z:g}) are beyond the {acc} "
+             "accountant's range (a tiny noise multiplier, or very many steps): epsilon reported "
+             "as infinity")
 
 FIXED_NOTE = ("fixed-size sampling (L of N clients per round) is accounted with the Poisson-"
               "subsampling analysis at q = L/N, as POPri did (appendix D.1, 'client sampling "
@@ -119,10 +136,15 @@ def _rdp(history, delta: float, orders) -> Result:
     lib = _rdp_lib()
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
-        rdp = sum(np.asarray(lib.compute_rdp(q=float(q), noise_multiplier=float(z), steps=int(n),
-                                             orders=list(orders)), dtype=float)
-                  for z, q, n in history)
-        eps, order = lib.get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
+        try:
+            rdp = sum(np.asarray(lib.compute_rdp(q=float(q), noise_multiplier=float(z),
+                                                 steps=int(n), orders=list(orders)), dtype=float)
+                      for z, q, n in history)
+            eps, order = lib.get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
+        except (ZeroDivisionError, OverflowError, FloatingPointError):
+            # z so small that z**2 underflows (1e-300): the loss is unbounded in floating point
+            z = min(z for z, _, _ in history)
+            return Result(math.inf, delta, "rdp", warnings=(TINY_NOTE.format(z=z, acc="rdp"),))
     eps = float(eps)
     if not math.isfinite(eps):
         return Result(math.inf, delta, "rdp")
@@ -142,17 +164,50 @@ def _event(z: float, q: float):
     return g if q >= 1 else dp_event.PoissonSampledDpEvent(float(q), g)
 
 
+def pld_loss_range(history) -> float:
+    """A rough width of the privacy losses dp-accounting's PLD grid spans for ``history``, used
+    only to bound the grid (see PLD_MAX_POINTS).  A Gaussian of multiplier z has losses
+    ~ 1/(2 z^2) +- 10/z.  q = 1 steps fold into one Gaussian of z / sqrt(steps) (as dp-accounting
+    does).  n Poisson-subsampled steps compose k Gaussian-sized losses, k ~ the steps a client
+    takes part in at the far tail (n q + 10 sqrt(n q) + 10, at most n).  Calibrated on
+    dp-accounting 0.4: ~225 bytes per point, so PLD_MAX_POINTS keeps a call under ~0.7 GB, and
+    every setting with z >= 0.5 and q <= 0.1 keeps the 1e-4 grid."""
+    total = 0.0
+    for z, q, n in history:
+        # measured: q = 1 needs the +-10/z tails; composed subsampled PMFs are truncated harder
+        k, c = (n, 20.0) if q >= 1 else (min(n, n * q + 10.0 * math.sqrt(n * q) + 10.0), 2.0)
+        try:
+            total += k / (z * z) + c * math.sqrt(k) / z
+        except (ZeroDivisionError, OverflowError):
+            return math.inf
+    return total
+
+
 def _pld(history, delta: float, interval: float) -> Result:
     from dp_accounting import dp_event
     from dp_accounting.pld import PLDAccountant
     from dp_accounting.privacy_accountant import NeighboringRelation
 
+    warn: tuple[str, ...] = ()
+    need = pld_loss_range(history) / PLD_MAX_POINTS
+    z_min = min(z for z, _, _ in history)
+    tiny = Result(math.inf, delta, "pld", warnings=(TINY_NOTE.format(z=z_min, acc="pld")
+                                                    + "; --accountant rdp gives a finite bound",))
+    if not need <= PLD_MAX_INTERVAL:
+        return tiny
+    if need > interval:
+        warn = (f"PLD grid coarsened from {interval:g} to {need:.3g} (noise multiplier {z_min:g} "
+                "spans a wide range of privacy losses): epsilon is a looser upper bound",)
+        interval = need
     acc = PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE,
                         value_discretization_interval=interval)
-    acc.compose(dp_event.ComposedDpEvent(
-        [dp_event.SelfComposedDpEvent(_event(z, q), int(n)) for z, q, n in history]))
-    eps = float(acc.get_epsilon(delta))
-    return Result(max(eps, 0.0) if math.isfinite(eps) else math.inf, delta, "pld")
+    try:
+        acc.compose(dp_event.ComposedDpEvent(
+            [dp_event.SelfComposedDpEvent(_event(z, q), int(n)) for z, q, n in history]))
+        eps = float(acc.get_epsilon(delta))
+    except (OverflowError, ZeroDivisionError, FloatingPointError):
+        return tiny
+    return Result(max(eps, 0.0) if math.isfinite(eps) else math.inf, delta, "pld", warnings=warn)
 
 
 def _account(history, delta: float, accountant: str, orders=ORDERS,
@@ -160,6 +215,7 @@ def _account(history, delta: float, accountant: str, orders=ORDERS,
     """Epsilon of the composition of ``history`` = [(z, q, steps), ...] (opacus' history shape)."""
     if any(z == 0 for z, _, _ in history):
         return Result(math.inf, delta, accountant, warnings=(INF_NOTE,))
+    history = [(min(float(z), Z_CLAMP), q, n) for z, q, n in history]  # see Z_CLAMP
     if accountant == "rdp":
         return _rdp(history, delta, orders)
     return _pld(history, delta, interval or PLD_INTERVAL)
@@ -183,6 +239,8 @@ def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float, to
     """Invariant: f(lo) > target >= f(hi); shrink until hi - lo <= tol."""
     while hi - lo > tol:
         mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:  # adjacent floats: a tol below their spacing is met here
+            break
         if f(mid) <= target:
             hi = mid
         else:
@@ -314,7 +372,7 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
         n += 1
         who = f"entry {n} (stage {d['stage']!r})"
         rel = " ".join(str(d["neighbouring"]).lower().split())
-        if "add/remove" not in rel and not ("replace" in rel and _unsampled(d)):
+        if rel not in ADD_REMOVE and not (rel in REPLACE and _unsampled(d)):
             raise ParameterError("neighbouring", f"{who} is for {d['neighbouring']!r}; only "
                                                  f"add/remove releases, or plain (q = 1) Gaussian "
                                                  f"releases under a replace relation, compose here")

@@ -4,15 +4,22 @@ Research mode (default): a seeded ``numpy.random.Generator`` (PCG64), so the sam
 ``--seed`` give the same outputs.
 
 Release mode (``--release`` / ``POPRI_RELEASE=1``): every draw that protects privacy (the
-Gaussian noise and the client sample) comes from the operating system's CSPRNG
-(``os.urandom``, via :class:`SecureRandom`); the seed is ignored for them.  Gaussians are made
-from 53-bit uniforms by the Box-Muller transform in float64.  (Floating-point side channels of
-sampled Gaussians, Mironov 2012, are not addressed here; a discrete Gaussian over secure
-aggregation is the deployment answer and is out of scope for this simulator.)
+noise and the client sample) comes from the operating system's CSPRNG (``os.urandom``, via
+:class:`SecureRandom`); the seed is ignored for them.  The noise itself is then NOT a float
+Gaussian: a float sample ``x + N(0, s^2)`` leaks ``x`` through the low-order bits of the result
+(Mironov, "On significance of the least significant bits for differential privacy", CCS 2012).
+:func:`discrete_gaussian_release` instead snaps the exact aggregate to a power-of-two grid ``g``
+and adds ``g`` times a discrete Gaussian (Canonne, Kamath, Steinke, "The Discrete Gaussian for
+Differential Privacy", NeurIPS 2020, arXiv:2004.00010, Algorithm 3), so every output lies on
+one fixed grid whatever the input, and its privacy is that of the discrete Gaussian on the
+integers: for L2 sensitivity D on Z^d it satisfies the same Renyi DP bound as the continuous
+Gaussian (ibid., Theorem 14), with D inflated by the snapping to D + g*sqrt(d) (see
+:func:`snap_grid`).  The ledger records the *effective* noise multiplier std / (D + g sqrt(d)).
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -74,3 +81,83 @@ def make_rng(seed: int | None, *, secure: bool = False, stream: str = "") -> np.
 
 def release_mode_from_env() -> bool:
     return os.environ.get("POPRI_RELEASE", "").lower() in ("1", "true", "yes", "on")
+
+
+# --------------------------------------------------------------------------- release-mode noise
+#: the snapping grid costs at most this share of the sensitivity (so z_eff >= z / (1 + SNAP_SHARE))
+SNAP_SHARE = 1e-4
+
+
+def snap_grid(sensitivity: float, dim: int) -> float:
+    """The power-of-two grid g for :func:`discrete_gaussian_release`.
+
+    Rounding each of ``dim`` coordinates to the nearest multiple of g moves it by <= g/2, so two
+    neighbouring aggregates whose difference has L2 norm <= D differ after snapping by <= D +
+    g*sqrt(dim) (each coordinate's difference grows by < g).  g is the largest power of two with
+    g*sqrt(dim) <= SNAP_SHARE * D; a power of two keeps k*g exact in float64 for |k| < 2^53."""
+    if not (sensitivity > 0 and math.isfinite(sensitivity)):
+        raise ValueError(f"sensitivity must be finite and > 0 (got {sensitivity})")
+    return 2.0 ** math.floor(math.log2(SNAP_SHARE * sensitivity / math.sqrt(max(dim, 1))))
+
+
+def _uniform_open(rng, n: int) -> np.ndarray:
+    """n uniforms in (0, 1]."""
+    return 1.0 - np.asarray(rng.random(n), dtype=np.float64)
+
+
+def discrete_laplace(t: float, n: int, rng) -> np.ndarray:
+    """n draws of the discrete Laplace P(y) ~ exp(-|y|/t) on the integers (int64).
+
+    A geometric magnitude G (P(G=k) ~ exp(-k/t), by inversion of a secure uniform) with a sign;
+    (negative, 0) is rejected so that 0 is not counted twice (Canonne et al. 2020, Algorithm 2)."""
+    out = np.empty(0, dtype=np.int64)
+    while len(out) < n:
+        m = 2 * (n - len(out)) + 16
+        g = np.floor(-t * np.log(_uniform_open(rng, m))).astype(np.int64)
+        neg = np.asarray(rng.random(m)) < 0.5
+        ok = ~(neg & (g == 0))
+        out = np.concatenate([out, np.where(neg, -g, g)[ok]])
+    return out[:n]
+
+
+def discrete_gaussian(sigma: float, n: int, rng) -> np.ndarray:
+    """n draws of the discrete Gaussian N_Z(0, sigma^2): P(y) ~ exp(-y^2 / (2 sigma^2)), int64.
+
+    Canonne, Kamath, Steinke 2020, Algorithm 3: Y ~ discrete Laplace(t), t = floor(sigma) + 1,
+    accepted with probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)).  The acceptance test uses
+    float64 probabilities from 53-bit secure uniforms; the outputs are exact integers, so the
+    float rounding only perturbs the probabilities (relative error ~1e-16), never the support."""
+    if not (sigma > 0 and math.isfinite(sigma)):
+        raise ValueError(f"sigma must be finite and > 0 (got {sigma})")
+    t = math.floor(sigma) + 1.0
+    out = np.empty(0, dtype=np.int64)
+    while len(out) < n:
+        m = 2 * (n - len(out)) + 16
+        y = discrete_laplace(t, m, rng)
+        p = np.exp(-((np.abs(y) - sigma * sigma / t) ** 2) / (2.0 * sigma * sigma))
+        out = np.concatenate([out, y[np.asarray(rng.random(m)) < p]])
+    return out[:n]
+
+
+def discrete_gaussian_release(x: np.ndarray, std: float, sensitivity: float, rng
+                              ) -> tuple[np.ndarray, float, float]:
+    """Release ``x`` (any shape, float) with discrete Gaussian noise of std ~``std`` on a grid.
+
+    Returns ``(g * (round(x / g) + Z), z_eff, g)`` with Z ~ N_Z(0, (std/g)^2) i.i.d. and
+    ``z_eff = std / (sensitivity + g sqrt(x.size))``: the noise multiplier this release
+    guarantees for an L2 sensitivity of ``sensitivity`` before snapping (what the ledger gets)."""
+    x = np.asarray(x, dtype=np.float64)
+    g = snap_grid(sensitivity, x.size)
+    k = np.rint(x / g)
+    if x.size and not np.all(np.abs(k) < 2.0 ** 52):
+        raise ValueError("aggregate too large for the release grid (|x|/g >= 2^52)")
+    noise = discrete_gaussian(std / g, x.size, rng).reshape(x.shape)
+    z_eff = std / (sensitivity + g * math.sqrt(max(x.size, 1)))
+    return (k + noise) * g, z_eff, g
+
+
+def effective_multiplier(z: float, sensitivity: float, dim: int) -> float:
+    """The noise multiplier :func:`discrete_gaussian_release` guarantees for nominal ``z``:
+    std / (D + g sqrt(dim)) with std = z D (>= z / (1 + SNAP_SHARE))."""
+    g = snap_grid(sensitivity, dim)
+    return z * sensitivity / (sensitivity + g * math.sqrt(max(dim, 1)))

@@ -1,0 +1,539 @@
+"""Hostile input (issue 9, section 5): every bad input is one line on stderr, exit 2, nothing
+written; a closed pipe is a quiet exit 0; SIGTERM cleans up like Ctrl-C.
+
+    python -m pytest -q tests/test_hostile.py
+
+Real processes throughout (``run_popri`` or a shell pipe).  The read-only and full-disk cases
+mount a tmpfs (skipped where mounting is not permitted: we usually run as root, and root writes
+through chmod).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import write_jsonl
+from popri_cli.io import save_embedding_set
+
+
+# --------------------------------------------------------------------------- helpers
+def _env(**extra) -> dict:
+    e = dict(os.environ)
+    e.setdefault("POPRI_THREADS", "1")
+    e.update(extra)
+    return e
+
+
+def _cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "popri_cli.cli", *map(str, args)]
+
+
+def _sh(args) -> str:
+    return " ".join(f"'{a}'" for a in _cmd(*args))
+
+
+def one_error_line(p, *needles, code=2):
+    """Exit ``code``, stderr exactly one 'popri: error:' line containing every needle."""
+    assert p.returncode == code, (p.returncode, p.stderr[-3000:])
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    errs = [l for l in lines if l.startswith("popri: error:")]
+    assert len(errs) == 1, p.stderr[-3000:]
+    for n in needles:
+        assert n in errs[0], (n, errs[0])
+    return errs[0]
+
+
+def emb_set(path, emb, client_ids=None):
+    rows = [{"id": f"r{i}", **({"client_id": client_ids[i]} if client_ids is not None else {})}
+            for i in range(len(emb))]
+    save_embedding_set(str(path), emb, rows, {"model": "test-model"})
+    return str(path)
+
+
+@pytest.fixture
+def sets(tmp_path):
+    rng = np.random.default_rng(0)
+    d = tmp_path / "in"
+    d.mkdir()
+    priv = emb_set(d / "priv.npy", rng.normal(size=(60, 16)).astype(np.float32),
+                   [f"c{i % 12}" for i in range(60)])
+    syn = emb_set(d / "syn.npy", rng.normal(size=(20, 16)).astype(np.float32))
+    big = emb_set(d / "big.npy", rng.normal(size=(20000, 16)).astype(np.float32))
+    return priv, syn, big
+
+
+def score(priv, syn, *extra, z="1"):
+    return ["score", "--private", priv, "--synthetic", syn, "--noise-multiplier", z, *extra]
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(name, opts) -> a tmpfs directory (skip where mount is not permitted)."""
+    mounted = []
+
+    def mount(name: str, opts: str) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def _no_tmp(d: Path) -> list[str]:
+    return [f.name for f in Path(d).iterdir() if ".tmp" in f.name]
+
+
+# --------------------------------------------------------------------------- 1. OSError
+def test_read_only_output_dir_is_one_line(sets, tmpfs, run_popri):
+    priv, syn, _ = sets
+    ro = tmpfs("ro", "ro,size=1m")
+    p = run_popri(score(priv, syn, "--out", ro / "s.npy"))
+    one_error_line(p, f"{ro / 's.npy'}: cannot write: Read-only file system")
+
+
+def test_disk_full_is_one_line_and_leaves_no_temp_file(sets, tmpfs, run_popri):
+    priv, _, big = sets
+    full = tmpfs("full", "size=64k")
+    p = run_popri(score(priv, big, "--out", full / "s.npy"))  # 80 kB of scores
+    one_error_line(p, "s.npy: cannot write: No space left on device")
+    assert list(full.iterdir()) == []
+
+
+def test_disk_full_per_client_rows_is_an_error_not_sigbus(sets, tmpfs, run_popri):
+    """The per-client rows are a memory-mapped file: sparse, a full disk killed the process
+    with SIGBUS on the first page (exit 135, a 1.2 MB temporary file left)."""
+    priv, _, big = sets
+    full = tmpfs("full", "size=64k")
+    p = run_popri(score(priv, big, "--per-client-out", full / "pc.npy"))
+    one_error_line(p, "pc.npy: cannot write: No space left on device")
+    assert list(full.iterdir()) == []
+
+
+def test_stdout_on_dev_full_is_one_line(sets, tmp_path):
+    priv, _, big = sets
+    with open("/dev/full", "wb") as full:
+        p = subprocess.run(_cmd(*score(priv, big, "--ledger", tmp_path / "L", "--out", "-")),
+                           stdout=full, stderr=subprocess.PIPE, text=True, env=_env(), timeout=300)
+    one_error_line(p, "<stdout>: cannot write: No space left on device")
+
+
+def _device(path: Path, minor: int) -> Path:
+    """A copy of /dev/null (minor 3) or /dev/full (minor 7) in the test directory, so the code
+    under test can never replace the real one."""
+    try:
+        os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+    except (PermissionError, OSError) as e:
+        pytest.skip(f"cannot create a device node here: {e}")
+    return path
+
+
+@pytest.fixture
+def prefs_inputs(tmp_path):
+    rows, scores = [], []
+    for k in range(300):
+        for j in range(5):
+            rows.append({"id": f"p{k}s{j}", "prompt_id": f"p{k}", "sample_idx": j,
+                         "prompt": "P" * 40, "text": "T" * 80})
+            scores.append({"id": f"p{k}s{j}", "score": float(j)})
+    return (write_jsonl(tmp_path / "samples.jsonl", rows),
+            write_jsonl(tmp_path / "sc.jsonl", scores))
+
+
+def test_dev_full_as_out_file_is_written_in_place_not_replaced(prefs_inputs, tmp_path,
+                                                                run_popri):
+    """--out /dev/full: the device is written (ENOSPC, one line), not replaced by a regular file
+    renamed over it (which, as root, destroyed the device node)."""
+    samples, sc = prefs_inputs
+    full = _device(tmp_path / "full", 7)
+    p = run_popri(["prefs", "build", "--samples", samples, "--scores", sc, "--out", full])
+    one_error_line(p, f"{full}: cannot write: No space left on device")
+    assert stat.S_ISCHR(os.stat(full).st_mode)
+    null = _device(tmp_path / "null", 3)
+    p = run_popri(["prefs", "build", "--samples", samples, "--scores", sc, "--out", null])
+    assert p.returncode == 0, p.stderr
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+    assert _no_tmp(tmp_path) == []
+
+
+def test_closed_stdout_and_stdin(sets, tmp_path):
+    priv, syn, _ = sets
+    p = subprocess.run(["bash", "-c", _sh(score(priv, syn, "--ledger", tmp_path / "L", "--out",
+                                                "-")) + " >&-"],
+                       capture_output=True, text=True, env=_env(), timeout=300)
+    one_error_line(p, "<stdout>:", "stdout is closed")
+    p = subprocess.run(["bash", "-c", _sh(score(priv, "-", "--ledger", tmp_path / "L", "--out",
+                                                "-")) + " <&-"],
+                       capture_output=True, text=True, env=_env(), timeout=300)
+    one_error_line(p, "<stdin>:", "stdin is closed")
+
+
+def test_usage_errors_are_one_line_and_bare_group_shows_help(sets, run_popri):
+    """click's usage errors printed four lines (Usage, Try, blank, Error)."""
+    priv, syn, _ = sets
+    one_error_line(run_popri(["score", "--bogus"]), "No such option: --bogus",
+                   "(see 'popri score -h')")
+    one_error_line(run_popri(score(priv, syn, "--out", "x.npy", z="-1")), "'--noise-multiplier'")
+    one_error_line(run_popri(["nosuch"]), "No such command 'nosuch'")
+    p = run_popri([])
+    assert p.returncode == 2 and "Usage: popri" in p.stdout + p.stderr
+
+
+# --------------------------------------------------------------------------- 2. broken pipe
+def test_broken_pipe_is_quiet_exit_0(sets, tmp_path):
+    """`popri score ... --out - | head -c 10`: 20000 JSONL rows overflow the pipe buffer; the
+    reader going away is not an error (click answered it with exit 1)."""
+    priv, _, big = sets
+    status = tmp_path / "status"
+    line = (_sh(score(priv, big, "--ledger", tmp_path / "L", "--out", "-"))
+            + f" | head -c 10; echo ${{PIPESTATUS[0]}} > '{status}'")
+    p = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=_env(),
+                       timeout=300)
+    assert p.stdout == '{"id": "r0'
+    assert status.read_text().strip() == "0", p.stderr
+    assert "error" not in p.stderr.lower() and "Exception" not in p.stderr, p.stderr
+
+
+# --------------------------------------------------------------------------- 3. hostile JSON
+def test_deeply_nested_json_line_and_meta(sets, tmp_path, run_popri):
+    priv, syn, _ = sets
+    deep = "[" * 100_000 + "]" * 100_000
+    f = tmp_path / "deep.jsonl"
+    f.write_text('{"id": "a", "text": "x"}\n{"id": "b", "x": ' + deep + "}\n")
+    p = run_popri(score(priv, f, "--out", tmp_path / "o" / "s.npy"))
+    one_error_line(p, f"{f}:2", "JSON nested too deeply")
+    Path(syn[:-4] + ".meta.json").write_text(deep)
+    p = run_popri(score(priv, syn, "--out", tmp_path / "o" / "s.npy"))
+    one_error_line(p, "syn.meta.json", "JSON nested too deeply")
+    assert not (tmp_path / "o").exists()
+
+
+def test_nested_embedding_list(tmp_path, run_popri):
+    rows = [{"id": i, "client_id": f"c{i % 3}", "embedding": [float(i), 1.0]} for i in range(6)]
+    priv = write_jsonl(tmp_path / "priv.jsonl", rows)
+    syn = write_jsonl(tmp_path / "syn.jsonl", [{"id": "a", "embedding": [[1, 2], [3, 4]]},
+                                               {"id": "b", "embedding": [[1, 2], [3, 4]]}])
+    p = run_popri(score(priv, syn, "--ledger", tmp_path / "L", "--out", "-"))
+    one_error_line(p, f"{syn}:1", "field 'embedding'", "flat list of numbers")
+    assert p.stdout == ""
+
+
+def _zip_named_npy(path: Path, **arrays) -> Path:
+    with open(path, "wb") as fh:  # np.savez(path) would append .npz
+        np.savez(fh, **arrays)
+    return path
+
+
+def test_zip_named_npy_is_refused_everywhere(sets, tmp_path, run_popri):
+    priv, syn, _ = sets
+    z = _zip_named_npy(tmp_path / "zip.npy", a=np.zeros((20, 16), np.float32))
+    (tmp_path / "zip.jsonl").write_text(Path(syn[:-4] + ".jsonl").read_text())
+    p = run_popri(score(priv, z, "--out", tmp_path / "o" / "s.npy"))  # an embedding set
+    one_error_line(p, f"{z}: is a zip archive")
+    (tmp_path / "zip.json").write_text(json.dumps({"ids": [f"r{i}" for i in range(20)]}))
+    samples = write_jsonl(tmp_path / "samples.jsonl", [
+        {"id": f"r{i}", "prompt_id": "p", "sample_idx": i, "prompt": "P", "text": "T"}
+        for i in range(20)])
+    p = run_popri(["prefs", "build", "--samples", samples, "--scores", z])  # a score vector
+    one_error_line(p, f"{z}: is a zip archive")
+    # a per-client upload file
+    pc = tmp_path / "pc" / "c.npy"
+    run_popri(score(priv, syn, "--per-client-out", pc), check=True)
+    _zip_named_npy(pc, a=np.zeros((12, 20), np.float32))
+    p = run_popri(["aggregate", pc, "--out", tmp_path / "agg.npy"])
+    one_error_line(p, f"{pc}: is a zip archive")
+    assert not (tmp_path / "o").exists() and not (tmp_path / "agg.npy").exists()
+
+
+def test_meta_json_holding_a_list(sets, tmp_path, run_popri):
+    priv, syn, _ = sets
+    Path(syn[:-4] + ".meta.json").write_text("[]\n")
+    p = run_popri(score(priv, syn, "--out", tmp_path / "o" / "s.npy"))
+    one_error_line(p, "syn.meta.json", "expected a JSON object")
+    Path(syn[:-4] + ".meta.json").write_text('{"model": 5}\n')
+    p = run_popri(score(priv, syn, "--out", tmp_path / "o" / "s.npy"))
+    one_error_line(p, "syn.meta.json", "field 'model'")
+
+
+@pytest.mark.parametrize("side, field", [
+    ({"ids": [["r0"]] * 20}, "ids"),
+    ({"ids": [f"r{i}" for i in range(20)], "ledger": [1]}, "ledger"),
+    ({"ids": [f"r{i}" for i in range(20)], "params": []}, "params"),
+])
+def test_score_sidecar_types(tmp_path, run_popri, side, field):
+    s = tmp_path / "s.npy"
+    np.save(s, np.arange(20, dtype=np.float32))
+    (tmp_path / "s.json").write_text(json.dumps(side))
+    samples = write_jsonl(tmp_path / "samples.jsonl", [
+        {"id": f"r{i}", "prompt_id": f"p{i // 5}", "sample_idx": i % 5, "prompt": "P",
+         "text": "T"} for i in range(20)])
+    p = run_popri(["prefs", "build", "--samples", samples, "--scores", s])
+    one_error_line(p, "s.json", f"field '{field}'")
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"clients": [["c0"]]}, "clients"),
+    ({"server_noise_rows": "x"}, "server_noise_rows"),
+    ({"params.sampling": "poisson", "params.sample_rate": "0.5"}, "params.sample_rate"),
+    ({"params.threshold": "7"}, "params.threshold"),
+])
+def test_per_client_sidecar_types(sets, tmp_path, run_popri, change, field):
+    priv, syn, _ = sets
+    pc = tmp_path / "pc" / "c.npy"
+    run_popri(score(priv, syn, "--per-client-out", pc, "--clients-per-round", "1"), check=True)
+    side_path = tmp_path / "pc" / "c.json"
+    side = json.loads(side_path.read_text())
+    for k, v in change.items():
+        if k.startswith("params."):
+            side["params"][k[7:]] = v
+        else:
+            side[k] = v
+    side_path.write_text(json.dumps(side))
+    p = run_popri(["aggregate", pc, "--out", tmp_path / "agg.npy"])
+    one_error_line(p, "c.json", f"field '{field}'")
+    assert not (tmp_path / "agg.npy").exists()
+
+
+@pytest.mark.parametrize("manifest, needle", [
+    ("[]", "expected a JSON object"),
+    ('{"chunking": "x"}', "field 'chunking'"),
+    ('{"files": {"train.jsonl": 5}}', "field 'files.train.jsonl'"),
+    ('{"chunking": {"tokenizer": {"name": 3}}}', "field 'chunking.tokenizer.name'"),
+])
+def test_dataset_manifest_types(tmp_path, run_popri, manifest, needle):
+    d = tmp_path / "ds"
+    d.mkdir()
+    for s in ("train", "val", "test"):
+        write_jsonl(d / f"{s}.jsonl", [{"client_id": "a", "text": "hello there"}])
+    (d / "manifest.json").write_text(manifest)
+    p = run_popri(["bench", "stats", d])
+    one_error_line(p, "manifest.json", needle)
+
+
+# --------------------------------------------------------------------------- 4. numbers
+@pytest.mark.parametrize("args, option", [
+    (["--noise-multiplier", "inf"], "--noise-multiplier"),
+    (["--noise-multiplier", "1e308"], "--noise-multiplier"),
+    (["--clip", "inf"], "--clip"),
+    (["--clip", "1e308"], "--clip"),
+    (["--sample-rate", "1e-300"], "--sample-rate"),
+    (["--mode", "nn-histogram", "-H", "nan"], "--threshold"),
+    (["--mode", "nn-histogram", "-H", "-inf"], "--threshold"),
+])
+def test_absurd_score_numbers(sets, tmp_path, run_popri, args, option):
+    priv, syn, _ = sets
+    out = tmp_path / "o" / "s.npy"
+    argv = score(priv, syn, "--out", out)
+    if args[0] == "--noise-multiplier":
+        argv[argv.index("--noise-multiplier") + 1] = args[1]
+    else:
+        argv += args
+    p = run_popri(argv)
+    one_error_line(p, f"field '{option}'")
+    assert not (tmp_path / "o").exists()  # no output, no ledger
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--epsilon", "0.5", "--clip", "1e300"], "--clip"),
+    (["--epsilon", "1e5", "--calibration", "analytic"], "--epsilon"),
+    (["--epsilon", "1e300", "--calibration", "analytic"], "--epsilon"),
+    (["--epsilon", "1e-300"], "--epsilon"),
+])
+def test_absurd_fred_numbers(sets, tmp_path, run_popri, args, option):
+    """--epsilon 1e5 --calibration analytic asked the PLD accountant for 30 GiB (after writing
+    the statistics); --clip 1e300 overflowed c^2 into NaN noise (LinAlgError)."""
+    priv, _, _ = sets
+    p = run_popri(["fred", "stats", "--private", priv, "--delta", "1e-5", *args,
+                   "--out", tmp_path / "o" / "s.npz"])
+    one_error_line(p, f"field '{option}'")
+    assert not (tmp_path / "o").exists()
+
+
+def _ledger_with(d: Path, z: float, q: float = 1.0, steps: int = 1) -> Path:
+    d.mkdir(parents=True)
+    e = {"stage": "score", "mechanism": "gaussian" if q == 1 else "subsampled_gaussian",
+         "noise_multiplier": z, "sample_rate": q, "steps": steps, "delta": 3e-6,
+         "sensitivity": 1.0, "sampling": "none" if q == 1 else "poisson",
+         "neighbouring": "add/remove one client", "release_id": f"r{z}{q}", "params": {}}
+    (d / "ledger.jsonl").write_text(json.dumps(e) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("acc", ["rdp", "pld"])
+@pytest.mark.parametrize("q", [1.0, 0.1])
+def test_ledger_with_extreme_noise_multipliers(tmp_path, run_popri, acc, q):
+    """z = 1e-300 crashed with ZeroDivisionError / OverflowError, z = 1e200 with OverflowError,
+    and every later 'account ledger' on that directory crashed again."""
+    tiny = _ledger_with(tmp_path / "tiny", 1e-300, q)
+    huge = _ledger_with(tmp_path / "huge", 1e200, q)
+    for _ in range(2):  # and again: nothing on disk went bad
+        p = run_popri(["account", "ledger", tiny, "--accountant", acc, "--json"])
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["epsilon"] is None  # infinity, reported
+        p = run_popri(["account", "ledger", huge, "--accountant", acc, "--json"])
+        assert p.returncode == 0, p.stderr
+        assert 0 <= json.loads(p.stdout)["epsilon"] < 0.01
+
+
+def test_pld_grid_is_bounded_for_tiny_noise(run_popri):
+    """z = 1e-3 asked dp-accounting for 10^10 grid points (76 GiB): now the grid is coarsened
+    (an upper bound) and says so."""
+    p = run_popri(["account", "epsilon", "-z", "1e-3", "-q", "1", "-T", "1", "-a", "pld",
+                   "--json"])
+    assert p.returncode == 0, p.stderr
+    eps = json.loads(p.stdout)["epsilon"]
+    assert 4e5 < eps < 6e5  # ~ 1/(2 z^2) = 5e5
+    assert "coarsened" in p.stderr
+
+
+def test_account_sigma_tol_below_float_spacing_is_refused():
+    """--tol 1e-300 never finished (bisection below the spacing of floats)."""
+    try:
+        p = subprocess.run(_cmd("account", "sigma", "-e", "1", "-q", "0.1", "-T", "10", "--tol",
+                                "1e-300"), capture_output=True, text=True, env=_env(), timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("account sigma --tol 1e-300 did not finish in 60 s")
+    one_error_line(p, "field '--tol'")
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["gen", "{seeds}", "--num-samples", "4", "--temperature", "inf"], "--temperature"),
+    (["vary", "{seeds}", "--temperature", "inf"], "--temperature"),
+    (["expand", "{seeds}", "-N", "4", "--out", "{tmp}/ex", "--temperature", "inf"],
+     "--temperature"),
+    (["dpo", "--pairs", "{pairs}", "--out", "{tmp}/d", "--beta", "inf"], "--beta"),
+    (["dpo", "--pairs", "{pairs}", "--out", "{tmp}/d", "--beta", "0"], "--beta"),
+    (["dpo", "--pairs", "{pairs}", "--out", "{tmp}/d", "--lr", "-1"], "--lr"),
+    (["dpo", "--pairs", "{pairs}", "--out", "{tmp}/d", "--epochs", "1e308"], "--epochs"),
+    (["sft", "--pairs", "{pairs}", "--out", "{tmp}/d", "--lr", "nan"], "--lr"),
+    (["train-downstream", "{seeds}", "--out", "{tmp}/d", "--lr", "inf"], "--lr"),
+    (["expand", "{seeds}", "-N", "4", "--out", "{tmp}/ex", "--attempt-factor", "1e308"],
+     "attempt-factor"),
+    (["aggregate", "{tmp}/x.npy", "--out", "{tmp}/a.npy", "--threshold", "inf"], "--threshold"),
+    (["account", "ledger", "{tmp}", "--max-epsilon", "nan"], "--max-epsilon"),
+])
+def test_non_finite_numbers_in_any_command(tmp_path, run_popri, argv, option):
+    """Every float option refuses NaN / infinity (and the absurd ranges) before any model is
+    loaded; they used to reach the model loader or the trainer."""
+    seeds = write_jsonl(tmp_path / "seeds.jsonl", [{"id": str(i), "text": f"hello world {i}"}
+                                                   for i in range(4)])
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "a", "chosen": "b",
+                                                    "rejected": "c"}])
+    argv = [a.format(seeds=seeds, pairs=pairs, tmp=tmp_path) for a in argv]
+    p = run_popri([*argv, "--model", "/nonexistent"] if argv[0] in (
+        "gen", "vary", "expand", "dpo", "sft", "train-downstream") else argv)
+    one_error_line(p, f"field '{option}'")
+
+
+# --------------------------------------------------------------------------- 5. long lines
+def _rss_of(cmd, env) -> tuple[subprocess.CompletedProcess, int]:
+    """Run ``cmd``; (result, max RSS of the child in bytes)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out, err = p.communicate(timeout=600)
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # the largest child so far: an upper bound
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err), ru.ru_maxrss * 1024
+
+
+def test_50mb_line_is_refused_without_reading_it(tmp_path, tiny_st_model):
+    f = tmp_path / "big.jsonl"
+    with open(f, "w") as fh:
+        fh.write('{"id": "a", "text": "')
+        chunk = "lorem ipsum dolor sit amet " * 40_000
+        for _ in range(50_000_000 // len(chunk) + 1):
+            fh.write(chunk)
+        fh.write('"}\n')
+    p, rss = _rss_of(_cmd("embed", f, "--model", tiny_st_model, "--out", tmp_path / "e.npy"),
+                     _env())
+    one_error_line(p, f"{f}:1", "line longer than 16777216 bytes", "POPRI_MAX_LINE_BYTES")
+    assert rss < 1 << 30
+    p = subprocess.run(_cmd("embed", f, "--model", tiny_st_model, "--out", tmp_path / "e.npy"),
+                       capture_output=True, text=True, env=_env(POPRI_MAX_LINE_BYTES="1000"))
+    one_error_line(p, f"{f}:1", "line longer than 1000 bytes")
+    assert not (tmp_path / "e.npy").exists()
+
+
+_EMBED_RSS = """
+import resource, sys, json
+import numpy as np
+from popri_cli.embed import embed_texts
+text = ("lorem ipsum dolor sit amet " * (int(sys.argv[2]) // 27 + 1))[:int(sys.argv[2])]
+e = embed_texts([text], sys.argv[1], use_cache=False)
+print(json.dumps({"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "emb": e[0].tolist()}))
+"""
+
+
+def test_long_text_is_cut_before_the_tokenizer(tiny_st_model):
+    """A text longer than the model reads is cut (at a word) before tokenisation, to a prefix
+    that still holds more tokens than the model keeps: the same embedding, without the
+    tokenizer's memory for the whole text (a 15 MB text took 2.8 GB and 21 s)."""
+    def run(n):
+        p = subprocess.run([sys.executable, "-c", _EMBED_RSS, tiny_st_model, str(n)],
+                           capture_output=True, text=True, env=_env(), timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads(p.stdout.splitlines()[-1])
+
+    short, long_ = run(20_000), run(8_000_000)
+    assert np.allclose(short["emb"], long_["emb"], atol=1e-6)  # 64 tokens come from the start
+    assert (long_["rss"] - short["rss"]) * 1024 < 250 << 20
+
+
+def test_prefix_for_tokens_keeps_the_first_tokens(tiny_st_model):
+    from transformers import AutoTokenizer
+
+    from popri_cli.data.tokenize import hf_counter, prefix_for_tokens
+    from popri_cli.generation import truncate_tokens
+
+    tok = AutoTokenizer.from_pretrained(tiny_st_model)
+    text = "unbelievable words, and more words " * 20_000
+    cut = prefix_for_tokens(text, 64, hf_counter(tok))
+    assert len(cut) < 10_000 and text.startswith(cut) and not cut.endswith(" ")
+    assert tok(cut, add_special_tokens=False)["input_ids"][:64] == \
+        tok(text[:20_000], add_special_tokens=False)["input_ids"][:64]
+    assert truncate_tokens(text, tok, 64) == truncate_tokens(text[:20_000], tok, 64)
+    spaces = " " * 200_000 + "a b c"  # too few tokens in the window: the prefix grows
+    assert prefix_for_tokens(spaces, 2, hf_counter(tok)) == spaces
+
+
+# --------------------------------------------------------------------------- 6. SIGTERM
+def test_sigterm_removes_temporary_files_and_exits_143(tmp_path):
+    rng = np.random.default_rng(1)
+    d = tmp_path / "in"
+    d.mkdir()
+    priv = emb_set(d / "priv.npy", rng.normal(size=(1000, 16)).astype(np.float32),
+                   [f"c{i}" for i in range(1000)])
+    syn = emb_set(d / "syn.npy", rng.normal(size=(20000, 16)).astype(np.float32))
+    out = tmp_path / "out"
+    out.mkdir()
+    p = subprocess.Popen(_cmd(*score(priv, syn, "--out", out / "s.npy", "--per-client-out",
+                                     out / "pc.npy")),
+                         stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.time() + 120
+    while not _no_tmp(out) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.002)
+    assert p.poll() is None, "finished before a temporary file was seen: make the input bigger"
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=120)
+    err = p.stderr.read()
+    assert rc == 143, (rc, err)
+    assert "Traceback" not in err and "terminated" in err
+    assert list(out.iterdir()) == []
