@@ -118,7 +118,11 @@ def encode(tok, texts: Sequence[str], max_length: int = 64, *, bos_token: str | 
     """Each text -> (ids, has_eos): ``[START] + tokens + [EOS]`` cut to ``max_length``."""
     if max_length < 2:
         raise ValueError("max_length must be at least 2 (START + one target)")
+    from .data.tokenize import hf_counter, prefix_for_tokens
+
     start, eos = special_ids(tok, bos_token, eos_token)
+    count = hf_counter(tok)  # a long text is cut first (same ids: see prefix_for_tokens)
+    texts = [prefix_for_tokens(t, max_length, count) for t in texts]
     body = tok(list(texts), add_special_tokens=False)["input_ids"] if texts else []
     out = []
     for ids in body:
@@ -502,8 +506,11 @@ def train_downstream(train_records, *, model: str, out_dir: str, val_records=Non
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        m = get_peft_model(m, LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0,
-                                         target_modules="all-linear", task_type="CAUSAL_LM"))
+        from .compat import config_kwargs
+
+        m = get_peft_model(m, LoraConfig(**config_kwargs(LoraConfig, dict(
+            r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules="all-linear",
+            task_type="CAUSAL_LM"))))
     params = [p for p in m.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in params)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)

@@ -121,8 +121,11 @@ def lora_config(model, *, r: int, alpha: int, target_modules: Sequence[str] | No
                 dropout: float = 0.0):
     from peft import LoraConfig
 
-    return LoraConfig(r=int(r), lora_alpha=int(alpha), lora_dropout=dropout, bias="none",
-                      target_modules=target_modules_for(model, target_modules), task_type="CAUSAL_LM")
+    from .compat import config_kwargs
+
+    return LoraConfig(**config_kwargs(LoraConfig, dict(
+        r=int(r), lora_alpha=int(alpha), lora_dropout=dropout, bias="none",
+        target_modules=target_modules_for(model, target_modules), task_type="CAUSAL_LM")))
 
 
 def _adapter_config(adapter: str):
@@ -189,6 +192,8 @@ def _use_bf16(bf16: bool) -> bool:
 
 def _common_args(*, out_dir, lr, epochs, batch_size, grad_accum, save_steps, max_steps, seed, bf16,
                  logging_steps, min_lr_ratio, gradient_checkpointing) -> dict:
+    """TrainingArguments options under their newest names; :func:`trainer_config` maps them to
+    what the installed transformers / TRL call them."""
     import torch
 
     return dict(
@@ -206,6 +211,15 @@ def _common_args(*, out_dir, lr, epochs, batch_size, grad_accum, save_steps, max
         report_to="none", disable_tqdm=True, dataloader_num_workers=0,
         dataloader_pin_memory=torch.cuda.is_available(),
     )
+
+
+def trainer_config(cls, common: dict, **extra):
+    """``cls(**common, **extra)`` (a TRL ``DPOConfig`` / ``SFTConfig``) with every option under the
+    name the installed version accepts (e.g. ``activation_checkpointing``, which transformers
+    releases before it call ``gradient_checkpointing``): see :mod:`popri_cli.compat`."""
+    from .compat import config_kwargs
+
+    return cls(**config_kwargs(cls, {**common, **extra}))
 
 
 def _stderr_callback():
@@ -405,13 +419,13 @@ def build_dpo_trainer(records: list[dict], *, model: str, adapter: str | None = 
         raise InputError(f"--loss must be dpo or ipo (got {loss!r})")
     runtime.configure_torch()
     base, tok, peft_cfg = _load_base(model, adapter, lora_r, lora_alpha, target_modules, bf16)
-    args = DPOConfig(**_common_args(out_dir=out_dir, lr=lr, epochs=epochs, batch_size=batch_size,
-                                    grad_accum=grad_accum, save_steps=save_steps, max_steps=max_steps,
-                                    seed=seed, bf16=bf16, logging_steps=logging_steps,
-                                    min_lr_ratio=min_lr_ratio,
-                                    gradient_checkpointing=gradient_checkpointing),
-                     beta=float(beta), loss_type=["sigmoid" if loss == "dpo" else "ipo"],
-                     max_length=int(max_length), disable_dropout=True)
+    args = trainer_config(DPOConfig, _common_args(
+        out_dir=out_dir, lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
+        save_steps=save_steps, max_steps=max_steps, seed=seed, bf16=bf16,
+        logging_steps=logging_steps, min_lr_ratio=min_lr_ratio,
+        gradient_checkpointing=gradient_checkpointing),
+        beta=float(beta), loss_type=["sigmoid" if loss == "dpo" else "ipo"],
+        max_length=int(max_length), disable_dropout=True)
     trainer = DPOTrainer(model=base, ref_model=None, args=args,
                          train_dataset=Dataset.from_list(records), processing_class=tok,
                          peft_config=peft_cfg)
@@ -467,12 +481,12 @@ def build_sft_trainer(records: list[dict], *, model: str, adapter: str | None = 
 
     runtime.configure_torch()
     base, tok, peft_cfg = _load_base(model, adapter, lora_r, lora_alpha, target_modules, bf16)
-    args = SFTConfig(**_common_args(out_dir=out_dir, lr=lr, epochs=epochs, batch_size=batch_size,
-                                    grad_accum=grad_accum, save_steps=save_steps, max_steps=max_steps,
-                                    seed=seed, bf16=bf16, logging_steps=logging_steps,
-                                    min_lr_ratio=min_lr_ratio,
-                                    gradient_checkpointing=gradient_checkpointing),
-                     completion_only_loss=True, max_length=int(max_length), packing=False)
+    args = trainer_config(SFTConfig, _common_args(
+        out_dir=out_dir, lr=lr, epochs=epochs, batch_size=batch_size, grad_accum=grad_accum,
+        save_steps=save_steps, max_steps=max_steps, seed=seed, bf16=bf16,
+        logging_steps=logging_steps, min_lr_ratio=min_lr_ratio,
+        gradient_checkpointing=gradient_checkpointing),
+        completion_only_loss=True, max_length=int(max_length), packing=False)
     trainer = SFTTrainer(model=base, args=args, train_dataset=Dataset.from_list(records),
                          processing_class=tok, peft_config=peft_cfg)
     if adapter:
@@ -562,18 +576,30 @@ def reward_margins(peft_model, tok, pairs: Sequence[dict], beta: float = BETA,
 
 
 # --------------------------------------------------------------------------- checkpoint selection
-def select_checkpoint(checkpoints: list[str], *, base_model: str, val_embeddings: np.ndarray,
+def select_checkpoint(checkpoints: list[str], *, base_model: str,
+                      val_embeddings: np.ndarray | None = None,
                       generate_fn: Callable[[str], list[str]],
-                      embed_fn: Callable[[list[str]], np.ndarray]) -> tuple[str, list[dict]]:
+                      embed_fn: Callable[[list[str]], np.ndarray],
+                      val_stats: tuple[np.ndarray, np.ndarray] | None = None
+                      ) -> tuple[str, list[dict]]:
     """POPri B.1: the checkpoint whose generated samples have the lowest Frechet distance (FID on
     sentence embeddings) to the validation split.  Returns (best checkpoint, one result per
-    checkpoint ``{"checkpoint", "base_model", "fid", "samples"}``); ties go to the earlier one."""
+    checkpoint ``{"checkpoint", "base_model", "fid", "samples"}``); ties go to the earlier one.
+
+    The target is the validation embeddings (``val_embeddings``; POPri reads them without noise)
+    or their (mean, covariance) given directly as ``val_stats``, e.g. the DP statistics of
+    ``popri fred stats`` (then selection costs no privacy beyond that release)."""
     from .fid import frechet_distance, gaussian_stats
 
     if not checkpoints:
         raise PopriError("no checkpoints to select from")
-    val = np.asarray(val_embeddings, dtype=np.float64)
-    mu_v, c_v = gaussian_stats(val)
+    if (val_embeddings is None) == (val_stats is None):
+        raise PopriError("select_checkpoint needs val_embeddings or val_stats (one of them)")
+    if val_stats is not None:
+        mu_v, c_v = (np.asarray(a, dtype=np.float64) for a in val_stats)
+    else:
+        mu_v, c_v = gaussian_stats(np.asarray(val_embeddings, dtype=np.float64))
+    val = mu_v[None, :]  # only its dimension is used below
     results = []
     for ck in checkpoints:
         texts = list(generate_fn(ck))

@@ -4,6 +4,10 @@
 # does CI (.ci/run).  Extra arguments go to pytest (e.g. -m "not slow", -k score).
 #
 # pytest exits 5 when it collected no tests: that is a failure here, never a pass.
+#
+# A whole-suite run (no arguments: `make test`, CI) then runs scripts/test-min.sh once: the fast
+# tests again on the LOWEST versions pyproject.toml admits (constraints-min.txt, in .venv-min);
+# the run fails if either fails.  POPRI_SKIP_MIN=1 skips it (POPRI_MIN=1 runs it with arguments).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit $?
@@ -12,6 +16,14 @@ VENV=${VENV:-.venv}
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test: pytest collected no tests -- treating as failure" >&2
-  exit 1
+  rc=1
+fi
+if [ "${POPRI_SKIP_MIN:-0}" != "1" ] && { [ "$#" -eq 0 ] || [ "${POPRI_MIN:-0}" = "1" ]; }; then
+  echo "test: the lowest admitted versions (scripts/test-min.sh; POPRI_SKIP_MIN=1 skips)" >&2
+  start=$(date +%s)
+  bash scripts/test-min.sh
+  min_rc=$?
+  echo "test: test-min exited $min_rc after $(( $(date +%s) - start ))s" >&2
+  [ "$rc" -eq 0 ] && rc=$min_rc
 fi
 exit "$rc"

