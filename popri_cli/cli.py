@@ -1,4 +1,4 @@
-"""The ``popri`` command: one Typer app, one thin module per subcommand in ``commands/``.
+"""The ``popri`` command: one Typer app, one thin module per subcommand in ``popri_cli/commands/``.
 
     popri --help
     popri bench fetch sotu --out data/sotu

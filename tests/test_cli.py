@@ -59,3 +59,22 @@ def test_bad_config_is_one_clear_error(tmp_path, run_popri):
     cfg.write_text("embed: [unclosed\n")
     p = run_popri(["--config", cfg, "embed", "x.jsonl", "--out", tmp_path / "o.npy"])
     assert p.returncode != 0 and "malformed YAML" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_python_m_popri_cli_runs_from_a_source_checkout(tmp_path):
+    """Issue 9 (section 6): a plain source tree (no install; the package first on sys.path)
+    runs `python -m popri_cli`: the commands live inside the package, not beside it."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "popri_cli"
+    shutil.copytree(src, tmp_path / "popri_cli", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-c", "import popri_cli.cli as c; print(c.__file__)"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert p.stdout.strip() == str(tmp_path / "popri_cli" / "cli.py")
+    p = subprocess.run([sys.executable, "-m", "popri_cli", "--help"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and "score" in p.stdout and "audit" in p.stdout

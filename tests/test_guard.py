@@ -314,8 +314,8 @@ def test_cli_run_dir_is_the_dataset(ds, tmp_path, run_popri):
             tmp_path, ds, ds)
 
 
-# The lead wires the guard into these three (commands/score.py, commands/aggregate.py,
-# commands/fred.py's _stats): they fail until then.
+# score, aggregate and fred stats call the guard from their release code
+# (popri_cli/score_release.py, popri_cli/commands/aggregate.py, popri_cli/commands/fred.py).
 def test_cli_score_sidecar_over_the_manifest(ds, tiny_st_model, tmp_path, run_popri):
     syn = write_jsonl(tmp_path / "syn.jsonl", [{"id": f"s{i}", "text": f"synthetic {i}"}
                                                for i in range(3)])
