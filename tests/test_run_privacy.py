@@ -446,7 +446,7 @@ def test_dpo_selects_on_fred_statistics(tmp_path, monkeypatch):
     import popri_cli.dpo as lib
     import popri_cli.embed as E
     import popri_cli.generation as G
-    from commands.dpo import _selector
+    from popri_cli.commands.dpo import _selector
     from popri_cli.errors import InputError
 
     rng = np.random.default_rng(2)
