@@ -97,6 +97,17 @@ def tiny_st_model(tmp_path_factory) -> str:
     return str(out)
 
 
+def emb_set(path, emb, client_ids=None, model="test-model") -> str:
+    """Save an embedding set NAME.npy (+ sidecar with ids r0.., client ids if given) and return
+    its path."""
+    from popri_cli.io import save_embedding_set
+
+    rows = [{"id": f"r{i}", **({"client_id": client_ids[i]} if client_ids is not None else {})}
+            for i in range(len(emb))]
+    save_embedding_set(str(path), emb, rows, {"model": model})
+    return str(path)
+
+
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path

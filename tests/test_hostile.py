@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import resource
 import signal
 import stat
 import subprocess
@@ -24,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_jsonl
-from popri_cli.io import save_embedding_set
+from conftest import emb_set, write_jsonl
 
 
 # --------------------------------------------------------------------------- helpers
@@ -56,11 +53,6 @@ def one_error_line(p, *needles, code=2):
     return errs[0]
 
 
-def emb_set(path, emb, client_ids=None):
-    rows = [{"id": f"r{i}", **({"client_id": client_ids[i]} if client_ids is not None else {})}
-            for i in range(len(emb))]
-    save_embedding_set(str(path), emb, rows, {"model": "test-model"})
-    return str(path)
 
 
 @pytest.fixture

@@ -21,15 +21,10 @@ from hypothesis import strategies as st
 
 from popri_cli import ledger
 from popri_cli.errors import InputError
-from popri_cli.io import save_embedding_set
+from conftest import emb_set as _emb_set
 from popri_cli.privacy import noise as N
 
 
-def _emb_set(path, emb, client_ids=None):
-    rows = [{"id": f"r{i}", **({"client_id": client_ids[i]} if client_ids is not None else {})}
-            for i in range(len(emb))]
-    save_embedding_set(str(path), emb, rows, {"model": "test-model"})
-    return str(path)
 
 
 @pytest.fixture

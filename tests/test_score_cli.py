@@ -11,15 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import write_jsonl
-from popri_cli.io import save_embedding_set
+from conftest import emb_set, write_jsonl
 
 
-def emb_set(path, emb, client_ids=None, model="test-model"):
-    rows = [{"id": f"r{i}", **({"client_id": client_ids[i]} if client_ids is not None else {})}
-            for i in range(len(emb))]
-    save_embedding_set(str(path), emb, rows, {"model": model})
-    return str(path)
 
 
 @pytest.fixture

@@ -168,7 +168,7 @@ def _stats(private, out, epsilon, delta, clip, non_private, relation, level,
     import numpy as np
 
     from popri_cli import fred as F
-    from popri_cli import io, ledger, log
+    from popri_cli import ledger, log
     from popri_cli.errors import InputError
     from popri_cli.privacy.accounting import ParameterError
 
