@@ -124,8 +124,6 @@ def score(
 def _options(mode, clip, standardize, max_samples_per_client, threshold, sample_rate,
              clients_per_round, out, per_client_out, ledger_dir, private, synthetic):
     """Check the option combination; return (clip, standardize, M, threshold) with defaults."""
-    from pathlib import Path
-
     from popri_cli.errors import InputError
 
     if mode not in MODES:
@@ -156,18 +154,9 @@ def _options(mode, clip, standardize, max_samples_per_client, threshold, sample_
         raise InputError("--out must be NAME.npy or '-'", path=out)
     if per_client_out and not per_client_out.endswith(".npy"):
         raise InputError("--per-client-out must be NAME.npy", path=per_client_out)
-    if out == "-" and not per_client_out and not ledger_dir:
-        raise InputError("--out - prints the scores; give --ledger DIR (or --per-client-out) so "
-                         "the privacy spent is recorded")
     if private == "-" and synthetic == "-":
         raise InputError("only one of --private / --synthetic can be '-' (stdin)")
-    files = [f for f in (out, per_client_out) if f and f != "-"]
-    if len(files) == 2 and Path(files[0]).resolve() == Path(files[1]).resolve():
-        raise InputError("--out and --per-client-out are the same file", path=out)
-    for f in files:
-        for src in (private, synthetic):
-            if src != "-" and Path(src).exists() and Path(f).resolve() == Path(src).resolve():
-                raise InputError("output would overwrite an input; choose another name", path=f)
+    # --out - without a ledger and outputs over inputs are refused by release_scores (its guard)
     return clip, standardize, max_samples_per_client, threshold
 
 

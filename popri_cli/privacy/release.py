@@ -101,14 +101,7 @@ class Release:
             return
         if not entries:
             raise ValueError("a DP release must record at least one ledger entry")
-        with L.LockedLedgers(self.ledgers) as lk:
-            lk.append(entries)
-            try:
-                _fault_point("after-ledger")
-                self.outputs.commit()
-            except BaseException:
-                lk.rollback()
-                raise
+        record(self.ledgers, entries, self.outputs)
         self.committed = True
 
     def __enter__(self) -> "Release":
