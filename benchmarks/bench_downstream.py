@@ -4,7 +4,7 @@ full fine-tuning vs LoRA, in one process (ratios against fp32 / full as the base
     POPRI_THREADS=2 python benchmarks/bench_downstream.py --data data/sotu
     POPRI_THREADS=2 python benchmarks/bench_downstream.py --data data/sotu --model distilgpt2
 
-Eval: popri_cli.downstream.evaluate_next_token on --eval-n test records (batch 32, 64 tokens).
+Eval: popri.eval.downstream.evaluate_next_token on --eval-n test records (batch 32, 64 tokens).
 Train: --steps optimizer steps of --batch sequences from the train split (one micro-batch per
 step), timed after one warm-up step, for full and LoRA (r=4, alpha=8) with bf16 on and off; the
 configurations are interleaved --repeats times and the median is reported.  Both wall seconds
@@ -25,8 +25,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from popri_cli import downstream as ds, llm, runtime  # noqa: E402
-from popri_cli.embed import text_records  # noqa: E402
+from popri.eval import downstream as ds
+from popri.models import llm
+from popri.core import runtime  # noqa: E402
+from popri.models.embed import text_records  # noqa: E402
 
 
 def train_steps(model_name, recs, *, lora, bf16, batch, steps):

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from popri_cli import scoring  # noqa: E402
-from popri_cli.privacy.noise import make_rng  # noqa: E402
+from popri.feedback import scoring  # noqa: E402
+from popri.privacy.noise import make_rng  # noqa: E402
 
 D, N_SYN = 384, 18_000
 RESULTS = Path(__file__).resolve().parent / "results" / "score.json"
@@ -155,7 +155,7 @@ def child(emb_p: str, codes_p: str, syn_p: str, clients: int) -> None:
 def cli_child(emb_p: str, syn_set: str, out: str) -> None:
     """The whole `popri score` command on the same data (sidecars, hashing, outputs, ledger)."""
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "popri_cli.cli", "--quiet", "score", "--private", emb_p,
+    subprocess.run([sys.executable, "-m", "popri.cli.app", "--quiet", "score", "--private", emb_p,
                     "--synthetic", syn_set, "--noise-multiplier", "19.3", "--seed", "0",
                     "--out", out],
                    check=True)
@@ -167,7 +167,7 @@ def cli_child(emb_p: str, syn_set: str, out: str) -> None:
 
 def write_cli_inputs(emb_p: str, codes_p: str, syn_p: str) -> str:
     """Sidecars for the CLI run: client ids for every private row, an embedding set for syn."""
-    from popri_cli.io import save_embedding_set
+    from popri.core.io import save_embedding_set
 
     codes = np.load(codes_p)
     with open(emb_p[:-4] + ".jsonl", "w") as fh:

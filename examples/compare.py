@@ -41,7 +41,7 @@ RUN_METHOD = {"popri": "popri", "pe": "pe", "pe-sft": "pe-sft", "popri-nn": "pop
 
 def popri(*args: str, capture: bool = False) -> str:
     exe = shutil.which("popri") or sys.executable
-    cmd = [exe] + ([] if exe.endswith("popri") else ["-m", "popri_cli"]) + list(args)
+    cmd = [exe] + ([] if exe.endswith("popri") else ["-m", "popri"]) + list(args)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     p = subprocess.run(cmd, stdout=subprocess.PIPE if capture else sys.stderr, text=True)
     if p.returncode != 0:

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from popri_cli import fred as F
-from popri_cli import log, runtime
-from popri_cli.embed import embed_texts
-from popri_cli.fid import frechet_distance, gaussian_stats
-from popri_cli.io import read_jsonl, write_json
+from popri.methods.fred import stats as F
+from popri.core import log, runtime
+from popri.models.embed import embed_texts
+from popri.models.fid import frechet_distance, gaussian_stats
+from popri.core.io import read_jsonl, write_json
 
 YS = (0, 25, 50, 75, 90, 99, 100)
 
@@ -43,7 +43,7 @@ YS = (0, 25, 50, 75, 90, 99, 100)
 def fetch(name: str, root: Path) -> Path:
     out = root / name
     if not (out / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "popri_cli.cli", "bench", "fetch", name, "--out",
+        subprocess.run([sys.executable, "-m", "popri.cli.app", "bench", "fetch", name, "--out",
                         str(out)], check=True)
     return out
 

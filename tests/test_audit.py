@@ -1,5 +1,5 @@
 """popri audit release: the empirical lower bound stays under the claim on the real mechanisms and
-exceeds it on deliberately broken ones (popri_cli/audit.py)."""
+exceeds it on deliberately broken ones (popri/privacy/audit.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
-from popri_cli import audit as A
-from popri_cli import fred, scoring
-from popri_cli.privacy.accounting import epsilon
+from popri.privacy import audit as A
+from popri.methods.fred import stats as fred
+from popri.feedback import scoring
+from popri.privacy.accounting import epsilon
 
 DELTA = 3e-6
 Z = 3.0  # one release at q = 1: rdp epsilon 1.48 at delta 3e-6
@@ -116,7 +117,7 @@ def test_same_seed_same_result(mechanism):
 
 
 def test_trial_noise_is_each_trials_own_seeded_stream():
-    from popri_cli.privacy.noise import make_rng
+    from popri.privacy.noise import make_rng
 
     seeds = A.trial_seeds(0, 1, 3)
     draws = A.TrialNoise(seeds, "noise").standard_normal(4)

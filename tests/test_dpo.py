@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from popri_cli import dpo as lib
-from popri_cli.errors import InputError, PopriError
+from popri.methods.popri import dpo as lib
+from popri.core.errors import InputError, PopriError
 
 CHOSEN = [" the union is strong and the people are free.", " we must keep faith with the nation.",
           " our economy grew and our workers prospered.", " peace abroad and justice at home."]
@@ -44,7 +44,7 @@ def adapter_tensors(d):
 
 
 def test_dpo_grows_the_reward_margin_on_the_training_pairs(tiny_lm, tmp_path):
-    from popri_cli import llm
+    from popri.models import llm
 
     pairs = make_pairs(8)
     tr = lib.build_dpo_trainer(pairs, model=tiny_lm, out_dir=tmp_path / "probe", lr=5e-3, **FAST)
@@ -77,7 +77,7 @@ def test_ipo_loss_path(tiny_lm, tmp_path):
 
 
 def test_reference_is_the_base_with_the_adapter_disabled_no_copy(tiny_lm, tmp_path):
-    from popri_cli import llm
+    from popri.models import llm
 
     base, _ = llm.load_causal_lm(tiny_lm)
     n_base = sum(p.numel() for p in base.parameters())
@@ -193,7 +193,7 @@ def test_sft_trains_on_the_completion_only(tiny_lm, tmp_path):
 
 
 def _samples_and_scores(tmp_path, K=3, J=5):
-    from popri_cli.io import save_scores
+    from popri.core.io import save_scores
 
     S = [{"id": f"r0-p{k}-s{j}", "round": 0, "prompt_id": k, "sample_idx": j,
           "prompt": make_pairs(K)[k]["prompt"], "text": (CHOSEN if j == 0 else REJECTED)[(k + j) % 4],
@@ -259,7 +259,7 @@ def test_cli_dpo_selects_the_checkpoint_by_fid(tiny_lm, tiny_st_model, tmp_path,
 
 @pytest.mark.slow
 def test_slow_smollm2_one_epoch_grows_the_margin(tmp_path, monkeypatch):
-    from popri_cli import llm
+    from popri.models import llm
 
     monkeypatch.setenv("POPRI_THREADS", "2")
     pairs = make_pairs(16)

@@ -1,4 +1,4 @@
-"""`popri expand` / popri_cli.expand: sharded PrE-Text Expand, filtering, dedupe, resume, CLI.
+"""`popri expand` / popri.methods.pe.expand: sharded PrE-Text Expand, filtering, dedupe, resume, CLI.
 
     python -m pytest -q tests/test_expand.py            # fast (fake engine, tiny random Llama)
     python -m pytest -q -m slow tests/test_expand.py    # real smollm2-135m
@@ -16,9 +16,9 @@ import types
 import pytest
 
 from conftest import REPO, write_jsonl
-from popri_cli import expand as ex
-from popri_cli import generation as g
-from popri_cli.errors import InputError, MissingResourceError
+from popri.methods.pe import expand as ex
+from popri.models import generation as g
+from popri.core.errors import InputError, MissingResourceError
 
 SEEDS = [
     "We must invest in clean energy to secure jobs for the next generation of Americans.",
@@ -250,7 +250,7 @@ def test_too_few_seeds_and_bad_template():
 # --------------------------------------------------------------------------- real backends
 @pytest.fixture(scope="module")
 def tiny_loaded(tiny_lm):
-    from popri_cli.llm import load_causal_lm
+    from popri.models.llm import load_causal_lm
 
     return load_causal_lm(tiny_lm)
 
@@ -310,7 +310,7 @@ def test_vllm_backend_requests(monkeypatch, tiny_lm, tmp_path):
     (kw,) = log["llm"]  # loaded once for both shards
     assert kw["model"] == tiny_lm and kw["seed"] == 5 and kw["dtype"] == "bfloat16"
     assert kw["max_model_len"] % 64 == 0
-    from popri_cli.llm import load_tokenizer
+    from popri.models.llm import load_tokenizer
 
     t = load_tokenizer(tiny_lm)
     longest = max(len(t(g.fill_template(g.DEFAULT_TEMPLATE, [a, b, c]))["input_ids"])
@@ -345,7 +345,7 @@ def test_vllm_missing_exit_3_nothing_written(monkeypatch, tiny_lm, tmp_path, see
 # --------------------------------------------------------------------------- CLI
 def test_cli_pipe_merged_out_and_stdout(seeds_file, tiny_lm, tiny_loaded, tmp_path):
     env = {**os.environ, "POPRI_THREADS": "1"}
-    popri = f"{sys.executable} -m popri_cli.cli"
+    popri = f"{sys.executable} -m popri.cli.app"
     args = (f"-N 12 --shard-size 5 --model {tiny_lm} --max-new-tokens 16 --max-tokens 12 "
             f"--batch-size 4 --no-bf16 --seed 2")
     cmd = (f"cat {seeds_file} | {popri} expand - {args} --out {tmp_path / 'p'} --merged-out - | "
@@ -357,7 +357,7 @@ def test_cli_pipe_merged_out_and_stdout(seeds_file, tiny_lm, tiny_loaded, tmp_pa
     assert p.stdout == "12 12\n"
     assert "expand: 12/12 samples in 3 shard(s)" in p.stderr
     # the same from a file, merged into a file: stdout is the directory; same shards as in-process
-    q = subprocess.run([sys.executable, "-m", "popri_cli.cli", "expand", str(seeds_file),
+    q = subprocess.run([sys.executable, "-m", "popri.cli.app", "expand", str(seeds_file),
                         *args.split(), "--out", str(tmp_path / "f"), "--merged-out",
                         str(tmp_path / "all.jsonl")], capture_output=True, text=True, env=env,
                        cwd=REPO, timeout=900)
@@ -393,7 +393,7 @@ def test_cli_bad_input_and_config_change(seeds_file, tiny_lm, tmp_path, run_popr
 
 def test_cli_sigkill_then_resume_equals_uninterrupted(seeds_file, tiny_lm, tiny_loaded, tmp_path):
     d = tmp_path / "k"
-    args = [sys.executable, "-m", "popri_cli.cli", "expand", str(seeds_file), "-N", "48",
+    args = [sys.executable, "-m", "popri.cli.app", "expand", str(seeds_file), "-N", "48",
             "--shard-size", "4", "--batch-size", "4", "--model", tiny_lm, "--max-new-tokens", "40",
             "--max-tokens", "24", "--no-bf16", "--out", str(d)]
     env = {**os.environ, "POPRI_THREADS": "1"}

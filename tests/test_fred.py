@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy.linalg import sqrtm
 from scipy.stats import norm
 
-from popri_cli import fred as F
-from popri_cli.fid import frechet_distance, gaussian_stats, trace_sqrt_product
-from popri_cli.io import save_embedding_set
-from popri_cli.privacy import accounting as A
-from popri_cli.privacy.noise import make_rng
+from popri.methods.fred import stats as F
+from popri.models.fid import frechet_distance, gaussian_stats, trace_sqrt_product
+from popri.core.io import save_embedding_set
+from popri.privacy import accounting as A
+from popri.privacy.noise import make_rng
 
 from conftest import write_jsonl
 

@@ -1,4 +1,4 @@
-"""`popri gen` / popri_cli.generation: prompts, cleaning, degeneracy, sampling, backends, CLI.
+"""`popri gen` / popri.models.generation: prompts, cleaning, degeneracy, sampling, backends, CLI.
 
     python -m pytest -q tests/test_gen.py            # fast (tiny random Llama)
     python -m pytest -q -m slow tests/test_gen.py    # real smollm2-135m
@@ -14,8 +14,8 @@ import types
 import pytest
 
 from conftest import REPO, write_jsonl
-from popri_cli import generation as g
-from popri_cli.errors import InputError, MissingResourceError
+from popri.models import generation as g
+from popri.core.errors import InputError, MissingResourceError
 
 OMEGA = [
     "The committee met on Tuesday to discuss the budget for the coming year.",
@@ -48,7 +48,7 @@ def one_torch_thread(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_tok(tiny_lm):
-    from popri_cli.llm import load_tokenizer
+    from popri.models.llm import load_tokenizer
 
     return load_tokenizer(tiny_lm)
 
@@ -204,7 +204,7 @@ def test_regeneration_counting(monkeypatch):
 
 # --------------------------------------------------------------------------- transformers
 def test_generate_tiny_lm_schema_determinism_batch_independence(tiny_lm):
-    from popri_cli.llm import load_causal_lm
+    from popri.models.llm import load_causal_lm
 
     ps = g.build_prompts(OMEGA, 3, seed=1)
     kw = dict(model=tiny_lm, samples_per_prompt=2, round=2, seed=5, max_new_tokens=12,
@@ -334,7 +334,7 @@ def test_vllm_merge_mode_serves_a_merged_checkpoint(monkeypatch, tiny_lm, tmp_pa
                          bf16=False)
     (kw,) = log["llm"]
     assert "enable_lora" not in kw and kw["dtype"] == "auto" and log["generate"][0][2] is None
-    from popri_cli.llm import load_tokenizer
+    from popri.models.llm import load_tokenizer
 
     n = len(load_tokenizer(tiny_lm)(g.build_prompts(OMEGA, 1, seed=0)[0]["prompt"])["input_ids"])
     assert kw["max_model_len"] == 64 * math.ceil((n + 85) / 64)  # what the prompts need
@@ -398,7 +398,7 @@ def test_pipe_gen_into_score(omega_file, tiny_lm, tiny_st_model, tmp_path):
                           [{"id": f"x{i}", "client_id": f"c{i % 3}", "text": t}
                            for i, t in enumerate(OMEGA)])
     env = {**os.environ, "POPRI_THREADS": "1"}
-    popri = f"{sys.executable} -m popri_cli.cli"
+    popri = f"{sys.executable} -m popri.cli.app"
     cmd = (f"{popri} gen {omega_file} -K 2 -J 3 --model {tiny_lm} --max-new-tokens 12 | "
            f"{popri} score --mode cosine --private {private} --synthetic - --noise-multiplier 0 "
            f"--model {tiny_st_model} --seed 0 --out {tmp_path / 'S.npy'}")

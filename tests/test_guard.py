@@ -1,4 +1,4 @@
-"""One guard against a command overwriting its inputs (issue 9, section 2): popri_cli/guard.py.
+"""One guard against a command overwriting its inputs (issue 9, section 2): popri/core/guard.py.
 
 Unit tests of check_outputs, then one CLI test per command that writes files: exit 2, one line
 ``popri: error: OUT: output would overwrite input IN; choose another name``, and every file under
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from conftest import write_jsonl
-from popri_cli.errors import InputError
-from popri_cli.guard import check_outputs
-from popri_cli.io import save_embedding_set, save_scores
+from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.core.io import save_embedding_set, save_scores
 
 MSG = "output would overwrite input {}; choose another name"
 
@@ -315,7 +315,7 @@ def test_cli_run_dir_is_the_dataset(ds, tmp_path, run_popri):
 
 
 # score, aggregate and fred stats call the guard from their release code
-# (popri_cli/score_release.py, popri_cli/commands/aggregate.py, popri_cli/commands/fred.py).
+# (popri/feedback/release.py, popri/cli/commands/aggregate.py, popri/cli/commands/fred.py).
 def test_cli_score_sidecar_over_the_manifest(ds, tiny_st_model, tmp_path, run_popri):
     syn = write_jsonl(tmp_path / "syn.jsonl", [{"id": f"s{i}", "text": f"synthetic {i}"}
                                                for i in range(3)])

@@ -34,7 +34,7 @@ def _env(**extra) -> dict:
 
 
 def _cmd(*args) -> list[str]:
-    return [sys.executable, "-m", "popri_cli.cli", *map(str, args)]
+    return [sys.executable, "-m", "popri.cli.app", *map(str, args)]
 
 
 def _sh(args) -> str:
@@ -475,7 +475,7 @@ def test_50mb_line_is_refused_without_reading_it(tmp_path, tiny_st_model):
 _EMBED_RSS = """
 import resource, sys, json
 import numpy as np
-from popri_cli.embed import embed_texts
+from popri.models.embed import embed_texts
 text = ("lorem ipsum dolor sit amet " * (int(sys.argv[2]) // 27 + 1))[:int(sys.argv[2])]
 e = embed_texts([text], sys.argv[1], use_cache=False)
 print(json.dumps({"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -501,8 +501,8 @@ def test_long_text_is_cut_before_the_tokenizer(tiny_st_model):
 def test_prefix_for_tokens_keeps_the_first_tokens(tiny_st_model):
     from transformers import AutoTokenizer
 
-    from popri_cli.data.tokenize import hf_counter, prefix_for_tokens
-    from popri_cli.generation import truncate_tokens
+    from popri.data.tokenize import hf_counter, prefix_for_tokens
+    from popri.models.generation import truncate_tokens
 
     tok = AutoTokenizer.from_pretrained(tiny_st_model)
     text = "unbelievable words, and more words " * 20_000

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from popri_cli import io, ledger
-from popri_cli.errors import InputError
-from popri_cli.privacy.noise import SecureRandom, make_rng
+from popri.core import io
+from popri.privacy import ledger
+from popri.core.errors import InputError
+from popri.privacy.noise import SecureRandom, make_rng
 
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):

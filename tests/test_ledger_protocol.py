@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from popri_cli import ledger
-from popri_cli.errors import InputError
+from popri.privacy import ledger
+from popri.core.errors import InputError
 from conftest import emb_set as _emb_set
-from popri_cli.privacy import noise as N
+from popri.privacy import noise as N
 
 
 
@@ -54,7 +54,7 @@ def _entry(z=1.0, q=0.1, rid="", steps=1, **kw):
 # --------------------------------------------------------------------------- 1. never under-count
 _APPENDER = """
 import sys
-from popri_cli import ledger
+from popri.privacy import ledger
 out, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for i in range(n):
     ledger.append(out, [ledger.LedgerEntry(stage="score", mechanism="gaussian",
@@ -75,7 +75,7 @@ def test_eight_concurrent_library_appenders_keep_every_entry(tmp_path):
 def test_eight_concurrent_score_processes_keep_every_entry(sets, tmp_path):
     priv, syn = sets
     env = dict(os.environ, POPRI_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-m", "popri_cli.cli",
+    procs = [subprocess.Popen([sys.executable, "-m", "popri.cli.app",
                                *_score(priv, syn, tmp_path / f"s{k}.npy", seed=str(k))],
                               env=env, stderr=subprocess.PIPE, text=True) for k in range(8)]
     for p in procs:
@@ -189,7 +189,7 @@ def test_ledger_entries_are_type_checked(tmp_path, bad, field):
 
 
 def test_relation_check_is_exact_not_a_substring():
-    from popri_cli.privacy import accounting as A
+    from popri.privacy import accounting as A
 
     d = _entry(rid="a").to_dict()
     d["neighbouring"] = "not add/remove one client"
@@ -198,7 +198,7 @@ def test_relation_check_is_exact_not_a_substring():
 
 
 def test_library_caller_writes_the_same_ledger_as_the_cli(sets, tmp_path, run_popri):
-    from popri_cli.score_release import release_scores
+    from popri.feedback.release import release_scores
 
     priv, syn = sets
     run_popri(_score(priv, syn, tmp_path / "cli" / "s.npy", "--sample-rate", "0.5"), check=True)

@@ -11,10 +11,10 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from conftest import write_jsonl
-from popri_cli import pe
-from popri_cli.errors import InputError
-from popri_cli.io import save_embedding_set, save_scores
-from popri_cli.privacy.noise import SecureRandom, make_rng
+from popri.methods.pe import draw as pe
+from popri.core.errors import InputError
+from popri.core.io import save_embedding_set, save_scores
+from popri.privacy.noise import SecureRandom, make_rng
 
 
 # --------------------------------------------------------------------------- maths
@@ -116,7 +116,7 @@ def test_cli_init_draw_seeds(tmp_path, run_popri):
     # the seed set through a pipe: pe init | pe seeds -
     import subprocess
     import sys
-    cmd = [sys.executable, "-m", "popri_cli"]
+    cmd = [sys.executable, "-m", "popri"]
     p1 = subprocess.Popen([*cmd, "pe", "init", str(pub), "--num", "5"], stdout=subprocess.PIPE)
     p2 = subprocess.run([*cmd, "pe", "seeds", "-", str(surv)], stdin=p1.stdout,
                         capture_output=True, text=True)

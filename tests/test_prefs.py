@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from popri_cli.errors import InputError
-from popri_cli.io import save_scores
-from popri_cli.prefs import build_pairs, top_samples
+from popri.core.errors import InputError
+from popri.core.io import save_scores
+from popri.methods.popri.prefs import build_pairs, top_samples
 
 
 def samples(K=2, J=6, prompt="P{k}"):

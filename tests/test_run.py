@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from popri_cli import config as C
-from popri_cli.errors import PopriError
-from popri_cli.pipeline import POPriRun
-from popri_cli.stages import Stage, StageRunner
+from popri.pipeline import config as C
+from popri.core.errors import PopriError
+from popri.pipeline.driver import POPriRun
+from popri.pipeline.stages import Stage, StageRunner
 
 
 def test_config_defaults_yaml_and_overrides(tmp_path):

@@ -54,7 +54,7 @@ def tiny_overrides(run_dir, data, pub, lm, st, method="popri"):
 
 
 def popri_cmd(overrides):
-    return [sys.executable, "-m", "popri_cli.cli", "run", *[f"--set={o}" for o in overrides]]
+    return [sys.executable, "-m", "popri.cli.app", "run", *[f"--set={o}" for o in overrides]]
 
 
 def env():

@@ -17,13 +17,13 @@ import pytest
 
 from conftest import _run, write_jsonl
 from test_run_e2e import tiny_inputs  # noqa: F401  (fixture)
-from popri_cli import config as C
-from popri_cli.errors import ConfigError
-from popri_cli.io import save_embedding_set
-from popri_cli.ledger import LedgerEntry, read_ledger
-from popri_cli.pipeline import BudgetError, POPriRun, results_table
-from popri_cli.privacy import accounting as A
-from popri_cli.stages import Stage, StageRunner
+from popri.pipeline import config as C
+from popri.core.errors import ConfigError
+from popri.core.io import save_embedding_set
+from popri.privacy.ledger import LedgerEntry, read_ledger
+from popri.pipeline.driver import BudgetError, POPriRun, results_table
+from popri.privacy import accounting as A
+from popri.pipeline.stages import Stage, StageRunner
 
 WORDS = ("river market winter council harvest railway treaty budget school harbor army labor "
          "court senate tariff union farmer coal steel bank trade navy").split()
@@ -425,8 +425,8 @@ def test_dp_selection_that_alone_exceeds_the_budget_is_a_config_error(tmp_path):
 
 
 def test_select_checkpoint_on_statistics_equals_on_the_embeddings():
-    from popri_cli.dpo import select_checkpoint
-    from popri_cli.fid import gaussian_stats
+    from popri.methods.popri.dpo import select_checkpoint
+    from popri.models.fid import gaussian_stats
 
     rng = np.random.default_rng(1)
     val = rng.normal(size=(200, 4))
@@ -443,11 +443,11 @@ def test_select_checkpoint_on_statistics_equals_on_the_embeddings():
 def test_dpo_selects_on_fred_statistics(tmp_path, monkeypatch):
     """`popri dpo --select-on STATS.npz` (what select_on: dp passes): the Frechet distance to the
     DP mean and covariance; the embedder must match the statistics'."""
-    import popri_cli.dpo as lib
-    import popri_cli.embed as E
-    import popri_cli.generation as G
-    from popri_cli.commands.dpo import _selector
-    from popri_cli.errors import InputError
+    import popri.methods.popri.dpo as lib
+    import popri.models.embed as E
+    import popri.models.generation as G
+    from popri.cli.commands.dpo import _selector
+    from popri.core.errors import InputError
 
     rng = np.random.default_rng(2)
     priv = _emb_set(tmp_path / "val.npy", rng.normal(size=(400, 4)) * 0.3,

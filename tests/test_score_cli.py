@@ -185,7 +185,7 @@ def test_pipe_embed_into_score(tiny_st_model, tmp_path):
                                           for i, t in enumerate(texts * 2)])
     write_jsonl(tmp_path / "syn.jsonl", [{"id": f"s{i}", "text": t[::-1] if i % 2 else t}
                                          for i, t in enumerate(texts)])
-    cli = f"{sys.executable} -m popri_cli.cli"
+    cli = f"{sys.executable} -m popri.cli.app"
     common = (f"--private priv.jsonl --model {tiny_st_model} --noise-multiplier 0.5 --seed 1 "
               "--clients-per-round 2")
     env = {**os.environ, "POPRI_THREADS": "1"}

@@ -1,4 +1,4 @@
-"""The DP maths of popri_cli.scoring: brute-force equality, clipping, noise scale, sampling.
+"""The DP maths of popri.feedback.scoring: brute-force equality, clipping, noise scale, sampling.
 
     python -m pytest -q tests/test_scoring.py
 """
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from popri_cli import scoring
-from popri_cli.errors import InputError
-from popri_cli.privacy.noise import make_rng
+from popri.feedback import scoring
+from popri.core.errors import InputError
+from popri.privacy.noise import make_rng
 
 FAST = settings(max_examples=25, deadline=None)
 

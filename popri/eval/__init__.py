@@ -1,0 +1,1 @@
+"""Evaluation: the downstream model (training and next-token accuracy) and its statistics."""

@@ -1,0 +1,616 @@
+"""Downstream utility: fine-tune a small causal LM on (synthetic) text, measure next-token accuracy.
+
+    popri train-downstream syn.jsonl --val data/sotu --out runs/ds
+    popri eval accuracy --model runs/ds --data data/sotu --split test --per-client-out m.jsonl
+    popri eval gap --method m.jsonl --eps0 e0.jsonl --epsinf ei.jsonl
+
+Sequences (training, validation and test alike; the POPri ``downstream_eval.py`` and PrE-Text
+``eval_distilgpt2.py`` recipe): ``[START] + tokens(text) + [EOS]``, cut to ``max_length`` (64)
+from the right, so a text that fills the window loses its EOS.  ``tokens(text)`` is the tokenizer
+called with ``add_special_tokens=False``, so it never adds a BOS itself; START is the
+tokenizer's BOS, or its EOS when it has no BOS (GPT-2 style, where BOS = EOS).  A chat-turn
+marker declared as BOS/EOS (SmolLM2-Instruct's ``<|im_start|>`` / ``<|im_end|>``) is replaced by
+the document separator ``<|endoftext|>`` the model saw around plain text in pretraining.
+
+Counted positions: position j (1 <= j < n) of a sequence of n real tokens is predicted from
+tokens 0..j-1 (shifted labels).  Hence every sequence has n - 1 targets: START is never a
+target, padding never counts, and the appended EOS counts (as in both reference codes) unless
+``count_eos=False``.  Accuracy = argmax hits / targets and loss = summed cross-entropy /
+targets, both micro-averaged over all targets; per client the same sums are kept, so a client
+macro average and a bootstrap over test clients (the unit of privacy) come for free.  Records
+without ``client_id`` are each their own client.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from popri.models import llm
+from popri.core import log, runtime
+from popri.core.errors import InputError
+
+PER_CLIENT_FIELDS = ("client_id", "tokens", "correct", "loss_sum")
+
+
+# --------------------------------------------------------------------------- records
+def load_records(src, split: str, *, max_samples: int | None = None) -> tuple[list[dict], str]:
+    """``src``: a list of dicts with ``text``, a federated dataset directory (its ``split``) or a
+    JSONL path.  Returns (records, source name)."""
+    if isinstance(src, (str, os.PathLike)):
+        from popri.models.embed import text_records
+
+        recs, source = text_records(str(src), split)
+    else:
+        recs, source = list(src), "<records>"
+        for i, r in enumerate(recs, start=1):
+            if not isinstance(r, dict) or not isinstance(r.get("text"), str):
+                raise InputError("missing required field", path=source, line=i, field="text")
+    if max_samples is not None:
+        recs = recs[:max_samples]
+    return recs, source
+
+
+def client_of(rec: dict, index: int) -> str:
+    cid = rec.get("client_id")
+    if cid is None:
+        cid = rec.get("id", index)
+    return str(cid)
+
+
+# --------------------------------------------------------------------------- tokenisation
+def _token_id(tok, token: str, what: str) -> int:
+    tid = tok.convert_tokens_to_ids(token)
+    if tid is None or (tok.unk_token_id is not None and tid == tok.unk_token_id
+                       and token != tok.unk_token):
+        raise InputError(f"{token!r} is not a token of {getattr(tok, 'name_or_path', 'the tokenizer')}",
+                         field=what)
+    return int(tid)
+
+
+# Chat-turn markers that some instruct tokenizers declare as BOS/EOS (SmolLM2-Instruct: BOS
+# <|im_start|>, EOS <|im_end|>).  Plain text in pretraining was delimited by the document separator
+# <|endoftext|> instead: on SmolLM2-135M-Instruct the eps=0 baseline scores 0.2825 next-token
+# accuracy with the chat markers and 0.2913 with <|endoftext|> (400 sotu test records), so the
+# markers would flatter every gap-closed figure.
+CHAT_TURN_MARKERS = ("<|im_start|>", "<|im_end|>")
+DOC_SEPARATOR = "<|endoftext|>"
+
+
+def default_text_tokens(tok) -> tuple[str | None, str | None]:
+    """(BOS, EOS) to frame plain text when the user names none: the tokenizer's own, except that
+    a chat-turn marker is replaced by the document separator ``<|endoftext|>`` when the vocabulary
+    has one (None = the tokenizer's default)."""
+    vocab_has_sep = DOC_SEPARATOR in tok.get_vocab()
+    bos = eos = None
+    if vocab_has_sep and tok.bos_token in CHAT_TURN_MARKERS:
+        bos = DOC_SEPARATOR
+    if vocab_has_sep and tok.eos_token in CHAT_TURN_MARKERS:
+        eos = DOC_SEPARATOR
+    return bos, eos
+
+
+def special_ids(tok, bos_token: str | None = None, eos_token: str | None = None) -> tuple[int, int | None]:
+    """(START id, EOS id): the given tokens, else the tokenizer's BOS (its EOS when it has no BOS)
+    and EOS -- a chat-turn marker replaced by ``<|endoftext|>`` (``default_text_tokens``)."""
+    auto_bos, auto_eos = default_text_tokens(tok)
+    bos_token = bos_token if bos_token is not None else auto_bos
+    eos_token = eos_token if eos_token is not None else auto_eos
+    if bos_token is not None:
+        start = _token_id(tok, bos_token, "bos_token")
+    else:
+        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    if start is None:
+        raise InputError(f"tokenizer {getattr(tok, 'name_or_path', '')!r} has neither a BOS nor an "
+                         "EOS token; give --bos-token")
+    eos = _token_id(tok, eos_token, "eos_token") if eos_token is not None else tok.eos_token_id
+    return int(start), (None if eos is None else int(eos))
+
+
+def encode(tok, texts: Sequence[str], max_length: int = 64, *, bos_token: str | None = None,
+           eos_token: str | None = None) -> list[tuple[list[int], bool]]:
+    """Each text -> (ids, has_eos): ``[START] + tokens + [EOS]`` cut to ``max_length``."""
+    if max_length < 2:
+        raise ValueError("max_length must be at least 2 (START + one target)")
+    from popri.data.tokenize import hf_counter, prefix_for_tokens
+
+    start, eos = special_ids(tok, bos_token, eos_token)
+    count = hf_counter(tok)  # a long text is cut first (same ids: see prefix_for_tokens)
+    texts = [prefix_for_tokens(t, max_length, count) for t in texts]
+    body = tok(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+    out = []
+    for ids in body:
+        seq = [start] + list(ids)
+        if eos is not None and len(seq) < max_length:
+            out.append((seq + [eos], True))
+        else:
+            out.append((seq[:max_length], False))
+    return out
+
+
+def make_batch(seqs: Sequence[tuple[list[int], bool]], pad_id: int, count_eos: bool = True):
+    """Right-padded tensors: input_ids, attention_mask and labels aligned with input_ids
+    (-100 = not a target: position 0, padding, and the appended EOS when not counted)."""
+    import torch
+
+    width = max(len(s) for s, _ in seqs)
+    ids = torch.full((len(seqs), width), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, (s, has_eos) in enumerate(seqs):
+        n = len(s)
+        ids[i, :n] = torch.tensor(s)
+        mask[i, :n] = 1
+        labels[i, 1:n] = ids[i, 1:n]
+        if has_eos and not count_eos:
+            labels[i, n - 1] = -100
+    return ids, mask, labels
+
+
+def count_targets(seqs: Sequence[tuple[list[int], bool]], count_eos: bool = True) -> int:
+    return sum(len(s) - 1 - (1 if (e and not count_eos) else 0) for s, e in seqs)
+
+
+def _pad_id(tok) -> int:
+    for t in (tok.pad_token_id, tok.eos_token_id, 0):
+        if t is not None:
+            return int(t)
+    return 0
+
+
+def token_stats(model, ids, mask, labels, *, bf16: bool, device: str):
+    """Per-sequence (targets, correct, summed cross-entropy) and the summed loss tensor
+    (differentiable when grad is enabled)."""
+    import torch
+    import torch.nn.functional as F
+
+    ids, mask, labels = ids.to(device), mask.to(device), labels.to(device)
+    with llm.autocast(device, bf16):
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    tgt = labels[:, 1:]
+    valid = tgt != -100
+    sel = logits[:, :-1][valid].float()  # [targets, V]
+    t = tgt[valid]
+    ce = F.cross_entropy(sel, t, reduction="none")
+    rows = valid.nonzero()[:, 0]
+    nseq = ids.shape[0]
+    with torch.no_grad():
+        hit = (sel.argmax(-1) == t).to(torch.float64)
+        n_tok = torch.zeros(nseq, dtype=torch.float64, device=ids.device).index_add_(
+            0, rows, torch.ones_like(hit))
+        n_hit = torch.zeros(nseq, dtype=torch.float64, device=ids.device).index_add_(0, rows, hit)
+        n_ce = torch.zeros(nseq, dtype=torch.float64, device=ids.device).index_add_(
+            0, rows, ce.detach().to(torch.float64))
+    return n_tok.cpu().numpy(), n_hit.cpu().numpy(), n_ce.cpu().numpy(), ce.sum()
+
+
+# --------------------------------------------------------------------------- model loading
+def _adapter_base(path: Path) -> str:
+    meta = path / "metrics.json"
+    if meta.exists():
+        try:
+            base = json.loads(meta.read_text(encoding="utf-8")).get("base_model")
+            if base:
+                return str(base)
+        except json.JSONDecodeError:
+            pass
+    cfg = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+    return cfg["base_model_name_or_path"]
+
+
+def load_model(name: str, adapter: str | None = None, *, device: str | None = None,
+               trainable_adapter: bool = False):
+    """(model, tokenizer); a directory holding a PEFT adapter (e.g. a LoRA train-downstream
+    checkpoint) loads its base model (recorded in its metrics.json) with the adapter on top."""
+    p = Path(name).expanduser()
+    if adapter is None and p.is_dir() and (p / "adapter_config.json").exists():
+        adapter, name = str(p), _adapter_base(p)
+    model, tok = llm.load_causal_lm(name, adapter, device=device, trainable_adapter=trainable_adapter)
+    if adapter and (Path(adapter) / "tokenizer_config.json").exists():
+        tok = llm.load_tokenizer(adapter)  # a train-downstream adapter records its BOS/EOS choice
+    return model, tok
+
+
+# --------------------------------------------------------------------------- evaluation
+def evaluate_next_token(model_or_path, records, *, max_length: int = 64, count_eos: bool = True,
+                        batch_size: int = 32, bf16: bool = True, adapter: str | None = None,
+                        tokenizer=None, split: str = "test", max_samples: int | None = None,
+                        bootstrap: int = 1000, seed: int = 0, device: str | None = None,
+                        bos_token: str | None = None, eos_token: str | None = None,
+                        desc: str = "eval") -> dict:
+    """Next-token accuracy and loss of a causal LM on records (see the module docstring for the
+    counted positions).  Returns micro accuracy/loss, token and client counts, the client macro
+    accuracy, a bootstrap SE over clients and ``per_client`` rows."""
+    import torch
+
+    runtime.configure_torch()
+    device = device or llm.default_device()
+    recs, source = load_records(records, split, max_samples=max_samples)  # bad input fails fast
+    if not recs:
+        raise InputError("no records to evaluate", path=source)
+    name = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
+    if name is not None:
+        model, tok = load_model(str(name), adapter, device=device)
+    else:
+        model, tok = model_or_path, tokenizer
+        if tok is None:
+            raise ValueError("a model object needs its tokenizer= as well")
+    seqs = encode(tok, [r["text"] for r in recs], max_length, bos_token=bos_token, eos_token=eos_token)
+    start_id, eos_id = special_ids(tok, bos_token, eos_token)
+    if count_targets(seqs, count_eos) == 0:
+        raise InputError("no target tokens to evaluate (all texts empty?)", path=source, field="text")
+    clients = [client_of(r, i) for i, r in enumerate(recs)]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))  # less padding
+    tok_n = np.zeros(len(seqs))
+    hit_n = np.zeros(len(seqs))
+    ce_n = np.zeros(len(seqs))
+    was_training = model.training
+    model.eval()
+    t0 = time.perf_counter()
+    with torch.no_grad(), log.progress() as prog:
+        task = prog.add_task(desc, total=len(seqs))
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            batch = make_batch([seqs[i] for i in idx], _pad_id(tok), count_eos)
+            a, b, c, _ = token_stats(model, *batch, bf16=bf16, device=device)
+            tok_n[idx], hit_n[idx], ce_n[idx] = a, b, c
+            prog.advance(task, len(idx))
+    seconds = time.perf_counter() - t0
+    if was_training:
+        model.train()
+    per = per_client_table(clients, tok_n, hit_n, ce_n)
+    tokens = int(tok_n.sum())
+    res = {
+        "accuracy": float(hit_n.sum() / tokens),
+        "loss": float(ce_n.sum() / tokens),
+        "tokens": tokens,
+        "correct": int(hit_n.sum()),
+        "sequences": len(seqs),
+        "clients": len(per),
+        "macro_accuracy": macro_accuracy(per),
+        "accuracy_se": bootstrap_se(per, bootstrap, seed) if bootstrap else None,
+        "bootstrap": int(bootstrap),
+        "seed": int(seed),
+        "model": str(name) if name is not None else getattr(model, "name_or_path", None),
+        "adapter": adapter,
+        "source": source,
+        "split": split if isinstance(records, (str, os.PathLike)) and Path(records).is_dir() else None,
+        "max_length": int(max_length),
+        "count_eos": bool(count_eos),
+        "bos_token": tok.convert_ids_to_tokens(start_id),
+        "eos_token": None if eos_id is None else tok.convert_ids_to_tokens(eos_id),
+        "bf16": bool(bf16),
+        "seconds": round(seconds, 3),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None,
+        "per_client": per,
+    }
+    return res
+
+
+def per_client_table(clients: Sequence[str], tok_n, hit_n, ce_n) -> list[dict]:
+    """Sums per client, in order of first appearance."""
+    acc: dict[str, list] = {}
+    for c, a, b, l in zip(clients, tok_n, hit_n, ce_n):
+        row = acc.setdefault(c, [0, 0, 0.0, 0])
+        row[0] += int(a)
+        row[1] += int(b)
+        row[2] += float(l)
+        row[3] += 1
+    return [{"client_id": c, "tokens": v[0], "correct": v[1], "loss_sum": v[2], "sequences": v[3]}
+            for c, v in acc.items()]
+
+
+def macro_accuracy(per: Sequence[dict]) -> float | None:
+    accs = [r["correct"] / r["tokens"] for r in per if r["tokens"] > 0]
+    return float(np.mean(accs)) if accs else None
+
+
+# --------------------------------------------------------------------------- bootstrap & gap
+def _replicate_weights(n_clients: int, n_boot: int, seed: int, chunk: int = 200):
+    """Yield [b, n_clients] multiplicities of a client bootstrap (resampling with replacement)."""
+    rng = np.random.default_rng(seed)
+    p = np.full(n_clients, 1.0 / n_clients)
+    done = 0
+    while done < n_boot:
+        b = min(chunk, n_boot - done)
+        yield rng.multinomial(n_clients, p, size=b).astype(np.float64)
+        done += b
+
+
+def paired_bootstrap(tables: Sequence[Sequence[dict]], statistic: Callable[..., float], *,
+                     n_boot: int = 1000, seed: int = 0) -> dict:
+    """Bootstrap over clients shared by every table, the same resample for all (paired).
+
+    ``tables``: per-client rows (client_id, tokens, correct) of each model on the same test
+    clients.  ``statistic(acc_1, ..., acc_k)`` maps the micro accuracies to a number.  Returns
+    {"value", "se", "ci_low", "ci_high", "clients", "n_boot"} (percentile 95% interval)."""
+    keyed = []
+    for t in tables:
+        d = {}
+        for r in t:
+            d[str(r["client_id"])] = (float(r["tokens"]), float(r["correct"]))
+        keyed.append(d)
+    common = sorted(set.intersection(*(set(d) for d in keyed)))
+    if len(common) < 2:
+        raise InputError(f"need at least 2 common clients for a paired bootstrap, got {len(common)}")
+    toks = [np.array([d[c][0] for c in common]) for d in keyed]
+    hits = [np.array([d[c][1] for c in common]) for d in keyed]
+    value = statistic(*[h.sum() / t.sum() for h, t in zip(hits, toks)])
+    reps = []
+    for w in _replicate_weights(len(common), n_boot, seed):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            accs = [(w @ h) / (w @ t) for h, t in zip(hits, toks)]
+            reps.append(np.array([statistic(*a) for a in zip(*accs)], dtype=np.float64))
+    reps = np.concatenate(reps) if reps else np.zeros(0)
+    reps = reps[np.isfinite(reps)]
+    if len(reps) < 2:
+        return {"value": float(value), "se": None, "ci_low": None, "ci_high": None,
+                "clients": len(common), "n_boot": int(n_boot)}
+    return {"value": float(value), "se": float(reps.std(ddof=1)),
+            "ci_low": float(np.percentile(reps, 2.5)), "ci_high": float(np.percentile(reps, 97.5)),
+            "clients": len(common), "n_boot": int(n_boot)}
+
+
+def bootstrap_se(per: Sequence[dict], n_boot: int = 1000, seed: int = 0) -> float | None:
+    """Standard error of the micro accuracy under a bootstrap over clients."""
+    per = [r for r in per]
+    if len(per) < 2 or n_boot < 2:
+        return None
+    return paired_bootstrap([per], lambda a: a, n_boot=n_boot, seed=seed)["se"]
+
+
+def gap_closed(acc: float, acc_eps0: float, acc_epsinf: float) -> float:
+    """(acc - acc_eps0) / (acc_epsinf - acc_eps0): the share of the gap between the fully private
+    (eps=0, no private data) and the non-private (eps=inf) model that a method closes (POPri
+    abstract, section 5.2, Table 1)."""
+    den = acc_epsinf - acc_eps0
+    if den == 0:
+        return float("nan")
+    return (acc - acc_eps0) / den
+
+
+def read_per_client(path: str) -> list[dict]:
+    """Rows written by ``popri eval accuracy --per-client-out`` (validated, ids unique)."""
+    from popri.core.io import iter_jsonl
+
+    rows, seen = [], set()
+    for i, r in enumerate(iter_jsonl(path, required=PER_CLIENT_FIELDS[:3]), start=1):
+        for f in ("tokens", "correct"):
+            v = r[f]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise InputError("must be a non-negative number", path=path, line=i, field=f)
+        if r["correct"] > r["tokens"]:
+            raise InputError("exceeds 'tokens'", path=path, line=i, field="correct")
+        cid = str(r["client_id"])
+        if cid in seen:
+            raise InputError(f"duplicate client {cid!r}", path=path, line=i, field="client_id")
+        seen.add(cid)
+        rows.append(r)
+    if not rows:
+        raise InputError("no per-client rows", path=path)
+    return rows
+
+
+def micro_accuracy(rows: Sequence[dict]) -> float:
+    t = sum(float(r["tokens"]) for r in rows)
+    return sum(float(r["correct"]) for r in rows) / t if t else float("nan")
+
+
+def gap_from_files(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, seed: int = 0,
+                   allow_undefined: bool = False) -> dict:
+    """Gap closed on the clients common to three per-client files, with a paired bootstrap SE.
+    When eps=0 and eps=inf score the same the gap is undefined: an error, or with
+    ``allow_undefined`` a result whose ``gap_closed`` is None and ``undefined`` says why."""
+    tabs = [read_per_client(p) for p in (method, eps0, epsinf)]
+    ids = [{str(r["client_id"]) for r in t} for t in tabs]
+    if not (ids[0] == ids[1] == ids[2]):
+        raise InputError("per-client files cover different test clients (a paired comparison needs "
+                         f"the same ones): {len(ids[0])}, {len(ids[1])}, {len(ids[2])} clients",
+                         path=method, field="client_id")
+    accs = [micro_accuracy(t) for t in tabs]
+    if accs[2] == accs[1]:
+        why = "eps=inf and eps=0 accuracies are equal: the gap is undefined"
+        if not allow_undefined:
+            raise InputError(why, path=epsinf)
+        diff = paired_bootstrap(tabs[:2], lambda a, z: a - z, n_boot=n_boot, seed=seed)
+        return {"gap_closed": None, "gap_closed_se": None, "gap_closed_ci": None, "undefined": why,
+                "acc": accs[0], "acc_eps0": accs[1], "acc_epsinf": accs[2],
+                "acc_minus_eps0": diff["value"], "acc_minus_eps0_se": diff["se"],
+                "clients": diff["clients"], "bootstrap": int(n_boot), "seed": int(seed)}
+    b = paired_bootstrap(tabs, gap_closed, n_boot=n_boot, seed=seed)
+    diff = paired_bootstrap(tabs[:2], lambda a, z: a - z, n_boot=n_boot, seed=seed)
+    return {"gap_closed": b["value"], "gap_closed_se": b["se"], "gap_closed_ci": [b["ci_low"], b["ci_high"]],
+            "acc": accs[0], "acc_eps0": accs[1], "acc_epsinf": accs[2],
+            "acc_minus_eps0": diff["value"], "acc_minus_eps0_se": diff["se"],
+            "clients": b["clients"], "bootstrap": int(n_boot), "seed": int(seed)}
+
+
+# --------------------------------------------------------------------------- training
+def _check_val_not_test(src) -> None:
+    if isinstance(src, (str, os.PathLike)):
+        p = Path(src)
+        if p.is_file() and p.name == "test.jsonl" and (p.parent / "manifest.json").exists():
+            raise InputError("model selection must not look at the test split; give the dataset "
+                             "directory (its val split is used) or another file", path=str(src))
+
+
+def _prepare_out(out_dir: str, force: bool) -> Path:
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise InputError("output exists and is not empty (use --force to replace it)", path=str(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _commit_dir(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+
+
+def _better(m: dict, best: dict | None, select_by: str) -> bool:
+    if best is None:
+        return True
+    if select_by == "loss":
+        return m["val_loss"] < best["val_loss"]
+    return (m["val_accuracy"], -m["val_loss"]) > (best["val_accuracy"], -best["val_loss"])
+
+
+def train_downstream(train_records, *, model: str, out_dir: str, val_records=None,
+                     max_length: int = 64, lr: float = 2e-4, epochs: int = 3,
+                     batch_size: int = 160, micro_batch_size: int = 32, lora: bool = False,
+                     lora_r: int = 4, lora_alpha: int = 8, bf16: bool = True, seed: int = 0,
+                     max_steps: int | None = None, max_samples: int | None = None,
+                     max_val_samples: int | None = None, count_eos: bool = True,
+                     select_by: str = "accuracy", weight_decay: float = 0.01,
+                     eval_batch_size: int = 32, train_split: str = "train", force: bool = False,
+                     bos_token: str | None = None, eos_token: str | None = None,
+                     device: str | None = None) -> dict:
+    """Fine-tune ``model`` on the ``text`` of ``train_records`` with AdamW; after every epoch
+    evaluate on ``val_records`` with :func:`evaluate_next_token`; keep the best epoch (by
+    validation ``select_by``: accuracy, ties -> lower loss -> earlier; or loss) and save it
+    atomically to ``out_dir`` (full checkpoint, or the PEFT adapter with ``lora``) with
+    ``metrics.json``.  Without ``val_records`` the last epoch is kept."""
+    if select_by not in ("accuracy", "loss"):
+        raise ValueError("select_by must be 'accuracy' or 'loss'")
+    torch = runtime.configure_torch()
+    device = device or llm.default_device()
+    out = _prepare_out(out_dir, force)
+    _check_val_not_test(val_records)
+    recs, train_src = load_records(train_records, train_split, max_samples=max_samples)
+    if not recs:
+        raise InputError("no training records", path=train_src)
+    val, val_src = (load_records(val_records, "val", max_samples=max_val_samples)
+                    if val_records is not None else ([], None))
+    if val_records is not None and not val:
+        raise InputError("no validation records", path=val_src)
+
+    torch.manual_seed(seed)
+    m, tok = load_model(model, device=device)
+    if getattr(m, "peft_config", None):  # continue from an adapter: fold it in first
+        if lora:
+            raise InputError("--lora on top of an adapter checkpoint is not supported; give its "
+                             "base model, or train fully (--full)", path=str(model))
+        m = m.merge_and_unload()
+    base_model = str(model) if str(model) in llm.ALIASES else llm.resolve(str(model))
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        from popri.core.compat import config_kwargs
+
+        m = get_peft_model(m, LoraConfig(**config_kwargs(LoraConfig, dict(
+            r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules="all-linear",
+            task_type="CAUSAL_LM"))))
+    params = [p for p in m.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in params)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    # the checkpoint's tokenizer declares the START / EOS tokens it was trained with, so that
+    # evaluating it with the defaults uses the same sequences
+    start_id, eos_id = special_ids(tok, bos_token, eos_token)
+    pad = _pad_id(tok)  # before any EOS change: padding is masked anyway
+    tok.bos_token = tok.convert_ids_to_tokens(start_id)
+    if eos_id is not None:
+        tok.eos_token = tok.convert_ids_to_tokens(eos_id)
+    seqs = encode(tok, [r["text"] for r in recs], max_length)
+    rng = np.random.default_rng(seed)
+    steps_per_epoch = math.ceil(len(seqs) / batch_size)
+    log.info(f"train-downstream: {len(seqs)} samples from {train_src}, {steps_per_epoch} steps/epoch "
+             f"x {epochs} epochs, {'LoRA r=%d' % lora_r if lora else 'full'} ({n_trainable:,} "
+             f"trainable), lr {lr:g}, batch {batch_size}, bf16 {bf16}")
+
+    def val_metrics(desc):
+        r = evaluate_next_token(m, val, max_length=max_length, count_eos=count_eos,
+                                batch_size=eval_batch_size, bf16=bf16, tokenizer=tok, bootstrap=0,
+                                device=device, desc=desc)
+        return {"val_loss": r["loss"], "val_accuracy": r["accuracy"], "val_tokens": r["tokens"]}
+
+    initial = val_metrics("val (initial)") if val else None
+    if initial:
+        log.info(f"train-downstream: initial val accuracy {initial['val_accuracy']:.4f} "
+                 f"loss {initial['val_loss']:.4f}")
+    history, best, best_state, step = [], None, None, 0
+    for epoch in range(1, epochs + 1):
+        if max_steps is not None and step >= max_steps:
+            break
+        m.train()
+        perm = rng.permutation(len(seqs))
+        t0, ep_loss, ep_tok, ep_steps = time.perf_counter(), 0.0, 0, 0
+        with log.progress() as prog:
+            task = prog.add_task(f"epoch {epoch}", total=steps_per_epoch)
+            for s in range(0, len(perm), batch_size):
+                if max_steps is not None and step >= max_steps:
+                    break
+                chunk = [seqs[i] for i in perm[s:s + batch_size]]
+                n_tgt = count_targets(chunk, count_eos)
+                opt.zero_grad(set_to_none=True)
+                for u in range(0, len(chunk), micro_batch_size):
+                    micro = chunk[u:u + micro_batch_size]
+                    if count_targets(micro, count_eos) == 0:
+                        continue
+                    _, _, ce, loss_sum = token_stats(m, *make_batch(micro, pad, count_eos), bf16=bf16,
+                                                     device=device)
+                    (loss_sum / max(n_tgt, 1)).backward()
+                    ep_loss += float(ce.sum())
+                if n_tgt:
+                    opt.step()
+                ep_tok += n_tgt
+                ep_steps += 1
+                step += 1
+                prog.advance(task)
+        seconds = time.perf_counter() - t0  # logged, not stored: metrics.json stays reproducible
+        row = {"epoch": epoch, "steps": ep_steps, "train_loss": ep_loss / ep_tok if ep_tok else None,
+               "train_tokens": ep_tok}
+        if val:
+            row.update(val_metrics(f"val (epoch {epoch})"))
+        history.append(row)
+        msg = f"train-downstream: epoch {epoch} train loss {row['train_loss'] or float('nan'):.4f}"
+        if val:
+            msg += f", val accuracy {row['val_accuracy']:.4f} loss {row['val_loss']:.4f}"
+        log.info(msg + f" ({seconds:.1f}s, {seconds / max(ep_steps, 1):.2f}s/step)")
+        if not val or _better(row, best, select_by):
+            best = row
+            best_state = {n: p.detach().to("cpu", copy=True) for n, p in m.named_parameters()
+                          if p.requires_grad}
+    if best is None:
+        raise InputError("no training step ran (max_steps=0?)", path=train_src)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if n in best_state:
+                p.copy_(best_state[n].to(p.device))
+    metrics = {
+        "model": str(model), "base_model": base_model, "lora": bool(lora),
+        "lora_r": lora_r if lora else None, "lora_alpha": lora_alpha if lora else None,
+        "trainable_parameters": int(n_trainable), "train_source": train_src,
+        "val_source": val_src, "n_train": len(seqs), "n_val": len(val), "max_length": max_length,
+        "lr": lr, "weight_decay": weight_decay, "batch_size": batch_size,
+        "micro_batch_size": micro_batch_size, "epochs": epochs, "max_steps": max_steps,
+        "steps": step, "seed": seed, "bf16": bool(bf16), "count_eos": bool(count_eos),
+        "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+        "select_by": select_by if val else "last", "best_epoch": best["epoch"],
+        "initial": initial, "history": history,
+    }
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        m.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n",
+                                          encoding="utf-8")
+        _commit_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info(f"train-downstream: best epoch {best['epoch']} saved to {out}")
+    return {"checkpoint": str(out), "best_epoch": best["epoch"], "metrics": history,
+            "initial": initial, "lora": bool(lora)}

@@ -1,0 +1,472 @@
+"""Private Evolution's ``Variation`` API: mask-fill (PrE-Text) and LLM paraphrase (Aug-PE).
+
+    popri vary runs/pe/round1/survivors.jsonl --method mask-fill --seed 0 --round 2 --out pop2.jsonl
+    popri vary pop.jsonl --lookahead 4 --lookahead-out runs/pe/round1/lookahead.npy --out -
+    popri gen omega.jsonl -K 4 -J 2 | popri vary - --method paraphrase --variations 2
+
+mask-fill (PrE-Text section 3 (4), appendix D.2): a text is cut to ``max_tokens`` tokens of the
+masked LM's tokenizer; each step masks ``round(mask_ratio * L)`` (at least 1) of its L tokens,
+chosen uniformly, and fills every masked position from softmax(logits / temperature) with
+top-p; ``steps`` such steps (W_steps) give the variation.  Defaults RoBERTa-large, MASK% 30 %,
+W_steps 2, top-p 1.0, temperature 1.0.  Token ids are carried from step to step (no decode in
+between, as PrE-Text's code); special tokens are never drawn.  ``fill='parallel'`` fills all masks
+of a step from one forward pass (positions sampled independently, as Aug-PE's MLM variation);
+``'sequential'`` fills them one per forward pass in random order, each conditioned on those
+already filled (PrE-Text's reference ``variation.py``; ~MASK% x L times the forward passes).
+
+paraphrase (Aug-PE's rephrase variation): a causal LLM rewrites the text from a rephrase prompt,
+through :func:`popri.models.generation.generate` (batched, per-sample seeds, cleaned, truncated to
+``max_tokens``, degenerate ones regenerated up to ``max_retries`` times, then kept and flagged).
+
+Every variation k of parent i is seeded from (seed, i, k) only, so the first V of K variations
+are the same whether K or V were asked for (lookahead re-uses them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from popri.models import generation
+from popri.core import log, runtime
+from popri.core.errors import InputError, MissingResourceError
+
+METHODS = ("mask-fill", "paraphrase")
+FILL_MODES = ("parallel", "sequential")
+MLM_DEFAULT = "roberta-large"       # PrE-Text section 4 / D.2
+PARAPHRASE_DEFAULT = "smollm2-135m"  # the offline causal LM (popri.models.llm)
+# Aug-PE's HF rephrase prompt ("Please rephrase the following sentences ...:\n{text} \n") made
+# explicit about meaning and style; the model writes after "Rephrased text:".
+PARAPHRASE_TEMPLATE = ("Please rephrase the following text, keeping its meaning and style:\n"
+                       "Text: {text}\nRephrased text:")
+PARAPHRASE_CHAT = ("Rephrase the following text, keeping its meaning and style. Reply with the "
+                   "rephrased text only.\n\n{text}")
+PARAPHRASE_MARKER = "\n\n"  # a paraphrase is one paragraph: cut (and stop) at a blank line
+# a chat reply's lead-in ("Here's the rephrased text:", "A revised version:"), dropped
+_PREAMBLE = re.compile(r"^\s*(?:(?:sure|certainly|of course)\b[^:\n]{0,20}?[,.!]\s*)?"
+                       r"(?:here(?:'s| is)\b[^:\n]{0,60}|[^:\n]{0,40}\b(?:rephras|paraphras|"
+                       r"revis|rewrit|reword)\w*[^:\n]{0,40}):\s*", re.IGNORECASE)
+_TAG = 0x5641  # separates mask-fill seed streams from generation's
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    msg = " ".join(str(e).split()) or type(e).__name__
+    return f"{type(e).__name__}: {msg[:limit]}"
+
+
+# --------------------------------------------------------------------------- mask-fill
+def _hub_host() -> tuple[str, int]:
+    import os
+    from urllib.parse import urlparse
+
+    u = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    return u.hostname or "huggingface.co", u.port or (80 if u.scheme == "http" else 443)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A TCP connection to the hub within ``timeout`` s (or a proxy is configured).  Without
+    this probe an offline hub download spends ~1 minute in huggingface_hub's retries before the
+    fallback can start."""
+    import os
+    import socket
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    try:
+        socket.create_connection(_hub_host(), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def load_masked_lm(name: str, *, dtype: str = "float32", device: str | None = None):
+    """(model, tokenizer) of a masked LM: a local checkpoint directory or a hub id (the local
+    hub cache first, then the network unless ``HF_HUB_OFFLINE``).  MissingResourceError if it
+    cannot be loaded or has no mask token."""
+    import os
+
+    torch = runtime.configure_torch()
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from popri.core.compat import dtype_kwargs
+
+    hf_logging.disable_progress_bar()
+    p = Path(name).expanduser()
+    path = str(p.resolve()) if p.exists() else name
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    if not p.exists() and name.startswith(("/", "./", "../", "~")):
+        raise MissingResourceError(f"cannot load masked LM {name!r}: no such directory")
+    offline = p.exists() or os.environ.get("HF_HUB_OFFLINE") not in (None, "", "0")
+
+    def attempt(local: bool):
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=local)
+        return AutoModelForMaskedLM.from_pretrained(path, **dtype_kwargs(torch_dtype),
+                                                    local_files_only=local), tok
+
+    try:  # a local directory, or the local hub cache
+        model, tok = attempt(True)
+    except Exception as e:  # not there / not an MLM checkpoint
+        if offline:
+            raise MissingResourceError(f"cannot load masked LM {name!r}: {_one_line(e)}") from None
+        if not hub_reachable():
+            raise MissingResourceError(
+                f"cannot load masked LM {name!r}: not in the local Hugging Face cache and the hub "
+                f"({_hub_host()[0]}) is unreachable") from None
+        try:
+            model, tok = attempt(False)
+        except Exception as e2:
+            raise MissingResourceError(f"cannot load masked LM {name!r}: {_one_line(e2)}") from None
+    if tok.mask_token_id is None:
+        raise MissingResourceError(f"{name!r} has no mask token: not a masked language model")
+    if device:
+        model = model.to(device)
+    model.eval()
+    return model, tok
+
+
+def mask_count(n_tokens: int, mask_ratio: float) -> int:
+    """MASK% of the tokens, rounded half up, at least one (none of an empty text)."""
+    if n_tokens <= 0:
+        return 0
+    return min(n_tokens, max(1, math.floor(mask_ratio * n_tokens + 0.5)))
+
+
+class MaskFiller:
+    """Mask-and-fill steps with a masked LM, batched; one seed stream per (parent, variation)."""
+
+    def __init__(self, model: str, *, device: str | None = None, bf16: bool = True,
+                 model_obj=None, tokenizer_obj=None):
+        from popri.models import llm
+
+        self.torch = runtime.configure_torch()
+        if model_obj is None:
+            self.device = device or llm.default_device()
+            dtype = "bfloat16" if bf16 and self.device.startswith("cuda") else "float32"
+            model_obj, tokenizer_obj = load_masked_lm(model, dtype=dtype, device=self.device)
+        else:
+            self.device = str(getattr(model_obj, "device", device or "cpu"))
+        self.model, self.tok = model_obj, tokenizer_obj
+        self.autocast = bf16 and not self.device.startswith("cuda")
+        tok = self.tok
+        if tok.mask_token_id is None:
+            raise MissingResourceError(f"{model!r} has no mask token: not a masked language model")
+        first = tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id
+        last = tok.sep_token_id if tok.sep_token_id is not None else tok.eos_token_id
+        self.prefix = [first] if first is not None else []
+        self.suffix = [last] if last is not None else []
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        head_out = self.model.get_output_embeddings()
+        vocab = int(head_out.weight.shape[0]) if head_out is not None else len(tok)
+        self.banned = sorted({int(i) for i in tok.all_special_ids if i is not None and i < vocab})
+        self.n_tok = len(tok)  # a padded output vocabulary's extra rows are never drawn
+        limits = (getattr(tok, "model_max_length", None),
+                  getattr(self.model.config, "max_position_embeddings", None), 10**6)
+        self.max_len = int(min(x for x in limits if x)) - len(self.prefix) - len(self.suffix)
+        # heads that act per position (RoBERTa's lm_head, BERT's cls): logits at the masked
+        # positions only, not [batch, length, vocab]
+        base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), None)
+        head = next((h for h in (getattr(self.model, n, None) for n in ("lm_head", "cls"))
+                     if isinstance(h, self.torch.nn.Module)), None)
+        self.split_head = (base, head) if base is not None and head is not None else None
+
+    # ---- text <-> ids
+    def encode(self, texts: Sequence[str], max_tokens: int) -> list[list[int]]:
+        """Token ids without special tokens, cut to ``max_tokens`` (and the model's length)."""
+        from popri.data.tokenize import hf_counter, prefix_for_tokens
+
+        limit = max(1, min(int(max_tokens), self.max_len))
+        count = hf_counter(self.tok)  # a long text is cut first (same ids: see prefix_for_tokens)
+        texts = [prefix_for_tokens(generation.normalise_ws(t), limit, count) for t in texts]
+        if not texts:
+            return []
+        ids = self.tok(texts, add_special_tokens=False)["input_ids"]
+        return [list(x[:limit]) for x in ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return generation.normalise_ws(self.tok.decode(list(ids), skip_special_tokens=True))
+
+    # ---- model
+    def logits_at(self, input_ids, attention_mask, rows, cols):
+        """float32 logits [len(rows), vocab] at (rows, cols) of the batch."""
+        from popri.models import llm
+
+        torch = self.torch
+        with torch.inference_mode(), llm.autocast(self.device, self.autocast):
+            if self.split_head is not None:
+                base, head = self.split_head
+                hidden = base(input_ids=input_ids, attention_mask=attention_mask)[0]
+                logits = head(hidden[rows, cols])
+            else:
+                logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+                logits = logits[rows, cols]
+        return logits.float()
+
+    def _sample(self, logits, temperature: float, top_p: float, seeds: list[int]):
+        logits[:, self.banned] = float("-inf")
+        logits[:, self.n_tok:] = float("-inf")
+        if temperature == 0:
+            return logits.argmax(-1)
+        sampler = generation.RowSampler(temperature, top_p, seeds, logits.device)
+        return sampler(None, logits).argmax(-1)
+
+    def fill_step(self, seqs: list[list[int]], keys: Sequence[tuple[int, int]], *, seed: int,
+                  step: int, mask_ratio: float, temperature: float = 1.0, top_p: float = 1.0,
+                  fill: str = "parallel", batch_size: int = 16, tick=None):
+        """One step for every sequence: mask ``mask_count(L)`` positions (chosen with the
+        generator of (seed, key, step)), fill them.  Returns (new sequences, masked positions)."""
+        if fill not in FILL_MODES:
+            raise ValueError(f"fill must be one of {FILL_MODES}")
+        torch = self.torch
+        positions = []
+        for s, key in zip(seqs, keys):
+            rng = np.random.default_rng([int(seed), *map(int, key), int(step), _TAG])
+            n = mask_count(len(s), mask_ratio)
+            positions.append([int(p) for p in rng.permutation(len(s))[:n]])
+        new = [list(s) for s in seqs]
+        order = sorted(range(len(seqs)), key=lambda i: (len(seqs[i]), i))  # similar lengths batch
+        off = len(self.prefix)
+        for b in range(0, len(order), batch_size):
+            idx = [i for i in order[b:b + batch_size] if positions[i]]
+            if not idx:
+                if tick:
+                    tick(len(order[b:b + batch_size]))
+                continue
+            width = max(len(seqs[i]) for i in idx) + off + len(self.suffix)
+            ids = torch.full((len(idx), width), self.pad, dtype=torch.long)
+            attn = torch.zeros((len(idx), width), dtype=torch.long)
+            for r, i in enumerate(idx):
+                row = self.prefix + seqs[i] + self.suffix
+                ids[r, :len(row)] = torch.tensor(row)
+                attn[r, :len(row)] = 1
+                ids[r, [off + p for p in positions[i]]] = self.tok.mask_token_id
+            if fill == "parallel":
+                groups = [[(r, p) for r, i in enumerate(idx) for p in positions[i]]]
+            else:  # PrE-Text's order: all masked, then one fill per forward pass
+                most = max(len(positions[i]) for i in idx)
+                groups = [[(r, positions[i][j]) for r, i in enumerate(idx) if len(positions[i]) > j]
+                          for j in range(most)]
+            ids, attn = ids.to(self.model.device), attn.to(self.model.device)
+            for group in groups:
+                rows = torch.tensor([r for r, _ in group], device=ids.device)
+                cols = torch.tensor([off + p for _, p in group], device=ids.device)
+                seeds = [generation.derive_seed(seed, *keys[idx[r]], step, p, _TAG)
+                         for r, p in group]
+                logits = self.logits_at(ids, attn, rows, cols).clone()  # a normal tensor
+                ids[rows, cols] = self._sample(logits, temperature, top_p, seeds).to(ids.dtype)
+            got = ids.cpu()
+            for r, i in enumerate(idx):
+                new[i] = got[r, off:off + len(seqs[i])].tolist()
+            if tick:
+                tick(len(order[b:b + batch_size]))
+        return new, positions
+
+
+def mask_fill(texts: Sequence[str], *, model: str = MLM_DEFAULT, n_per: int = 1, seed: int = 0,
+              mask_ratio: float = 0.3, steps: int = 2, temperature: float = 1.0,
+              top_p: float = 1.0, max_tokens: int = 64, fill: str = "parallel",
+              batch_size: int = 16, bf16: bool = True, device: str | None = None,
+              filler: MaskFiller | None = None) -> tuple[list[list[str]], dict]:
+    """``n_per`` mask-fill variations of each text -> (texts[i][k], stats)."""
+    t0 = time.perf_counter()
+    filler = filler or MaskFiller(model, device=device, bf16=bf16)
+    load_s = time.perf_counter() - t0
+    enc = filler.encode(texts, max_tokens)
+    jobs = [(i, k) for i in range(len(texts)) for k in range(n_per)]
+    seqs = [enc[i] for i, _ in jobs]
+    masked = changed = 0
+    t1 = time.perf_counter()
+    with log.progress() as prog:
+        task = prog.add_task("mask-fill", total=len(jobs) * steps)
+        for s in range(steps):
+            before = seqs
+            seqs, pos = filler.fill_step(seqs, jobs, seed=seed, step=s, mask_ratio=mask_ratio,
+                                         temperature=temperature, top_p=top_p, fill=fill,
+                                         batch_size=batch_size,
+                                         tick=lambda n: prog.advance(task, n))
+            masked += sum(map(len, pos))
+            changed += sum(a != b for x, y in zip(before, seqs) for a, b in zip(x, y))
+    out: list[list[str]] = [[""] * n_per for _ in texts]
+    for (i, k), s in zip(jobs, seqs):
+        out[i][k] = filler.decode(s)
+    secs = time.perf_counter() - t1
+    stats = {"masked_tokens": masked, "changed_tokens": changed,
+             "input_tokens": int(sum(len(e) for e in enc)), "load_seconds": round(load_s, 3),
+             "seconds": round(secs, 3), "fill": fill}
+    return out, stats
+
+
+# --------------------------------------------------------------------------- paraphrase
+def check_paraphrase_template(template: str) -> None:
+    try:
+        fields = generation.template_fields(template)
+    except ValueError as e:
+        raise InputError(f"malformed template ({e}); write literal braces as {{{{ and }}}}",
+                         field="template") from None
+    bad = sorted(set(fields) - {"text"})
+    if bad:
+        raise InputError(f"unknown placeholder {{{bad[0]}}}: the only one is {{text}}",
+                         field="template")
+    if "text" not in fields:
+        raise InputError("the template must contain {text}", field="template")
+
+
+def strip_preamble(text: str) -> str:
+    """Drop a lead-in such as "Here's the rephrased text:" when text follows it."""
+    rest = _PREAMBLE.sub("", text, count=1)
+    return rest if rest.strip() else text
+
+
+def clean_paraphrase(raw: str, tokenizer, max_tokens: int, marker: str) -> str:
+    """Lead-in dropped, cut at the first blank line (one paragraph), whitespace-normalised,
+    truncated to ``max_tokens`` tokens (generation's cleaning)."""
+    text = strip_preamble(raw.strip())
+    text = text.split(PARAPHRASE_MARKER, 1)[0]
+    return generation.clean_generation(text, tokenizer, max_tokens, marker)
+
+
+def paraphrase_prompts(texts: Sequence[str], template: str | None = None, *,
+                       chat_tokenizer=None) -> list[dict]:
+    """One prompt per text (``generation.generate``'s prompt records).  With ``chat_tokenizer``
+    the (user message) template goes through that tokenizer's chat template."""
+    out = []
+    for i, t in enumerate(texts):
+        t = generation.normalise_ws(t)
+        if chat_tokenizer is not None:
+            msg = (template or PARAPHRASE_CHAT).format(text=t)
+            prompt = chat_tokenizer.apply_chat_template([{"role": "user", "content": msg}],
+                                                        tokenize=False, add_generation_prompt=True)
+        else:
+            prompt = (template or PARAPHRASE_TEMPLATE).format(text=t)
+        out.append({"prompt_id": i, "prompt": prompt, "example_texts": [t]})
+    return out
+
+
+def paraphrase(texts: Sequence[str], *, model: str = PARAPHRASE_DEFAULT, adapter: str | None = None,
+               n_per: int = 1, seed: int = 0, template: str | None = None,
+               chat: bool | None = None, temperature: float = 1.0, top_p: float = 1.0,
+               max_new_tokens: int = 85, max_tokens: int = 64, min_words: int = 3,
+               max_retries: int = 2, batch_size: int = 16, bf16: bool = True,
+               device: str | None = None, model_obj=None,
+               tokenizer_obj=None) -> tuple[list[list[str]], list[list[bool]], dict]:
+    """``n_per`` LLM paraphrases of each text -> (texts[i][k], degenerate[i][k], stats).
+
+    ``chat`` None: the chat template when the tokenizer has one (SmolLM2-135M-Instruct
+    paraphrased better so), else the plain template.  A chat reply runs to the end of the turn
+    (EOS); a plain one stops at a blank line.  Sample k of text i is drawn with the generator
+    seeded from (seed, attempt, i, k) (generation's seeding); a paraphrase equal to its text, or
+    whose first 8 words are in the prompt, is a copy and regenerated like other degenerate ones."""
+    from popri.models import llm
+
+    tok = tokenizer_obj or llm.load_tokenizer(model)
+    has_chat = bool(getattr(tok, "chat_template", None))
+    if chat and not has_chat:
+        raise InputError(f"{model!r} has no chat template; use the plain prompt (--no-chat)",
+                         field="chat")
+    use_chat = has_chat if chat is None else bool(chat)
+    prompts = paraphrase_prompts(texts, template, chat_tokenizer=tok if use_chat else None)
+    marker = (tok.eos_token or PARAPHRASE_MARKER) if use_chat else PARAPHRASE_MARKER
+    recs, st = generation.generate(
+        prompts, model=model, adapter=adapter, samples_per_prompt=n_per, temperature=temperature,
+        top_p=top_p, max_new_tokens=max_new_tokens, max_tokens=max_tokens, min_words=min_words,
+        max_retries=max_retries, batch_size=batch_size, seed=seed, bf16=bf16, device=device,
+        model_obj=model_obj, tokenizer_obj=tok, marker=marker, clean=clean_paraphrase)
+    out = [[""] * n_per for _ in texts]
+    bad = [[False] * n_per for _ in texts]
+    for r in recs:
+        out[r["prompt_id"]][r["sample_idx"]] = r["text"]
+        bad[r["prompt_id"]][r["sample_idx"]] = bool(r.get("degenerate"))
+    keep = ("generated", "regenerated", "degenerate_first_pass", "degenerate_first_pass_reasons",
+            "kept_degenerate", "kept_degenerate_reasons", "generated_tokens", "seconds",
+            "load_seconds", "tokens_per_s")
+    return out, bad, {"prompt_format": "chat" if use_chat else "plain", **{k: st[k] for k in keep}}
+
+
+# --------------------------------------------------------------------------- driver
+def vary(texts: Sequence[str], *, method: str = "mask-fill", model: str | None = None,
+         n_per: int = 1, seed: int = 0, fallback: bool = True,
+         fallback_model: str = PARAPHRASE_DEFAULT, mask_ratio: float = 0.3, steps: int = 2,
+         fill: str = "parallel", temperature: float = 1.0, top_p: float = 1.0,
+         max_tokens: int = 64, max_new_tokens: int = 85, min_words: int = 3,
+         max_retries: int = 2, template: str | None = None, chat: bool | None = None,
+         adapter: str | None = None, batch_size: int = 16, bf16: bool = True,
+         device: str | None = None) -> dict:
+    """``n_per`` variations of each text by ``method``; a mask-fill whose MLM cannot be loaded
+    falls back to paraphrase with ``fallback_model`` (warned) unless ``fallback`` is False.
+
+    Returns ``{"texts": [[str]], "degenerate": [[bool]], "method", "model", "adapter", "stats"}``
+    where method/model/adapter are the ones that actually ran."""
+    if method not in METHODS:
+        raise InputError(f"unknown method {method!r}; one of {', '.join(METHODS)}", field="method")
+    if n_per < 1 or steps < 1 or max_tokens < 1 or batch_size < 1:
+        raise ValueError("n_per, steps, max_tokens and batch_size must be >= 1")
+    if not 0 < mask_ratio <= 1 or temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError("mask_ratio and top_p must be in (0, 1], temperature >= 0")
+    model = model or (MLM_DEFAULT if method == "mask-fill" else PARAPHRASE_DEFAULT)
+    stats: dict = {"method_requested": method, "fallback": None}
+    if method == "mask-fill":
+        t0 = time.perf_counter()
+        try:
+            filler = MaskFiller(model, device=device, bf16=bf16)
+        except MissingResourceError as e:
+            if not fallback:
+                raise MissingResourceError(f"{e} (and --no-fallback forbids the paraphrase "
+                                           "fallback)") from None
+            log.warn(f"vary: {e}; falling back to --method paraphrase with {fallback_model!r}")
+            stats["fallback"] = {"from_method": "mask-fill", "from_model": model,
+                                 "reason": str(e), "to_model": fallback_model}
+            method, model = "paraphrase", fallback_model
+        else:
+            load_s = time.perf_counter() - t0
+            out, st = mask_fill(texts, model=model, n_per=n_per, seed=seed, mask_ratio=mask_ratio,
+                                steps=steps, temperature=temperature, top_p=top_p,
+                                max_tokens=max_tokens, fill=fill, batch_size=batch_size,
+                                filler=filler)
+            stats.update(st, load_seconds=round(load_s, 3))
+            return {"texts": out, "degenerate": [[False] * n_per for _ in texts],
+                    "method": "mask-fill", "model": model, "adapter": None, "stats": stats}
+    if stats["fallback"]:
+        adapter = None  # an adapter belongs to a paraphrase --model, not to the fallback
+    out, bad, st = paraphrase(texts, model=model, adapter=adapter, n_per=n_per, seed=seed,
+                              template=template, chat=chat, temperature=temperature, top_p=top_p,
+                              max_new_tokens=max_new_tokens, max_tokens=max_tokens,
+                              min_words=min_words, max_retries=max_retries,
+                              batch_size=batch_size, bf16=bf16, device=device)
+    stats.update(st)
+    return {"texts": out, "degenerate": bad, "method": "paraphrase", "model": model,
+            "adapter": adapter, "stats": stats}
+
+
+def lookahead_means(texts: Sequence[Sequence[str]], k: int, *, embedder: str | None = None,
+                    batch_size: int = 64) -> np.ndarray:
+    """PrE-Text's lookahead: the mean of the embeddings of the first ``k`` variations of each
+    parent, float32 [n, d] (of L2-normalised embeddings; the mean itself is not normalised)."""
+    from popri.models.embed import embed_texts
+
+    flat = [t for row in texts for t in row[:k]]
+    if any(len(row) < k for row in texts):
+        raise ValueError(f"every parent needs {k} variations")
+    emb = embed_texts(flat, embedder, normalize=True, batch_size=batch_size,
+                      desc="embed lookahead")
+    return emb.reshape(len(texts), k, -1).mean(axis=1, dtype=np.float64).astype(np.float32)
+
+
+def variation_rows(ids: Sequence, result: dict, variations: int, round: int) -> list[dict]:
+    """Output rows, parent by parent: ``{"id": "<parent>-v<k>", "parent_id", "round",
+    "variation_idx", "text", "method", "model"}`` (+ adapter, + ``"degenerate": true``)."""
+    rows = []
+    for pid, texts, bad in zip(ids, result["texts"], result["degenerate"]):
+        for k in range(variations):
+            r = {"id": f"{pid}-v{k}", "parent_id": pid, "round": int(round), "variation_idx": k,
+                 "text": texts[k], "method": result["method"], "model": result["model"]}
+            if result.get("adapter"):
+                r["adapter"] = str(result["adapter"])
+            if bad[k]:
+                r["degenerate"] = True
+            rows.append(r)
+    return rows

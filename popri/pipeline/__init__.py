@@ -1,0 +1,2 @@
+"""``popri run``: the config (``config``), cached stages (``stages``), method recipes and the
+driver (``driver``)."""

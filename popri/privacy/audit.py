@@ -1,0 +1,512 @@
+"""Empirical privacy audit of one release: a lower bound on epsilon by replaying the mechanism.
+
+    popri audit release --mechanism cosine -z 1 --trials 10000
+    popri audit release --mechanism nn-histogram -z 2 --trials 10000 --json
+    popri audit release --mechanism fred --epsilon 0.9 --delta 1e-5 --trials 10000
+    popri audit release --mechanism cosine -z 1 --trials 10000 --break half-noise   # exit 1
+    python -m pytest -q tests/test_audit.py
+
+Differential privacy is a claim about two neighbouring datasets D and D' = D + one record: no
+test that sees one output can tell them apart with false-positive rate FPR and false-negative
+rate FNR unless FNR >= 1 - delta - e^eps FPR and FPR >= 1 - delta - e^eps FNR.  Running the
+mechanism many times on D and on D' and measuring one test's error rates therefore gives a
+lower bound on the epsilon the mechanism really has (Jagielski, Ullman, Oprea, "Auditing
+differentially private machine learning: how private is private SGD?", NeurIPS 2020)::
+
+    eps_lb = max(log((1 - delta - FNR_hi) / FPR_hi), log((1 - delta - FPR_hi) / FNR_hi))
+
+with FPR_hi, FNR_hi Clopper-Pearson upper confidence bounds of the measured rates.  If eps_lb
+exceeds the epsilon the ledger claims, the claim is false (with the stated confidence).
+
+What is replayed.  Nothing is re-implemented: every trial calls the library's own release code
+with research-mode seeded noise (one seed per trial and world, from ``--seed``), on a small
+random private set (``--clients`` N, ``--dim`` d, ``--synthetic`` n samples; everyone takes part,
+q = 1) without (D) and with (D') one worst-case canary record (Nasr, Song, Thakurta, Papernot,
+Carlini, "Adversary instantiation: lower bounds for differentially private machine learning",
+IEEE S&P 2021: the canary is the record whose contribution after clipping is largest):
+
+- cosine (:func:`popri.feedback.scoring.cosine_round` + :func:`~popri.feedback.scoring.finish`, the
+  mean): the canary client's private embeddings equal synthetic sample 0, so its standardised
+  score vector has norm sqrt(n) (10 C at n = 100, C = 1) and the clip must cut it to C.
+- nn-histogram (:func:`popri.feedback.scoring.histogram_round`, sum, threshold 0): the canary client
+  holds 10 M copies of a synthetic sample placed far from every other one; the per-client cap
+  (:func:`popri.feedback.scoring.cap_per_client`) must keep M of its votes.
+- fred (:func:`popri.methods.fred.stats.release`, release 1 = the noisy sum behind the mean, whose
+  epsilon is the ``--epsilon`` each release claims): a canary record (one sample, or at
+  ``--level user`` a client with 10 m identical samples) at norm 10 c along e_1; replace-one:
+  D holds it at -10 c e_1, add-remove: D lacks it.
+
+``--dataset adversarial`` lets the adversary pick D too (Nasr et al. 2021): every other record
+mirrors the canary (cosine: the opposite embedding; nn-histogram: votes for the canary's sample;
+fred: -e_1).  This exposes that the cosine release divides its sum by the exact number of
+participating clients (private under add/remove neighbours): with every other client opposite
+the canary, D and D' differ by about 2 C, and the audit of the real mechanism fails
+(``popri audit release --mechanism cosine -z 1 --trials 10000 --dataset adversarial``).
+
+The noise of cosine and nn-histogram is drawn once on the sum (``noisy_sum``), so one library
+call runs all trials: its noise source returns each trial's draw, from that trial's own seeded
+stream, stacked.  FreD is called once per trial (``--clients`` defaults to 3 records there).
+
+The attack.  The attacker knows D, the canary and the mechanism, so it knows both expected
+outputs mu_0, mu_1 (the mechanism replayed with z = 0, or with a zero noise source); its statistic
+is the projection <out - mu_0, mu_1 - mu_0> / |mu_1 - mu_0|, the likelihood-ratio test for
+Gaussian noise (Neyman-Pearson).  The threshold is chosen on the first half of the trials of each
+world (:func:`best_threshold`), FPR and FNR are measured on the second half, so the bounds are
+not flattered by the choice.
+
+Two bounds, each at confidence 1 - alpha/2 (Bonferroni; alpha = 1 - --confidence, so a mechanism
+that keeps its claim is flagged with probability <= alpha):
+
+- ``epsilon_lower_bound``: the formula above; each rate's upper bound at tail alpha/4.  "ci" is
+  the interval from the two-sided Clopper-Pearson intervals of both rates (tails alpha/4 each, so
+  it holds with >= 1 - alpha); its lower end is the bound.
+- ``mu_lower_bound`` (Nasr, Hayes, Steinke, Balle, Tramer, Jagielski, Carlini, Terzis, "Tight
+  auditing of differentially private machine learning", USENIX Security 2023): a mechanism that is
+  mu-GDP (Dong, Roth, Su 2022) has FNR >= Phi(Phi^-1(1 - FPR) - mu) for every test, so
+  mu >= Phi^-1(1 - FPR_hi) - Phi^-1(FNR_hi).  A Gaussian release with noise multiplier z on its
+  sensitivity (what every stage here claims to be, at q = 1) is exactly 1/z-GDP, and the accountants derive the
+  ledger's epsilon from that z, so this bound tests the ledger's z itself, and is far tighter than
+  the (eps, delta) formula at small delta.  ``gdp_epsilon`` is epsilon(delta) of mu_lb-GDP; it
+  exceeds the claimed epsilon only if mu_lb > 1/z (the claim is at least the exact epsilon of a
+  1/z Gaussian), so flagging on it is sound.
+
+Verdict "violation" (exit status 1, one line per bound) when epsilon_lower_bound or gdp_epsilon
+exceeds the claimed epsilon.  The claim of a cosine / nn-histogram release is
+``popri.privacy.accounting.epsilon(z, 1, 1, delta, accountant)`` (what the ledger entry is
+worth); FreD's is its ``--epsilon`` per release (with ``-z``: the same accountant formula).
+
+Deliberately broken mechanisms (``--break``), built here by wrapping the library for the duration
+of the audit only: ``no-clip`` (cosine: clip norm ignored, the canary contributes sqrt(n) = 10 C;
+nn-histogram: per-client cap off, 10 M votes; fred: clip_rows is the identity, 10 c) and
+``half-noise`` (the noise multiplier passed to the mechanism is z / 2, the claim stays at z).
+A sound audit flags both.  Not covered: client subsampling (q < 1), several rounds, release mode
+(discrete Gaussian from os.urandom is not seedable; its claim is the same z), and one-run
+auditing (Steinke, Nasr, Jagielski, "Privacy auditing with one (1) training run", NeurIPS 2023),
+which needs many canaries in one release instead of many releases.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+MECHANISMS = ("cosine", "nn-histogram", "fred")
+BREAKS = ("no-clip", "half-noise")
+CANARY_FACTOR = 10  # the canary brings this many times the sensitivity before clip / cap
+DEFAULT_CLIENTS = {"cosine": 20, "nn-histogram": 20, "fred": 3}
+TRAIN_TAIL = 1e-3  # Clopper-Pearson tail used to pick the threshold on the training half
+FAR = 50.0  # nn-histogram: distance of the canary's synthetic sample (others ~ N(0, I_d))
+
+
+# --------------------------------------------------------------------------- statistics
+def clopper_pearson(k, n, alpha: float = 0.05):
+    """Two-sided Clopper-Pearson interval (lo, hi) of a binomial rate, k successes of n, at level
+    1 - alpha (each tail alpha / 2).  Vectorised over k; lo = 0 at k = 0, hi = 1 at k = n."""
+    from scipy.stats import beta
+
+    k = np.asarray(k, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        lo = np.where(k > 0, beta.ppf(alpha / 2, np.maximum(k, 1), n - k + 1), 0.0)
+        hi = np.where(k < n, beta.ppf(1 - alpha / 2, k + 1, np.maximum(n - k, 1)), 1.0)
+    if lo.ndim == 0:
+        return float(lo), float(hi)
+    return lo, hi
+
+
+def epsilon_from_rates(fpr, fnr, delta: float):
+    """max(log((1 - delta - FNR) / FPR), log((1 - delta - FPR) / FNR)), at least 0 (vectorised)."""
+    fpr, fnr = np.asarray(fpr, dtype=np.float64), np.asarray(fnr, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(1 - delta - fnr > 0, np.log(np.maximum(1 - delta - fnr, 1e-300)) - np.log(fpr),
+                     -np.inf)
+        b = np.where(1 - delta - fpr > 0, np.log(np.maximum(1 - delta - fpr, 1e-300)) - np.log(fnr),
+                     -np.inf)
+    e = np.maximum(np.maximum(a, b), 0.0)
+    return float(e) if e.ndim == 0 else e
+
+
+def mu_from_rates(fpr, fnr):
+    """Phi^-1(1 - FPR) - Phi^-1(FNR), at least 0: the smallest mu of a mu-GDP mechanism that has
+    a test with these rates (vectorised)."""
+    from scipy.special import ndtri
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        m = np.maximum(-ndtri(np.asarray(fpr, dtype=np.float64))
+                       - ndtri(np.asarray(fnr, dtype=np.float64)), 0.0)
+    m = np.where(np.isnan(m), 0.0, m)
+    return float(m) if m.ndim == 0 else m
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """epsilon at ``delta`` of a mu-GDP mechanism (= a Gaussian mechanism with multiplier 1/mu):
+    the root of Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) = delta (Balle & Wang 2018)."""
+    from scipy.optimize import brentq
+
+    from popri.methods.fred.stats import gaussian_log_delta
+
+    if not mu > 0:
+        return 0.0
+    if not math.isfinite(mu):
+        return math.inf
+    z, target = 1.0 / mu, math.log(delta)
+    f = lambda e: gaussian_log_delta(z, e) - target  # noqa: E731  (decreasing in e)
+    if f(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while f(hi) > 0:
+        hi *= 2.0
+        if hi > 1e6:
+            return math.inf
+    return float(brentq(f, 0.0, hi, xtol=1e-12, rtol=1e-12))
+
+
+def _counts(s0: np.ndarray, s1: np.ndarray, t) -> tuple[np.ndarray, np.ndarray]:
+    """Errors of the test "D' iff statistic > t": false positives among s0, false negatives
+    among s1 (``t`` scalar or array)."""
+    a0, a1 = np.sort(s0), np.sort(s1)
+    fp = len(a0) - np.searchsorted(a0, t, side="right")
+    fn = np.searchsorted(a1, t, side="right")
+    return fp, fn
+
+
+def best_threshold(s0: np.ndarray, s1: np.ndarray, bound, alpha: float = 2 * TRAIN_TAIL) -> float:
+    """The threshold (among the observed statistics) whose ``bound(FPR_hi, FNR_hi)`` is largest on
+    this (training) sample; upper bounds are Clopper-Pearson at tail alpha / 2.
+
+    The default tail, TRAIN_TAIL = 1e-3, is stricter than the test's: it discounts thresholds
+    whose training rates rest on a handful of errors, which otherwise win the maximum by luck
+    (the winner's curse) and do poorly on the test half."""
+    cand = np.unique(np.concatenate([s0, s1]))
+    fp, fn = _counts(s0, s1, cand)
+    fpr_hi = clopper_pearson(fp, len(s0), alpha)[1]
+    fnr_hi = clopper_pearson(fn, len(s1), alpha)[1]
+    return float(cand[int(np.argmax(bound(fpr_hi, fnr_hi)))])
+
+
+def audit_statistics(stat0, stat1, *, delta: float, confidence: float = 0.95) -> dict:
+    """Threshold on the first half of each world's trials, rates and bounds on the second half.
+
+    Returns the epsilon bound (with its interval), the GDP bound and the test's rates; see the
+    module docstring for the confidence levels."""
+    s0, s1 = np.asarray(stat0, dtype=np.float64), np.asarray(stat1, dtype=np.float64)
+    h0, h1 = len(s0) // 2, len(s1) // 2
+    tr0, te0, tr1, te1 = s0[:h0], s0[h0:], s1[:h1], s1[h1:]
+    alpha = 1.0 - confidence
+    a = alpha / 2  # per bound; per rate: two-sided at level 1 - a (tails a / 2)
+
+    t_eps = best_threshold(tr0, tr1, lambda f, g: epsilon_from_rates(f, g, delta))
+    fp, fn = (int(x) for x in _counts(te0, te1, t_eps))
+    fpr_lo, fpr_hi = clopper_pearson(fp, len(te0), a)
+    fnr_lo, fnr_hi = clopper_pearson(fn, len(te1), a)
+    eps_lb = epsilon_from_rates(fpr_hi, fnr_hi, delta)
+    eps_hi = epsilon_from_rates(fpr_lo, fnr_lo, delta)
+
+    t_mu = best_threshold(tr0, tr1, mu_from_rates)
+    gp, gn = (int(x) for x in _counts(te0, te1, t_mu))
+    mu_lb = mu_from_rates(clopper_pearson(gp, len(te0), a)[1], clopper_pearson(gn, len(te1), a)[1])
+    return {
+        "epsilon_lower_bound": eps_lb,
+        "ci": [eps_lb, eps_hi if math.isfinite(eps_hi) else None],
+        "threshold": t_eps, "fpr": fp / len(te0), "fnr": fn / len(te1),
+        "fpr_upper": fpr_hi, "fnr_upper": fnr_hi,
+        "mu_lower_bound": mu_lb, "gdp_epsilon": gdp_epsilon(mu_lb, delta),
+        "gdp_threshold": t_mu, "gdp_fpr": gp / len(te0), "gdp_fnr": gn / len(te1),
+        "test_trials": [len(te0), len(te1)],
+    }
+
+
+# --------------------------------------------------------------------------- noise sources
+def trial_seeds(seed: int, world: int, trials: int) -> np.ndarray:
+    """One research-mode seed per trial of world 0 (D) or 1 (D'), derived from ``seed``."""
+    return np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 0xA0D17, world]).generate_state(
+        trials, dtype=np.uint32)
+
+
+class TrialNoise:
+    """A noise source for one library call that runs every trial: ``standard_normal(shape)``
+    returns [trials, *shape], row t drawn from ``make_rng(seeds[t], stream=stream)`` (the stream
+    a release seeded with seeds[t] uses)."""
+
+    def __init__(self, seeds: np.ndarray, stream: str):
+        self.seeds, self.stream = [int(s) for s in seeds], stream
+
+    def standard_normal(self, size=None, dtype=np.float64) -> np.ndarray:
+        from popri.privacy.noise import make_rng
+
+        return np.stack([make_rng(s, stream=self.stream).standard_normal(size, dtype=dtype)
+                         for s in self.seeds])
+
+
+class ZeroNoise:
+    """A noise source that draws zeros: the mechanism's expected output (the attacker's mu)."""
+
+    def standard_normal(self, size=None, dtype=np.float64):
+        return np.zeros(size if size is not None else (), dtype=dtype)
+
+    def random(self, size=None):
+        return np.zeros(size if size is not None else (), dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- broken mechanisms
+@contextlib.contextmanager
+def broken(mechanism: str, brk: str | None) -> Iterator[None]:
+    """``no-clip``: the library's clipping switched off while the block runs (restored after).
+    ``half-noise`` changes the multiplier passed to the mechanism instead (see :func:`run_z`)."""
+    if brk != "no-clip":
+        yield
+        return
+    from unittest import mock
+
+    from popri.methods.fred import stats as fred
+    from popri.feedback import scoring
+
+    if mechanism == "cosine":
+        orig = scoring.cosine_coefficients
+
+        def unclipped(means, syn_unit, clip, standardize):
+            return orig(means, syn_unit, np.finfo(np.float64).max, standardize)
+
+        patch = mock.patch.object(scoring, "cosine_coefficients", unclipped)
+    elif mechanism == "nn-histogram":
+        patch = mock.patch.object(scoring, "cap_per_client", lambda codes, m, rng: None)
+    else:
+        patch = mock.patch.object(fred, "clip_rows",
+                                  lambda x, c: np.array(x, dtype=np.float64, ndmin=2))
+    with patch:
+        yield
+
+
+def run_z(z: float, brk: str | None) -> float:
+    """The noise multiplier the mechanism is run with (``half-noise``: z / 2; the claim stays z)."""
+    return z / 2.0 if brk == "half-noise" else z
+
+
+# --------------------------------------------------------------------------- the worlds
+@dataclass
+class Setup:
+    mechanism: str
+    z: float  # the claimed noise multiplier
+    trials: int
+    seed: int = 0
+    clients: int | None = None
+    synthetic: int = 100
+    dim: int = 16
+    clip: float = 1.0
+    max_samples_per_client: int | None = None
+    relation: str = "replace-one"  # fred
+    level: str = "sample"  # fred
+    brk: str | None = None
+    dataset: str = "random"  # or "adversarial": every other record mirrors the canary
+    notes: list = field(default_factory=list)
+
+    @property
+    def n_clients(self) -> int:
+        return int(self.clients or DEFAULT_CLIENTS[self.mechanism])
+
+
+def _projection(out0: np.ndarray, out1: np.ndarray, mu0: np.ndarray, mu1: np.ndarray):
+    """Each trial's <out - mu0, u>, u = (mu1 - mu0) / |mu1 - mu0|, for both worlds."""
+    diff = np.asarray(mu1, dtype=np.float64) - np.asarray(mu0, dtype=np.float64)
+    norm = float(np.linalg.norm(diff))
+    if not norm > 0:
+        raise RuntimeError("the canary does not change the mechanism's expected output")
+    u = diff / norm
+    s0 = (np.asarray(out0, dtype=np.float64) - mu0) @ u
+    s1 = (np.asarray(out1, dtype=np.float64) - mu0) @ u
+    return s0, s1, norm
+
+
+def _stacked(out, trials: int, n: int) -> np.ndarray:
+    out = np.asarray(out)
+    if out.shape != (trials, n):  # the library's noise step no longer broadcasts over trials
+        raise RuntimeError(f"expected [{trials}, {n}] outputs from one call, got {out.shape}")
+    return out
+
+
+def _base_rows(rng, n_clients: int, dim: int, max_rows: int):
+    counts = rng.integers(1, max_rows + 1, n_clients)
+    emb = rng.standard_normal((int(counts.sum()), dim))
+    ids = [f"client-{k:05d}" for k, c in enumerate(counts) for _ in range(int(c))]
+    return emb, ids
+
+
+def _score_worlds(s: Setup):
+    """cosine / nn-histogram: (stat0, stat1, canary description)."""
+    from popri.feedback import scoring
+    from popri.privacy.noise import make_rng
+
+    rng = make_rng(s.seed, stream="audit-data")
+    n, d, cos = s.synthetic, s.dim, s.mechanism == "cosine"
+    M = s.max_samples_per_client if cos else (s.max_samples_per_client or 8)
+    syn = rng.standard_normal((n, d))
+    emb, ids = _base_rows(rng, s.n_clients, d, M or 4)
+    if cos:
+        target, k = 0, (M or 1)
+        what = (f"1 client, {k} embedding(s) = synthetic sample 0: standardised score vector of "
+                f"norm sqrt(n) = {math.sqrt(n):.4g} before the clip C = {s.clip:g}")
+    else:
+        target, k = n - 1, CANARY_FACTOR * M
+        syn[target] = 0.0
+        syn[target, 0] = FAR
+        what = (f"1 client, {k} samples (= {CANARY_FACTOR} M) all nearest to synthetic sample "
+                f"{target}, placed at distance {FAR:g} from the origin (others ~ N(0, I))")
+    canary = np.repeat(syn[target:target + 1], k, axis=0)
+    if s.dataset == "adversarial":  # cosine: every client scores the opposite way; histogram:
+        emb[:] = -syn[target] if cos else syn[target]  # every client votes with the canary
+    worlds = [(emb.astype(np.float32), ids),
+              (np.concatenate([emb, canary]).astype(np.float32), ids + ["canary"] * k)]
+
+    from popri.feedback.release import public_denominator
+
+    def release(world, z, noise):
+        e, who = worlds[world]
+        codes, clients = scoring.factorize(who)
+        sample = scoring.sample_clients(len(clients), make_rng(s.seed, stream="sampling"))
+        keep = scoring.cap_per_client(codes, M, make_rng(s.seed, stream="cap"))
+        if cos:
+            total = scoring.cosine_round(e, codes, sample, syn, noise_multiplier=z, clip=s.clip,
+                                         standardize=True, noise_rng=noise, keep=keep)
+            # the release's own rule: only a public count divides (score_release)
+            reduce, denom = public_denominator("cosine", sample.sampling, sample.sample_rate,
+                                               len(sample.members), None)
+            return scoring.finish(total, reduce=reduce, denominator=denom or 1.0, threshold=None)
+        total = scoring.histogram_round(e, codes, sample, syn, noise_multiplier=z,
+                                        max_per_client=M, keep=keep, noise_rng=noise)
+        return scoring.finish(total, reduce="sum", denominator=sample.denominator, threshold=0.0)
+
+    z = run_z(s.z, s.brk)
+    with broken(s.mechanism, s.brk):
+        mu0, mu1 = (np.asarray(release(w, 0.0, ZeroNoise()), dtype=np.float64) for w in (0, 1))
+        outs = [_stacked(release(w, z, TrialNoise(trial_seeds(s.seed, w, s.trials), "noise")),
+                         s.trials, n) for w in (0, 1)]
+    if not cos and s.dataset == "random" and mu0[target] != 0:
+        raise RuntimeError("a base client voted for the canary's synthetic sample")
+    s0, s1, shift = _projection(outs[0], outs[1], mu0, mu1)
+    return s0, s1, what, shift
+
+
+def _fred_worlds(s: Setup):
+    from popri.methods.fred import stats as fred
+    from popri.feedback import scoring
+    from popri.privacy.noise import make_rng
+
+    rng = make_rng(s.seed, stream="audit-data")
+    user = s.level == "user"
+    design = fred.Design(s.relation, s.level, s.clip, s.max_samples_per_client if user else None)
+    m, d = design.m, s.dim
+    emb, keys = _base_rows(rng, s.n_clients, d, m if user else 1)
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)  # popri's embeddings are L2-normalised
+    if s.dataset == "adversarial":  # every other record opposite the canary
+        emb[:] = 0.0
+        emb[:, 0] = -1.0
+    k = CANARY_FACTOR * m if user else 1
+    row = np.zeros((k, d))
+    row[:, 0] = CANARY_FACTOR * s.clip
+    if s.relation == "replace-one":
+        worlds = [(np.concatenate([emb, -row]), keys + ["canary"] * k),
+                  (np.concatenate([emb, row]), keys + ["canary"] * k)]
+    else:
+        worlds = [(emb, keys), (np.concatenate([emb, row]), keys + ["canary"] * k)]
+    what = (f"1 {'client, ' + str(k) + ' samples' if user else 'sample'} at norm "
+            f"{CANARY_FACTOR} c = {CANARY_FACTOR * s.clip:g} along e_1"
+            + ("; D holds it at -e_1" if s.relation == "replace-one" else "; D lacks it"))
+
+    def expected(world, z):
+        e, who = worlds[world]
+        codes, _ = scoring.factorize(who)
+        keep = (scoring.cap_per_client(codes, m, make_rng(s.seed, stream="fred-cap"))
+                if user else None)
+        clients = [np.asarray(e[g], dtype=np.float64) for g in fred.group_clients(codes, keep)]
+        return fred.private_stats(clients, design, z, ZeroNoise()).sum1
+
+    z = run_z(s.z, s.brk)
+    with broken("fred", s.brk):
+        mu0, mu1 = expected(0, z), expected(1, z)
+        outs = [np.stack([fred.release(worlds[w][0], worlds[w][1], design, z, seed=int(t)).sum1
+                          for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
+    s0, s1, shift = _projection(outs[0], outs[1], mu0, mu1)
+    return s0, s1, what, shift
+
+
+def worlds(s: Setup):
+    """(statistics on D, statistics on D', canary description, |mu_1 - mu_0|)."""
+    if s.mechanism == "fred":
+        return _fred_worlds(s)
+    return _score_worlds(s)
+
+
+# --------------------------------------------------------------------------- claim and verdict
+def claimed_epsilon(mechanism: str, *, delta: float, accountant: str = "rdp",
+                    noise_multiplier: float | None = None, epsilon: float | None = None,
+                    calibration: str = "classic") -> tuple[float, float, str]:
+    """(z, claimed epsilon of one release, how it was obtained).
+
+    cosine / nn-histogram: z given, or the smallest z whose accountant epsilon (q = 1, one step)
+    is <= ``epsilon``; the claim is ``accounting.epsilon(z, 1, 1, delta, accountant)``.  fred:
+    with ``epsilon``, z = ``fred.noise_multiplier(epsilon, delta, calibration)`` and the claim is
+    ``epsilon`` (each release's); with z, the accountant's epsilon as above."""
+    from popri.privacy import accounting as A
+
+    if (noise_multiplier is None) == (epsilon is None):
+        raise A.ParameterError("noise_multiplier", "give exactly one of --noise-multiplier and "
+                                                   "--epsilon")
+    if mechanism == "fred" and epsilon is not None:
+        from popri.methods.fred.stats import noise_multiplier as fred_z
+
+        return fred_z(epsilon, delta, calibration), float(epsilon), f"fred {calibration}"
+    if epsilon is not None:
+        noise_multiplier = A.noise_multiplier(epsilon, 1.0, 1, delta, accountant)
+    A.check(z=noise_multiplier, delta=delta, accountant=accountant)
+    if not noise_multiplier > 0:
+        raise A.ParameterError("noise_multiplier", f"must be > 0 (got {noise_multiplier}): "
+                                                   "z = 0 claims no privacy, nothing to audit")
+    return (float(noise_multiplier), A.epsilon(noise_multiplier, 1.0, 1, delta, accountant),
+            accountant)
+
+
+def violations(result: dict) -> list[str]:
+    """The VIOLATION lines of an audit result (empty: the claim stands)."""
+    claim, out = result["claimed_epsilon"], []
+    if result["epsilon_lower_bound"] > claim:
+        out.append(f"VIOLATION: empirical lower bound {result['epsilon_lower_bound']:.4f} > "
+                   f"claimed eps {claim:.4f}")
+    if result["gdp_epsilon"] > claim:
+        out.append(f"VIOLATION: empirical lower bound {result['gdp_epsilon']:.4f} > claimed eps "
+                   f"{claim:.4f} (GDP: mu >= {result['mu_lower_bound']:.4f} > 1/z = "
+                   f"{1 / result['noise_multiplier']:.4f})")
+    return out
+
+
+def audit(s: Setup, *, claimed: float, delta: float, confidence: float = 0.95,
+          claim_from: str = "rdp") -> dict:
+    """Run the audit of ``s`` and return one JSON-ready dict (see ``popri audit release``)."""
+    s0, s1, what, shift = worlds(s)
+    st = audit_statistics(s0, s1, delta=delta, confidence=confidence)
+    res = {
+        "mechanism": s.mechanism, "break": s.brk, "noise_multiplier": s.z,
+        "noise_multiplier_run": run_z(s.z, s.brk), "claimed_epsilon": claimed, "delta": delta,
+        "claim": claim_from, "epsilon_lower_bound": st["epsilon_lower_bound"], "ci": st["ci"],
+        "confidence": confidence, "trials": s.trials, **{k: v for k, v in st.items()
+                                                         if k not in ("epsilon_lower_bound",
+                                                                      "ci")},
+        "claimed_mu": 1.0 / s.z, "canary": what, "canary_shift": shift,
+        "clients": s.n_clients, "dim": s.dim, "dataset": s.dataset, "seed": s.seed,
+    }
+    if s.mechanism != "fred":
+        res["synthetic"] = s.synthetic
+    if s.mechanism == "cosine":
+        res["clip"] = s.clip
+        res["max_samples_per_client"] = s.max_samples_per_client
+    elif s.mechanism == "nn-histogram":
+        res["max_samples_per_client"] = s.max_samples_per_client or 8
+    else:
+        res.update(clip=s.clip, relation=s.relation, level=s.level,
+                   max_samples_per_client=(s.max_samples_per_client or 8) if s.level == "user"
+                   else None)
+    res["violations"] = violations(res)
+    res["verdict"] = "violation" if res["violations"] else "ok"
+    return res

@@ -1,0 +1,379 @@
+"""The privacy ledger: what every privacy-consuming step spent.
+
+    popri score ... --out runs/round1/scores.npy      # appends to runs/round1/ledger.jsonl
+    popri account ledger runs/                         # totals every ledger.jsonl below runs/
+    python -m pytest -q tests/test_ledger_protocol.py
+
+Each DP release appends one JSON line to ``ledger.jsonl`` in the directory of its outputs
+(and copies the entry into the output's sidecar)::
+
+    {"stage": "score", "mechanism": "subsampled_gaussian", "noise_multiplier": 1.05,
+     "sample_rate": 0.0075, "sampling": "poisson", "steps": 1, "delta": 3e-06,
+     "sensitivity": 1.0, "neighbouring": "add/remove one client", "mode": "research",
+     "release_id": "...", "params": {...}, "popri_version": "0.1.0"}
+
+``noise_multiplier`` is always (std of the noise on the aggregate) / (L2 sensitivity), so every
+Gaussian release, whatever its stage, composes in one accountant.  In release mode it is the
+*effective* multiplier of the discretised mechanism (:mod:`popri.privacy.noise`).
+
+Writing is append-only and locked: :class:`LockedLedgers` takes an exclusive ``fcntl.flock`` on
+each ledger file (following a symlink to a shared ledger, which stays a symlink), appends whole
+lines with one ``write`` and ``fsync``, and can roll its own append back (truncate to the old
+size) while it still holds the lock -- which is how :mod:`popri.privacy.release` makes
+"entry recorded, then outputs committed" all-or-nothing.  A line torn by a kill in the middle of
+an append (no trailing newline) belongs to a release whose outputs were never committed: readers
+skip it with a warning and the next append cuts it off.
+
+``popri account ledger PATH...`` totals any set of ledgers.  Entries are deduplicated by
+``release_id`` (the same release copied into several files counts once); two entries with one id
+but different accounting fields are a conflict and an error, never silently merged.
+
+A research-mode (seeded) release gets a ``release_id`` derived from everything that determines
+its noise draw (inputs, parameters, seed, output layout): running the identical command again
+reproduces the identical output, which reveals nothing new, so it is not counted twice.  A
+release-mode run (secure noise) draws a random id: two runs are two releases.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import math
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from popri import __version__
+from popri.core.errors import InputError
+
+LEDGER_NAME = "ledger.jsonl"
+
+#: mechanisms the accountant knows (popri.privacy.accounting composes these)
+MECHANISMS = ("gaussian", "subsampled_gaussian")
+SAMPLINGS = ("none", "poisson", "fixed")
+#: neighbouring relations, compared exactly (after lower-casing and collapsing blanks)
+RELATIONS = ("add/remove one client", "add/remove one sample", "replace one client",
+             "replace one sample")
+MODES = ("research", "release")
+#: the fields that decide what a release costs; two entries with one release_id must agree on them
+ACCOUNTING_FIELDS = ("stage", "mechanism", "noise_multiplier", "sample_rate", "steps", "delta",
+                     "sensitivity", "sampling", "neighbouring", "mode")
+
+
+def normalize_relation(rel: str) -> str:
+    return " ".join(str(rel).lower().split())
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass
+class LedgerEntry:
+    stage: str
+    mechanism: str
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    delta: float | None
+    sensitivity: float
+    sampling: str = "none"  # none | poisson | fixed
+    neighbouring: str = "add/remove one client"
+    release_id: str = ""
+    params: dict = field(default_factory=dict)
+    mode: str = "research"  # research (seeded, reproducible noise) | release (secure noise)
+    popri_version: str = __version__
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stage, str) or not self.stage:
+            raise ValueError("stage must be a non-empty string")
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"unknown mechanism {self.mechanism!r} (known: {', '.join(MECHANISMS)})")
+        if not _number(self.noise_multiplier) or not (0 <= self.noise_multiplier < math.inf):
+            raise ValueError(f"noise_multiplier must be a finite number >= 0 "
+                             f"(got {self.noise_multiplier!r})")
+        if not _number(self.sample_rate) or not (0 < self.sample_rate <= 1):
+            raise ValueError(f"sample_rate must be a number in (0, 1] (got {self.sample_rate!r})")
+        if (not _number(self.steps) or not math.isfinite(self.steps)
+                or self.steps != int(self.steps) or self.steps < 1):
+            raise ValueError(f"steps must be an integer >= 1 (got {self.steps!r})")
+        self.steps = int(self.steps)
+        if self.delta is not None and (not _number(self.delta) or not (0 < self.delta < 1)):
+            raise ValueError(f"delta must be a number in (0, 1) (got {self.delta!r})")
+        if not _number(self.sensitivity) or not (0 < self.sensitivity < math.inf):
+            raise ValueError(f"sensitivity must be a finite number > 0 (got {self.sensitivity!r})")
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {', '.join(SAMPLINGS)} (got {self.sampling!r})")
+        if not isinstance(self.neighbouring, str) or \
+                normalize_relation(self.neighbouring) not in RELATIONS:
+            raise ValueError(f"neighbouring must be one of {', '.join(map(repr, RELATIONS))} "
+                             f"(got {self.neighbouring!r})")
+        self.neighbouring = normalize_relation(self.neighbouring)
+        if not isinstance(self.release_id, str):
+            raise ValueError("release_id must be a string")
+        if not isinstance(self.params, dict):
+            raise ValueError("params must be a JSON object")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be research or release (got {self.mode!r})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def accounting(self) -> tuple:
+        d = self.to_dict()
+        return tuple(d[k] for k in ACCOUNTING_FIELDS)
+
+    @classmethod
+    def from_dict(cls, d: Any, *, path: str = "", line: int | None = None) -> "LedgerEntry":
+        if not isinstance(d, dict):
+            raise InputError("a ledger entry must be a JSON object", path=path, line=line)
+        need = ("stage", "mechanism", "noise_multiplier", "sample_rate", "steps")
+        for k in need:
+            if k not in d:
+                raise InputError("missing required ledger field", path=path, line=line, field=k)
+        known = {f for f in cls.__dataclass_fields__}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw.setdefault("delta", None)
+        kw.setdefault("sensitivity", 1.0)
+        kw.setdefault("mode", "research")  # entries written before modes existed: seeded noise
+        try:
+            return cls(**kw)
+        except (TypeError, ValueError) as e:
+            fld = str(e).split(" ", 1)[0] if str(e).split(" ", 1)[0] in known else None
+            raise InputError(f"bad ledger entry: {e}", path=path, line=line, field=fld) from None
+
+
+def make_release_id(*parts: Any, secure: bool = False) -> str:
+    """Deterministic id from everything that decides the noise draw; random in release mode."""
+    if secure:
+        return secrets.token_hex(16)
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(json.dumps(p, sort_keys=True, default=str).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def ledger_path_for(output: str | os.PathLike) -> Path:
+    """The ledger that sits next to an output file (or inside an output directory); a path
+    that already names a ``ledger.jsonl`` is returned as it is."""
+    p = Path(output)
+    if p.name == LEDGER_NAME:
+        return p
+    return (p if p.is_dir() else p.parent) / LEDGER_NAME
+
+
+# --------------------------------------------------------------------------- reading
+def _parse(data: bytes, path: str) -> tuple[list[LedgerEntry], int]:
+    """Entries of a ledger's bytes, and the length of its whole lines (a torn tail is skipped)."""
+    out: list[LedgerEntry] = []
+    whole = data.rfind(b"\n") + 1
+    tail = data[whole:]
+    if tail.strip():
+        from popri.core import log
+
+        log.warn(f"{path}: last line is incomplete (a release killed while recording itself; "
+                 "its outputs were never committed): skipped")
+    for lineno, raw in enumerate(data[:whole].split(b"\n")[:-1], start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+            msg = getattr(e, "msg", None) or type(e).__name__
+            raise InputError(f"malformed ledger line: {msg}", path=path, line=lineno) from None
+        out.append(LedgerEntry.from_dict(obj, path=path, line=lineno))
+    return out, whole
+
+
+def read_ledger(path: str | os.PathLike) -> list[LedgerEntry]:
+    p = Path(path)
+    if p.is_dir():
+        raise InputError("is a directory, expected a ledger.jsonl file", path=str(p))
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise InputError("no such file", path=str(p)) from None
+    return _parse(data, str(p))[0]
+
+
+def check_writable(targets: Iterable[str | os.PathLike]) -> None:
+    """Fail early (before any noise is drawn) on a ledger that is broken or not a file."""
+    for t in targets:
+        lp = ledger_path_for(t)
+        if lp.exists() or lp.is_symlink():
+            if lp.is_dir():
+                raise InputError("ledger path is a directory", path=str(lp))
+            read_ledger(lp)
+
+
+# --------------------------------------------------------------------------- writing
+class LockedLedgers:
+    """Exclusive locks on several ledger files, append-only writes, and rollback.
+
+    ::
+
+        with LockedLedgers([out_dir / "ledger.jsonl"]) as lk:
+            lk.append(entries)          # locked, fsync'ed
+            try:
+                commit_outputs()
+            except BaseException:
+                lk.rollback()           # truncate back; still under the lock
+                raise
+
+    Locks are taken in a fixed order (device, inode) so two processes locking overlapping sets
+    cannot deadlock; two paths naming one file (a symlink to a shared ledger) are one lock.
+    """
+
+    def __init__(self, paths: Iterable[str | os.PathLike]):
+        self.paths = [ledger_path_for(p) for p in paths]
+        self._files: list[tuple[Path, int]] = []  # (path, fd)
+        self._sizes: dict[int, int] = {}          # fd -> size before our append
+
+    def __enter__(self) -> "LockedLedgers":
+        seen: dict[tuple[int, int], tuple[Path, int]] = {}
+        try:
+            for p in self.paths:
+                target = Path(os.path.realpath(p))
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if target.is_dir():
+                    raise InputError("ledger path is a directory", path=str(p))
+                fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+                st = os.fstat(fd)
+                key = (st.st_dev, st.st_ino)
+                if key in seen:
+                    os.close(fd)
+                    continue
+                seen[key] = (p, fd)
+            for key in sorted(seen):
+                p, fd = seen[key]
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                self._files.append((p, fd))
+        except BaseException:
+            for _, fd in seen.values():
+                os.close(fd)
+            self._files = []
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for _, fd in self._files:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        self._files = []
+
+    def _read(self, fd: int) -> bytes:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0) if size else b""
+
+    def entries(self) -> list[LedgerEntry]:
+        """Every entry currently in the locked ledgers (deduplicated)."""
+        out: list[LedgerEntry] = []
+        for p, fd in self._files:
+            out += _parse(self._read(fd), str(p))[0]
+        return dedupe(out)
+
+    def append(self, entries: Iterable[LedgerEntry]) -> None:
+        entries = list(entries)
+        for p, fd in self._files:
+            data = self._read(fd)
+            existing, whole = _parse(data, str(p))
+            if whole < len(data):  # cut a torn tail so the new line starts a line of its own
+                os.ftruncate(fd, whole)
+            by_id = {e.release_id: e for e in existing if e.release_id}
+            new = []
+            for e in entries:
+                old = by_id.get(e.release_id) if e.release_id else None
+                if old is not None:
+                    _check_same(old, e, str(p))
+                    continue
+                new.append(e)
+                if e.release_id:
+                    by_id[e.release_id] = e
+            self._sizes[fd] = whole
+            if not new:
+                continue
+            blob = "".join(json.dumps(e.to_dict(), ensure_ascii=False, allow_nan=False) + "\n"
+                           for e in new).encode("utf-8")
+            try:
+                written = os.write(fd, blob)
+                if written != len(blob):
+                    raise OSError(errno.ENOSPC, "short write to the ledger", str(p))
+                os.fsync(fd)
+            except OSError as err:
+                os.ftruncate(fd, whole)
+                raise OSError(err.errno, f"cannot record the release in the ledger: "
+                                         f"{err.strerror}", str(p)) from None
+
+    def rollback(self) -> None:
+        """Undo this object's appends (the caller still holds the locks)."""
+        for _, fd in self._files:
+            if fd in self._sizes:
+                os.ftruncate(fd, self._sizes[fd])
+                os.fsync(fd)
+        self._sizes.clear()
+
+
+def append(output: str | os.PathLike, entries: Iterable[LedgerEntry]) -> Path:
+    """Append entries to the ledger next to ``output`` (locked; an id already present with the
+    same accounting fields is skipped, with different ones it is an error)."""
+    lp = ledger_path_for(output)
+    with LockedLedgers([lp]) as lk:
+        lk.append(entries)
+    return lp
+
+
+def collect(paths: Iterable[str | os.PathLike]) -> list[LedgerEntry]:
+    """Entries from ledger files, directories (every ledger.jsonl below) and score sidecars."""
+    from popri.core.io import read_json
+
+    out: list[LedgerEntry] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted(p.rglob(LEDGER_NAME))
+            if not found:
+                raise InputError(f"no {LEDGER_NAME} found under this directory", path=str(p))
+            for f in found:
+                out.extend(read_ledger(f))
+        elif p.suffix == ".json":
+            d = read_json(p)
+            entries = d.get("ledger") if isinstance(d, dict) else None
+            if entries is None:
+                raise InputError("JSON file has no 'ledger' entries", path=str(p), field="ledger")
+            for e in entries if isinstance(entries, list) else [entries]:
+                out.append(LedgerEntry.from_dict(e, path=str(p)))
+        elif p.exists():
+            out.extend(read_ledger(p))
+        else:
+            raise InputError("no such file", path=str(p))
+    return dedupe(out)
+
+
+def _check_same(a: LedgerEntry, b: LedgerEntry, where: str = "") -> None:
+    if a.accounting() != b.accounting():
+        diff = [k for k, x, y in zip(ACCOUNTING_FIELDS, a.accounting(), b.accounting()) if x != y]
+        raise InputError(f"release_id {a.release_id} is recorded twice with different "
+                         f"{', '.join(diff)}: two different releases cannot share an id; this "
+                         "ledger cannot be totalled until the conflict is resolved",
+                         path=where or None, field=diff[0])
+
+
+def dedupe(entries: Iterable[LedgerEntry]) -> list[LedgerEntry]:
+    """One entry per release_id; the same id with different accounting fields is an error."""
+    seen: dict[str, LedgerEntry] = {}
+    out = []
+    for e in entries:
+        if e.release_id:
+            if e.release_id in seen:
+                _check_same(seen[e.release_id], e)
+                continue
+            seen[e.release_id] = e
+        out.append(e)
+    return out
