@@ -1,14 +1,25 @@
 """popri: differentially private synthetic text from federated data.
 
-The library behind the ``popri`` command.  Each stage is a thin Typer module in
-``popri.cli.commands`` that calls into this package:
+    import popri
+    popri.score("runs/priv.npy", "runs/r1/samples.jsonl", noise_multiplier=6.09,
+                out="runs/r1/scores.npy")            # == popri score ...
+    popri.account("runs/")                            # == popri account ledger runs/
 
-- ``popri.core.io``             file formats (JSONL, embedding sets, score vectors), atomic writes
-- ``popri.privacy.ledger``         the privacy ledger every DP stage appends to
-- ``popri.privacy``        accounting maths (RDP / PLD), noise, calibration
-- ``popri.data``           benchmark corpora, chunking, client-level splits
-- ``popri.models.embed``          sentence-transformers embedding with a content-hash cache
-- ``popri.feedback.scoring``        the client side of POPri (cosine) and PE (nn-histogram), aggregation
+The package is layered (docs/architecture.md): ``cli`` (the ``popri`` command), ``pipeline``
+(``popri run``), ``methods`` (popri, pe, fred), ``eval``, ``feedback`` (what a client
+computes), ``federated`` (participation, aggregation), ``models``, ``privacy`` (accounting,
+noise, ledger, release), ``data``, ``specs`` (every step's settings) and ``core``.
+``import popri`` is light: the API functions import their layer when called.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+__all__ = ["score", "account", "epsilon", "load_config", "run", "__version__"]
+
+
+def __getattr__(name):
+    if name in ("score", "account", "epsilon", "load_config", "run"):
+        from popri import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'popri' has no attribute {name!r}")

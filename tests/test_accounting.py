@@ -302,3 +302,151 @@ def test_compose_rejects_other_neighbouring_relations():
     with pytest.raises(A.ParameterError) as err:
         A.compose([e], DELTA)
     assert err.value.param == "neighbouring"
+
+
+# --------------------------------------------------------------------------- the mechanism registry
+@pytest.fixture
+def toy():
+    """A Gaussian registered under another name: nothing else in popri knows it."""
+    @A.register_mechanism
+    class ToyGaussian(A.GaussianMechanism):
+        name = "toy_gaussian"
+
+    yield A.get_mechanism("toy_gaussian")
+    A.unregister_mechanism("toy_gaussian")
+
+
+@pytest.fixture
+def repeated():
+    """A mechanism with a number of its own (k Gaussian releases per step, k from params) and an
+    RDP analysis only: the shape of tree aggregation (DP-FTRL) or the distributed discrete
+    Gaussian, which need fields of their own and may lack one accountant."""
+    @A.register_mechanism
+    class Repeated(A.GaussianMechanism):
+        name = "toy_repeated"
+        params_fields = ("repeats",)
+
+        def key(self, d, who, notes):
+            return (float(d["noise_multiplier"]), 1.0, int(d["params"]["repeats"]))
+
+        def rdp(self, key, steps, orders):
+            return super().rdp(key[:2], steps * key[2], orders)
+
+        event = A.Mechanism.event  # no PLD analysis
+
+    yield A.get_mechanism("toy_repeated")
+    A.unregister_mechanism("toy_repeated")
+
+
+def _toy_entry(name="toy_gaussian", z=2.0, steps=3, **kw):
+    return {"stage": "toy", "mechanism": name, "noise_multiplier": z, "sample_rate": 1.0,
+            "steps": steps, "sampling": "none", "delta": DELTA, "sensitivity": 1.0,
+            "release_id": f"{name}-{z}-{steps}", **kw}
+
+
+def test_registry_holds_the_ledgers_mechanisms_and_refuses_unknown_ones():
+    assert list(A.MECHANISMS)[:2] == ["gaussian", "subsampled_gaussian"]
+    assert A.get_mechanism("gaussian") is A.GAUSSIAN
+    assert A.get_mechanism("subsampled_gaussian") is A.SUBSAMPLED_GAUSSIAN
+    with pytest.raises(A.ParameterError, match=r"unknown mechanism 'laplace' \(known: gaussian, "
+                                               r"subsampled_gaussian") as e:
+        A.get_mechanism("laplace")
+    assert e.value.param == "mechanism"
+    with pytest.raises(ValueError, match="already registered"):
+        A.register_mechanism(A.GaussianMechanism)
+    with pytest.raises(A.ParameterError, match="entry 1 .*unknown mechanism 'laplace'"):
+        A.compose([_toy_entry("laplace")], DELTA)
+
+
+@pytest.mark.parametrize("acc", A.ACCOUNTANTS)
+def test_a_registered_mechanism_composes_with_no_other_change(toy, acc):
+    c = A.compose([_toy_entry()], DELTA, acc)
+    assert c.groups[0]["mechanism"] == "toy_gaussian" and c.groups[0]["steps"] == 3
+    assert c.epsilon == pytest.approx(A.epsilon(2.0, 1.0, 3, DELTA, acc), rel=1e-12)
+    # next to a plain Gaussian: two groups, one composition of 3 + 2 Gaussian steps
+    both = A.compose([_toy_entry(), (2.0, 1.0, 2)], DELTA, acc)
+    assert [g["mechanism"] for g in both.groups] == ["toy_gaussian", "gaussian"]
+    assert both.epsilon == pytest.approx(A.epsilon(2.0, 1.0, 5, DELTA, acc), rel=1e-3)
+
+
+def test_a_mechanism_with_its_own_fields_and_one_accountant(repeated):
+    e = _toy_entry("toy_repeated", params={"repeats": 4})
+    assert A.compose([e], DELTA).epsilon == pytest.approx(A.epsilon(2.0, 1.0, 12, DELTA),
+                                                          rel=1e-12)
+    with pytest.raises(A.ParameterError, match="no pld analysis; use --accountant rdp") as err:
+        A.compose([e], DELTA, "pld")
+    assert err.value.param == "accountant"
+    with pytest.raises(A.ParameterError, match="needs params.repeats") as err:
+        A.compose([_toy_entry("toy_repeated")], DELTA)
+    assert err.value.param == "params.repeats"
+
+
+def test_an_event_the_pld_accountant_cannot_analyse_names_the_other():
+    """Tree aggregation (DP-FTRL) has a dp-accounting event that only its RDP accountant
+    supports: the PLD accountant refuses it with a ParameterError, not a library traceback."""
+    from dp_accounting import dp_event
+
+    class Tree(A.GaussianMechanism):
+        name = "toy_tree"
+
+        def event(self, key, steps):
+            return dp_event.SingleEpochTreeAggregationDpEvent(key[0], int(steps))
+
+    A.register_mechanism(Tree)
+    try:
+        with pytest.raises(A.ParameterError, match="'toy_tree' has no pld analysis") as e:
+            A.compose([_toy_entry("toy_tree", steps=8)], DELTA, "pld")
+        assert e.value.param == "accountant"
+    finally:
+        A.unregister_mechanism("toy_tree")
+
+
+def test_calibration_works_over_a_registered_mechanism(toy):
+    from popri.privacy import calibration as C
+
+    z = C.calibrate(1.0, DELTA, lambda z: [_toy_entry(z=z, steps=20)], "rdp", tol=1e-3)
+    assert z == pytest.approx(C.noise_multiplier(1.0, 1.0, 20, DELTA, "rdp", tol=1e-3), abs=1e-12)
+
+
+def test_account_ledger_totals_a_registered_mechanism(toy, tmp_path):
+    """The real `popri account ledger` command (in this process, where toy is registered)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from popri.cli.app import app
+
+    (tmp_path / "ledger.jsonl").write_text(json.dumps(_toy_entry()) + "\n")
+    r = CliRunner().invoke(app, ["account", "ledger", str(tmp_path), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["groups"][0]["mechanism"] == "toy_gaussian" and d["entries"] == 1
+    assert d["epsilon"] == pytest.approx(A.epsilon(2.0, 1.0, 3, DELTA), rel=1e-12)
+
+
+# --------------------------------------------------------------------------- calibration names
+def test_calibration_names_and_the_old_aliases():
+    from popri.methods.fred import stats as F
+    from popri.privacy import calibration as C
+
+    assert A.noise_multiplier is C.noise_multiplier  # deprecated alias (popri.pipeline)
+    assert A._bisect is C.bisect and A._bracket is C.bracket
+    assert F.noise_multiplier is C.gaussian_multiplier  # one Gaussian release: another thing
+    f = lambda z: A.epsilon(z, 1.0, 20, DELTA)  # noqa: E731
+    assert C.solve(f, 1.0) == A._bisect(f, 1.0, *A._bracket(f, 1.0), 1e-4)[1]
+    assert C.solve(f, 1.0) == pytest.approx(sigma_rdp(1.0, 1.0), abs=1e-12)
+    z, r = C.noise_multiplier_details(1.0, 0.1, 20, DELTA)
+    assert z == sigma_rdp(1.0, 0.1) and r.epsilon <= 1.0 and r.epsilon == A.epsilon(z, 0.1, 20,
+                                                                                      DELTA)
+
+
+def test_calibration_with_other_releases_meets_the_total():
+    from popri.privacy import calibration as C
+
+    other = [(20.0, 1.0, 1)]
+    z = C.noise_multiplier(1.0, 0.1, 20, DELTA, also=other, tol=1e-3)
+    assert A.compose([(z, 0.1, 20), *other], DELTA).epsilon <= 1.0
+    assert A.compose([(z - 2e-3, 0.1, 20), *other], DELTA).epsilon > 1.0
+    assert z > sigma_rdp(1.0, 0.1)
+    with pytest.raises(A.ParameterError, match="the other releases alone spend"):
+        C.noise_multiplier(1.0, 0.1, 20, DELTA, also=[(1.0, 1.0, 5)])

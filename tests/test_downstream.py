@@ -16,6 +16,7 @@ import pytest
 
 from conftest import write_jsonl
 from popri.eval import downstream as ds
+from popri.specs.training import DownstreamSpec, EvalSpec
 
 SENTS = ["the cat sat on the mat.", "the dog sat on the log.", "a bird sang in the tree."]
 
@@ -36,9 +37,9 @@ def tok(tiny_lm):
 def trained(tiny_lm, tmp_path_factory):
     """A tiny LM fine-tuned for 3 epochs on three repeated sentences (learns them quickly)."""
     out = tmp_path_factory.mktemp("ds") / "ckpt"
-    res = ds.train_downstream(records(48), model=tiny_lm, out_dir=str(out),
-                              val_records=records(12, prefix="v"), epochs=3, batch_size=8,
-                              lr=3e-3, bf16=False, seed=0)
+    spec = DownstreamSpec(epochs=3, batch_size=8, lr=3e-3, bf16=False)
+    res = ds.train_downstream(records(48), spec, model=tiny_lm, out_dir=str(out),
+                              val_records=records(12, prefix="v"), seed=0)
     return res
 
 
@@ -116,8 +117,8 @@ def brute_force(model_dir, texts, max_length=64, count_eos=True):
 def test_accuracy_equals_brute_force(trained, count_eos):
     texts = SENTS + ["a cat sang on the log, and the dog sat in the tree with a bird.", "mat"]
     recs = [{"text": t, "client_id": f"k{i % 2}"} for i, t in enumerate(texts)]
-    r = ds.evaluate_next_token(trained["checkpoint"], recs, batch_size=2, bf16=False,
-                               count_eos=count_eos, bootstrap=0)
+    r = ds.evaluate_next_token(trained["checkpoint"], recs,
+                               EvalSpec(batch_size=2, bf16=False, count_eos=count_eos, bootstrap=0))
     n, hits, loss, ambiguous = brute_force(trained["checkpoint"], texts, count_eos=count_eos)
     assert r["tokens"] == n and r["sequences"] == len(texts) and r["clients"] == 2
     assert abs(r["correct"] - hits) <= ambiguous
@@ -139,6 +140,9 @@ def test_training_lowers_val_loss_and_keeps_best_epoch(trained):
     meta = json.loads((Path(trained["checkpoint"]) / "metrics.json").read_text())
     assert meta["best_epoch"] == trained["best_epoch"] and meta["history"] == hist
     assert meta["lr"] == 3e-3 and meta["max_length"] == 64 and meta["select_by"] == "accuracy"
+    # the settings are the spec's; full fine-tuning records no LoRA settings
+    assert meta["batch_size"] == 8 and meta["weight_decay"] == DownstreamSpec().weight_decay
+    assert meta["lora"] is False and meta["lora_r"] is None
 
 
 def test_checkpoint_loads_and_reproduces_best_val(trained):
@@ -183,14 +187,20 @@ def test_best_epoch_weights_are_saved_not_last(tiny_lm, tmp_path, monkeypatch):
 
 def test_lora_checkpoint_is_an_adapter_and_loads(tiny_lm, tmp_path):
     """LoRA adapter out; the START/EOS chosen for training are what a default eval uses."""
-    res = ds.train_downstream(records(16), model=tiny_lm, out_dir=str(tmp_path / "lora"),
-                              val_records=records(4), epochs=1, batch_size=8, lr=1e-2, lora=True,
-                              bf16=False, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    spec = DownstreamSpec(epochs=1, batch_size=8, lr=1e-2, lora=True, bf16=False,
+                          bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    res = ds.train_downstream(records(16), spec, model=tiny_lm, out_dir=str(tmp_path / "lora"),
+                              val_records=records(4))
     d = Path(res["checkpoint"])
     assert (d / "adapter_config.json").exists() and not (d / "model.safetensors").exists()
     meta = json.loads((d / "metrics.json").read_text())
     assert meta["lora"] and meta["trainable_parameters"] < 100_000
     assert meta["bos_token"] == meta["eos_token"] == "<|endoftext|>"
+    assert (meta["lora_r"], meta["lora_alpha"]) == (4, 8)  # PrE-Text's LoRA (LoraSpec)
+    # every linear projection of the blocks, as PEFT's all-linear (popri.models.lora)
+    cfg = json.loads((d / "adapter_config.json").read_text())
+    assert set(cfg["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                          "up_proj", "down_proj"}
     r = ds.evaluate_next_token(str(d), records(4), bf16=False, bootstrap=0)
     assert r["bos_token"] == "<|endoftext|>" and r["eos_token"] == "<|endoftext|>"
     assert r["accuracy"] == pytest.approx(res["metrics"][0]["val_accuracy"])

@@ -1,5 +1,6 @@
 """popri dpo / popri sft: DPO moves the margin, IPO path, no reference copy, resume, adapter
-continuation, checkpoint selection, CLI.
+continuation, checkpoint selection, CLI (library: popri/methods/popri/dpo.py, the plumbing
+popri/models/lora.py, selection popri/methods/popri/select.py, settings DPOSpec / SFTSpec).
 
     python -m pytest -q tests/test_dpo.py            # fast (tiny random Llama)
     python -m pytest -q tests/test_dpo.py -m slow    # SmolLM2-135M, one epoch
@@ -13,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from popri.core.errors import ConfigError, InputError, PopriError
 from popri.methods.popri import dpo as lib
-from popri.core.errors import InputError, PopriError
+from popri.models.lora import DEFAULT_TARGETS
+from popri.specs.training import DPOSpec, SFTSpec
 
 CHOSEN = [" the union is strong and the people are free.", " we must keep faith with the nation.",
           " our economy grew and our workers prospered.", " peace abroad and justice at home."]
@@ -28,7 +31,7 @@ def make_pairs(n=8):
              "chosen_score": 1.0, "rejected_score": 0.0} for i in range(n)]
 
 
-FAST = dict(bf16=False, batch_size=4, logging_steps=1)
+FAST = dict(bf16=False, batch_size=4)  # DPOSpec / SFTSpec fields
 
 
 @pytest.fixture(autouse=True)
@@ -47,11 +50,11 @@ def test_dpo_grows_the_reward_margin_on_the_training_pairs(tiny_lm, tmp_path):
     from popri.models import llm
 
     pairs = make_pairs(8)
-    tr = lib.build_dpo_trainer(pairs, model=tiny_lm, out_dir=tmp_path / "probe", lr=5e-3, **FAST)
+    spec = DPOSpec(lr=5e-3, epochs=3, **FAST)
+    tr = lib.build_dpo_trainer(pairs, spec, model=tiny_lm, out_dir=tmp_path / "probe")
     before = lib.reward_margins(tr.model, tr.processing_class, pairs)
     assert np.allclose(before, 0.0, atol=1e-6)  # fresh LoRA (B = 0): policy == reference
-    res = lib.train_dpo(pairs, model=tiny_lm, out_dir=tmp_path / "o", lr=5e-3, epochs=3,
-                        eval_pairs=8, **FAST)
+    res = lib.train_dpo(pairs, spec, model=tiny_lm, out_dir=tmp_path / "o", eval_pairs=8)
     model, tok = llm.load_causal_lm(tiny_lm, adapter=res["adapter"])  # the saved adapter
     after = lib.reward_margins(model, tok, pairs)
     assert after.mean() > 0.02 and (after > 0).mean() >= 0.75, after
@@ -63,17 +66,21 @@ def test_dpo_grows_the_reward_margin_on_the_training_pairs(tiny_lm, tmp_path):
     assert m["epochs"][-1]["loss"] < m["epochs"][0]["loss"]
     assert m["steps"][0]["loss"] == pytest.approx(np.log(2), abs=1e-4)  # sigmoid loss at margin 0
     assert len(res["checkpoints"]) == 3  # one per epoch (reference code: save_strategy epoch)
+    # run.json / metrics.json record the spec's settings, the model, the seed
+    assert {k: m["config"][k] for k in spec.to_dict()} == json.loads(json.dumps(spec.to_dict()))
+    assert m["config"]["model"] == tiny_lm and m["config"]["seed"] == 0
 
 
 def test_ipo_loss_path(tiny_lm, tmp_path):
-    res = lib.train_dpo(make_pairs(4), model=tiny_lm, out_dir=tmp_path / "o", loss="ipo", beta=0.1,
-                        lr=1e-3, max_steps=2, **FAST)
+    res = lib.train_dpo(make_pairs(4), DPOSpec(loss="ipo", beta=0.1, lr=1e-3, max_steps=2, **FAST),
+                        model=tiny_lm, out_dir=tmp_path / "o")
     steps = json.loads(Path(res["metrics"]).read_text())["steps"]
     # IPO: (margin - 1/(2 beta))^2 = 25 at margin 0 (DPO's sigmoid loss would be ln 2)
     assert steps[0]["loss"] == pytest.approx(25.0, rel=1e-3)
     assert np.isfinite(steps[-1]["loss"])
-    with pytest.raises(InputError, match="dpo or ipo"):
+    with pytest.raises(ConfigError, match="field 'loss': must be one of dpo, ipo"):
         lib.train_dpo(make_pairs(4), model=tiny_lm, out_dir=tmp_path / "x", loss="kto", **FAST)
+    assert not (tmp_path / "x").exists()
 
 
 def test_reference_is_the_base_with_the_adapter_disabled_no_copy(tiny_lm, tmp_path):
@@ -81,7 +88,8 @@ def test_reference_is_the_base_with_the_adapter_disabled_no_copy(tiny_lm, tmp_pa
 
     base, _ = llm.load_causal_lm(tiny_lm)
     n_base = sum(p.numel() for p in base.parameters())
-    tr = lib.build_dpo_trainer(make_pairs(4), model=tiny_lm, out_dir=tmp_path / "o", **FAST)
+    tr = lib.build_dpo_trainer(make_pairs(4), DPOSpec(**FAST), model=tiny_lm,
+                               out_dir=tmp_path / "o")
     assert tr.ref_model is None
     assert list(tr.model.peft_config) == ["default"]  # no "ref" adapter either
     n_lora = sum(p.numel() for n, p in tr.model.named_parameters() if "lora_" in n)
@@ -90,19 +98,21 @@ def test_reference_is_the_base_with_the_adapter_disabled_no_copy(tiny_lm, tmp_pa
     assert n_lora == sum(p.numel() for p in tr.model.parameters() if p.requires_grad)
     lora = tr.model.peft_config["default"]
     assert (lora.r, lora.lora_alpha) == (4, 8)  # POPri B.1
-    assert set(lora.target_modules) == set(lib.DEFAULT_TARGETS)
+    assert set(lora.target_modules) == set(DEFAULT_TARGETS)
 
 
 def test_continues_from_a_previous_adapter_with_the_base_as_reference(tiny_lm, tmp_path):
     pairs = make_pairs(4)
-    r1 = lib.train_dpo(pairs, model=tiny_lm, out_dir=tmp_path / "r1", lr=5e-3, max_steps=3, **FAST)
+    r1 = lib.train_dpo(pairs, DPOSpec(lr=5e-3, max_steps=3, **FAST), model=tiny_lm,
+                       out_dir=tmp_path / "r1")
     a1 = adapter_tensors(r1["adapter"])
-    tr = lib.build_dpo_trainer(pairs, model=tiny_lm, adapter=r1["adapter"], out_dir=tmp_path / "p",
-                               **FAST)
+    tr = lib.build_dpo_trainer(pairs, DPOSpec(**FAST), model=tiny_lm, adapter=r1["adapter"],
+                               out_dir=tmp_path / "p")
     assert list(tr.model.peft_config) == ["default"] and tr.ref_model is None
-    # lr 0: round 2 starts from round 1's weights and keeps them
-    r2 = lib.train_dpo(pairs, model=tiny_lm, adapter=r1["adapter"], out_dir=tmp_path / "r2", lr=0.0,
-                       max_steps=2, **FAST)
+    # lr ~ 0 (the spec wants lr > 0; 1e-30 is below fp32's spacing at these weights): round 2
+    # starts from round 1's weights and keeps them
+    r2 = lib.train_dpo(pairs, DPOSpec(lr=1e-30, max_steps=2, **FAST), model=tiny_lm,
+                       adapter=r1["adapter"], out_dir=tmp_path / "r2")
     a2 = adapter_tensors(r2["adapter"])
     assert a1.keys() == a2.keys()
     assert all(np.array_equal(a1[k], a2[k]) for k in a1)
@@ -111,7 +121,14 @@ def test_continues_from_a_previous_adapter_with_the_base_as_reference(tiny_lm, t
     steps = json.loads(Path(r2["metrics"]).read_text())["steps"]
     assert steps[0]["rewards/margins"] > 0
     with pytest.raises(InputError, match="adapter_config"):
-        lib.train_dpo(pairs, model=tiny_lm, adapter=str(tmp_path), out_dir=tmp_path / "r3", **FAST)
+        lib.train_dpo(pairs, DPOSpec(**FAST), model=tiny_lm, adapter=str(tmp_path),
+                      out_dir=tmp_path / "r3")
+    assert not (tmp_path / "r3").exists()  # checked before anything is written
+    # the continued adapter is part of the run's record (its content digest)
+    cfg = json.loads(Path(r2["metrics"]).read_text())["config"]
+    from popri.core.artifacts import dir_digest
+
+    assert cfg["adapter"] == r1["adapter"] and cfg["adapter_sha256"] == dir_digest(r1["adapter"])
 
 
 def test_resume_after_interruption(tiny_lm, tmp_path):
@@ -125,24 +142,27 @@ def test_resume_after_interruption(tiny_lm, tmp_path):
             raise Crash(f"killed after step {state.global_step}")
 
     pairs = make_pairs(8)
-    kw = dict(model=tiny_lm, lr=5e-3, max_steps=4, save_steps=2, **FAST)
+    spec = DPOSpec(lr=5e-3, max_steps=4, save_steps=2, **FAST)
+    kw = dict(model=tiny_lm)
     with pytest.raises(Crash):
-        lib.train_dpo(pairs, out_dir=tmp_path / "o", callbacks=[CrashAfterFirstSave()], **kw)
+        lib.train_dpo(pairs, spec, out_dir=tmp_path / "o", callbacks=[CrashAfterFirstSave()], **kw)
     out = tmp_path / "o"
     assert [Path(c).name for c in lib.list_checkpoints(out)] == ["checkpoint-2"]
     assert not (out / "adapter").exists()
     (out / "checkpoint-3").mkdir()  # a checkpoint half-written when the process died
     # other data or settings in the same directory: refused, nothing touched
     with pytest.raises(InputError, match="different dpo run"):
-        lib.train_dpo(pairs[:6], out_dir=out, **kw)
-    res = lib.train_dpo(pairs, out_dir=out, **kw)
+        lib.train_dpo(pairs[:6], spec, out_dir=out, **kw)
+    with pytest.raises(InputError, match="different dpo run"):  # other settings
+        lib.train_dpo(pairs, spec.replace(beta=0.02), out_dir=out, **kw)
+    res = lib.train_dpo(pairs, spec, out_dir=out, **kw)
     assert res["resumed_from"].endswith("checkpoint-2") and res["steps_this_run"] == 2
     assert res["global_step"] == 4 and Path(res["adapter"], "adapter_model.safetensors").exists()
     assert not (out / "checkpoint-3").exists()
     m = json.loads(Path(res["metrics"]).read_text())
     assert [s["step"] for s in m["steps"]] == [1, 2, 3, 4]
     # identical to an uninterrupted run (optimizer, schedule, RNG and data order restored)
-    ref = lib.train_dpo(pairs, out_dir=tmp_path / "straight", **kw)
+    ref = lib.train_dpo(pairs, spec, out_dir=tmp_path / "straight", **kw)
     a, b = adapter_tensors(res["adapter"]), adapter_tensors(ref["adapter"])
     assert all(np.allclose(a[k], b[k], atol=1e-6) for k in a)
 
@@ -179,14 +199,15 @@ def test_select_checkpoint_picks_lowest_fid_with_fakes():
 
 def test_sft_trains_on_the_completion_only(tiny_lm, tmp_path):
     recs = [{"prompt": p["prompt"], "completion": p["chosen"]} for p in make_pairs(4)]
-    tr = lib.build_sft_trainer(recs, model=tiny_lm, out_dir=tmp_path / "probe", **FAST)
+    tr = lib.build_sft_trainer(recs, SFTSpec(**FAST), model=tiny_lm, out_dir=tmp_path / "probe")
     batch = next(iter(tr.get_train_dataloader()))
     tok = tr.processing_class
     for ids, labels in zip(batch["input_ids"], batch["labels"]):
         kept = [int(i) for i, lab in zip(ids, labels) if lab != -100]
         text = tok.decode(kept)
         assert text.strip().rstrip(tok.eos_token).strip() in [c.strip() for c in CHOSEN], text
-    res = lib.train_sft(recs, model=tiny_lm, out_dir=tmp_path / "o", lr=5e-3, epochs=2, **FAST)
+    res = lib.train_sft(recs, SFTSpec(lr=5e-3, epochs=2, **FAST), model=tiny_lm,
+                        out_dir=tmp_path / "o")
     m = json.loads(Path(res["metrics"]).read_text())
     assert m["epochs"][-1]["loss"] < m["epochs"][0]["loss"]
     assert Path(res["adapter"], "adapter_config.json").exists()
@@ -263,8 +284,8 @@ def test_slow_smollm2_one_epoch_grows_the_margin(tmp_path, monkeypatch):
 
     monkeypatch.setenv("POPRI_THREADS", "2")
     pairs = make_pairs(16)
-    res = lib.train_dpo(pairs, model="smollm2-135m", out_dir=tmp_path / "o", epochs=1,
-                        batch_size=4, bf16=True)  # default lr (5e-4), 4 steps
+    res = lib.train_dpo(pairs, DPOSpec(epochs=1, batch_size=4, bf16=True), model="smollm2-135m",
+                        out_dir=tmp_path / "o")  # default lr (5e-4), 4 steps
     model, tok = llm.load_causal_lm("smollm2-135m", adapter=res["adapter"])
     after = lib.reward_margins(model, tok, pairs)
     assert after.mean() > 0 and (after > 0).mean() > 0.5, after

@@ -17,6 +17,7 @@ from popri.methods.fred import stats as F
 from popri.models.fid import frechet_distance, gaussian_stats, trace_sqrt_product
 from popri.core.io import save_embedding_set
 from popri.privacy import accounting as A
+from popri.privacy import calibration as C
 from popri.privacy.noise import make_rng
 
 from conftest import write_jsonl
@@ -134,9 +135,9 @@ def test_denoise_spectrum_removes_the_noise_bulk_and_debiases_spikes():
 
 # --------------------------------------------------------------------------- calibration
 def test_classic_multiplier_is_the_papers_formula_and_refuses_eps_ge_1():
-    assert F.classic_multiplier(EPS, DELTA) == CLASSIC
+    assert C.classic_multiplier(EPS, DELTA) == CLASSIC
     with pytest.raises(A.ParameterError) as e:
-        F.classic_multiplier(1.0, DELTA)
+        C.classic_multiplier(1.0, DELTA)
     assert e.value.param == "epsilon" and "analytic" in e.value.message
 
 
@@ -149,18 +150,18 @@ def exact_delta(z, eps):
 @given(st.floats(0.05, 0.99), st.floats(-9, -2))
 def test_analytic_is_exact_and_below_classic(eps, log10_delta):
     delta = 10 ** log10_delta
-    z = F.analytic_multiplier(eps, delta)
-    zc = F.classic_multiplier(eps, delta)
+    z = C.analytic_multiplier(eps, delta)
+    zc = C.classic_multiplier(eps, delta)
     assert z <= zc
     assert exact_delta(zc, eps) <= delta  # the classic bound is valid (not tight)
     assert exact_delta(z, eps) <= delta * (1 + 1e-9)  # the analytic z meets the condition...
-    assert F.gaussian_log_delta(z, eps) <= math.log(delta)  # exactly, in the log domain
+    assert C.gaussian_log_delta(z, eps) <= math.log(delta)  # exactly, in the log domain
     assert exact_delta(z * (1 - 1e-6), eps) > delta  # ...and is the smallest that does
 
 
 def test_analytic_allows_eps_above_one():
-    z = F.analytic_multiplier(4.0, 1e-5)
-    assert 0 < z < 1.5 and math.exp(F.gaussian_log_delta(z, 4.0)) <= 1e-5
+    z = C.analytic_multiplier(4.0, 1e-5)
+    assert 0 < z < 1.5 and math.exp(C.gaussian_log_delta(z, 4.0)) <= 1e-5
 
 
 # --------------------------------------------------------------------------- sensitivities
@@ -255,7 +256,7 @@ def test_noise_scales_match_the_formulas(relation, clip):
     x = rng.normal(size=(n, d)) * rng.uniform(0.5, 1.7, size=(n, 1))
     clients = [x[i:i + 4] for i in range(0, n, 4)]
     design = F.Design(relation, "sample", clip)
-    z = F.noise_multiplier(EPS, DELTA)
+    z = C.gaussian_multiplier(EPS, DELTA)
     s1, s2 = z * design.mean_sensitivity, z * design.cov_sensitivity
     cx = _clip(x, clip)
     if relation == "replace-one":  # the paper's tau1, and sqrt(2) times its tau2
@@ -452,7 +453,7 @@ def test_cli_user_level_composes_with_popri_rounds(sets, run_popri):
     _ok(run_popri, "stats", "--private", sets["priv"], "-e", 2.0, "--delta", 3e-6,
         "--calibration", "analytic", "--relation", "add-remove", "--level", "user", "--out", out)
     led = [json.loads(s) for s in (out.parent / "ledger.jsonl").read_text().splitlines()]
-    assert led[0]["noise_multiplier"] == pytest.approx(F.analytic_multiplier(2.0, 3e-6))
+    assert led[0]["noise_multiplier"] == pytest.approx(C.analytic_multiplier(2.0, 3e-6))
     assert led[0]["sensitivity"] == pytest.approx(8 * math.sqrt(1.25))  # m = 8, c = 1
     score = {"stage": "score", "mechanism": "subsampled_gaussian", "noise_multiplier": 1.05,
              "sample_rate": 0.0075, "sampling": "poisson", "steps": 20, "delta": 3e-6,
@@ -550,6 +551,41 @@ def test_cli_release_mode_uses_fresh_ids(sets, run_popri):
         ids.append(led[0]["release_id"])
         assert json.loads(o.with_suffix(".json").read_text())["params"]["release"] is True
     assert ids[0] != ids[1]
+
+
+def test_library_steps_write_what_the_cli_writes(sets, run_popri):
+    """popri.methods.fred.steps: the same files and ledger as `popri fred stats`, the same
+    ranking as `popri fred compare` (the command is one call of each)."""
+    from popri.methods.fred.steps import rank_candidates, release_stats
+    from popri.specs.privacy import FredStatsSpec
+
+    a, b = sets["dir"] / "cli" / "s.npz", sets["dir"] / "lib" / "s.npz"
+    _ok(run_popri, "stats", "--private", sets["priv"], "-e", EPS, "--delta", DELTA, "--level",
+        "user", "--seed", 4, "--out", a)
+    r = release_stats(str(sets["priv"]), str(b), FredStatsSpec(epsilon=EPS, delta=DELTA),
+                      seed=4, level="user")  # a spec's field given as a keyword
+    assert r["noise_multiplier"] == CLASSIC and len(r["entries"]) == 2
+    assert a.read_bytes() == b.read_bytes()
+    la, lb = ((x.parent / "ledger.jsonl").read_text() for x in (a, b))
+    assert la == lb  # same release ids (same data, settings, seed): counted once
+    res = json.loads(_ok(run_popri, "compare", "--stats", a, sets["far"], sets["near"],
+                         "--json").stdout)
+    lib = rank_candidates([str(sets["far"]), str(sets["near"])], str(b))
+    assert [{"candidate": x["candidate"], "fred": x["fred"]} for x in lib] == res
+    assert [x["n"] for x in lib] == [300, 300]
+    with pytest.raises(A.ParameterError, match="Theorem A.1"):
+        release_stats(str(sets["priv"]), str(sets["dir"] / "x.npz"), epsilon=1.0, delta=DELTA)
+    assert not (sets["dir"] / "x.npz").exists()
+
+
+def test_gaussian_multiplier_dispatches_and_the_old_name_is_an_alias():
+    assert C.gaussian_multiplier(EPS, DELTA) == CLASSIC
+    assert C.gaussian_multiplier(2.0, 1e-5, "analytic") == C.analytic_multiplier(2.0, 1e-5)
+    with pytest.raises(A.ParameterError) as e:
+        C.gaussian_multiplier(EPS, DELTA, "exact")
+    assert e.value.param == "calibration"
+    assert F.noise_multiplier is C.gaussian_multiplier  # deprecated (popri.pipeline)
+    assert F.sidecar_path("a/s.npz") == "a/s.json"  # deprecated (popri.core.guard)
 
 
 def test_help_states_relation_and_sensitivities(run_popri):

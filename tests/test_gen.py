@@ -181,7 +181,7 @@ def test_regeneration_counting(monkeypatch):
     ps = g.build_prompts(OMEGA, 3, seed=0)
     eng = FakeEngine(junk_attempts=1, always_bad=[(2, 1)])
     monkeypatch.setattr(g, "TransformersBackend", lambda *a, **k: eng)
-    recs, st = g.generate(ps, model="fake", samples_per_prompt=2, round=4, max_retries=2)
+    recs, st = g.generate(ps, model="fake", samples_per_prompt=2, round_no=4, max_retries=2)
     assert [r["id"] for r in recs] == [f"r4-p{p}-s{s}" for p in range(3) for s in range(2)]
     assert eng.calls[0][1] == [(p, s) for p in range(3) for s in range(2)]
     assert eng.calls[1] == (1, [(0, 0), (1, 0), (2, 0), (2, 1)])
@@ -207,7 +207,7 @@ def test_generate_tiny_lm_schema_determinism_batch_independence(tiny_lm):
     from popri.models.llm import load_causal_lm
 
     ps = g.build_prompts(OMEGA, 3, seed=1)
-    kw = dict(model=tiny_lm, samples_per_prompt=2, round=2, seed=5, max_new_tokens=12,
+    kw = dict(model=tiny_lm, samples_per_prompt=2, round_no=2, seed=5, max_new_tokens=12,
               max_tokens=8, min_words=0, max_retries=0)
     recs, st = g.generate(ps, batch_size=4, bf16=False, **kw)
     assert len(recs) == 6 and st["samples"] == 6 and st["generated_tokens"] > 0
@@ -300,7 +300,7 @@ def test_vllm_request_construction_and_parsing(monkeypatch, tiny_lm, tmp_path):
                                                 else "A repaired sample text.", 11))
     ps = g.build_prompts(OMEGA, 2, seed=0)
     recs, st = g.generate(ps, model=tiny_lm, adapter=str(tmp_path / "ad"), samples_per_prompt=2,
-                          backend="vllm", round=1, seed=7, temperature=0.7, top_p=0.9,
+                          backend="vllm", round_no=1, seed=7, temperature=0.7, top_p=0.9,
                           max_new_tokens=85, max_retries=1, max_model_len=512)
     (kw,) = log["llm"]
     assert kw["model"] == tiny_lm and kw["seed"] == 7 and kw["dtype"] == "bfloat16"
@@ -378,7 +378,7 @@ def test_cli_bad_input_one_line_nothing_written(omega_file, tmp_path, run_popri)
     tmpl.write_text("{sample1} {oops}\n")
     cases = [(["--template", tmpl, "-K", "2"], f"{tmpl}: field 'template': unknown placeholder"),
              ([], "exactly one of --prompts K and --num-samples N"),
-             (["-K", "2", "--backend", "tgi"], "unknown backend"),
+             (["-K", "2", "--backend", "tgi"], "field '--backend': must be one of transformers, vllm"),
              (["-K", "2", "--out", omega_file], "output would overwrite input")]
     for extra, msg in cases:
         p = run_popri(["gen", omega_file, "--out", out, *extra])

@@ -419,7 +419,7 @@ def test_account_sigma_tol_below_float_spacing_is_refused():
     (["sft", "--pairs", "{pairs}", "--out", "{tmp}/d", "--lr", "nan"], "--lr"),
     (["train-downstream", "{seeds}", "--out", "{tmp}/d", "--lr", "inf"], "--lr"),
     (["expand", "{seeds}", "-N", "4", "--out", "{tmp}/ex", "--attempt-factor", "1e308"],
-     "attempt-factor"),
+     "--attempt-factor"),
     (["aggregate", "{tmp}/x.npy", "--out", "{tmp}/a.npy", "--threshold", "inf"], "--threshold"),
     (["account", "ledger", "{tmp}", "--max-epsilon", "nan"], "--max-epsilon"),
 ])

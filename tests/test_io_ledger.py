@@ -118,6 +118,54 @@ def test_ledger_rejects_bad_entries(tmp_path):
     assert e.value.field == "noise_multiplier"
 
 
+@pytest.fixture
+def toy():
+    """A mechanism registered by a test (with a number of its own, params.repeats): the ledger
+    accepts it with no other code changed."""
+    from popri.privacy import accounting as A
+
+    @A.register_mechanism
+    class Toy(A.GaussianMechanism):
+        name = "toy_repeated"
+        params_fields = ("repeats",)
+
+    yield A.get_mechanism("toy_repeated")
+    A.unregister_mechanism("toy_repeated")
+
+
+def _toy(rid="t", repeats=3, **kw):
+    return {"stage": "toy", "mechanism": "toy_repeated", "noise_multiplier": 2.0,
+            "sample_rate": 1.0, "steps": 1, "delta": 3e-6, "release_id": rid,
+            "params": {"repeats": repeats}, **kw}
+
+
+def test_ledger_mechanisms_come_from_the_registry(tmp_path, toy):
+    p = tmp_path / "ledger.jsonl"
+    p.write_text(json.dumps(_toy()) + "\n")
+    (e,) = ledger.read_ledger(p)
+    assert e.mechanism == "toy_repeated" and e.params == {"repeats": 3}
+    assert "toy_repeated" in ledger.MECHANISMS
+    ledger.append(p, [ledger.LedgerEntry.from_dict(_toy(rid="u"))])
+    assert len(ledger.collect([tmp_path])) == 2
+    # the number the mechanism needs is checked, and counts among the accounting fields
+    p.write_text(json.dumps(_toy(repeats=None)) + "\n")
+    with pytest.raises(InputError) as err:
+        ledger.read_ledger(p)
+    assert err.value.field == "params.repeats" and err.value.line == 1
+    p.write_text(json.dumps(_toy()) + "\n" + json.dumps(_toy(repeats=4)) + "\n")
+    with pytest.raises(InputError, match="recorded twice with different params.repeats"):
+        ledger.collect([p])
+
+
+def test_unknown_mechanism_lists_the_known_ones(tmp_path):
+    p = tmp_path / "ledger.jsonl"
+    p.write_text(json.dumps(dict(_toy(), mechanism="laplace")) + "\n")
+    with pytest.raises(InputError) as err:
+        ledger.read_ledger(p)
+    assert err.value.field == "mechanism" and err.value.line == 1
+    assert "unknown mechanism 'laplace' (known: gaussian, subsampled_gaussian" in err.value.message
+
+
 def test_release_ids_deterministic_unless_secure():
     a = ledger.make_release_id("score", {"z": 1}, 0)
     assert a == ledger.make_release_id("score", {"z": 1}, 0)

@@ -13,6 +13,7 @@ import pytest
 from popri.core.errors import InputError
 from popri.core.io import save_scores
 from popri.methods.popri.prefs import build_pairs, top_samples
+from popri.specs.training import PrefsSpec
 
 
 def samples(K=2, J=6, prompt="P{k}"):
@@ -26,7 +27,8 @@ def test_chosen_rank1_rejected_rank_l():
     # prompt 0 scores by sample_idx: 0.1 0.9 0.5 0.7 0.3 0.6 -> order 1,3,5,2,4,0
     # prompt 1: 0.2 0.1 0.8 0.4 0.6 0.0                   -> order 2,4,3,0,1,5
     sc = np.array([.1, .9, .5, .7, .3, .6, .2, .1, .8, .4, .6, .0])
-    pairs, rep = build_pairs(S, sc, None, rejected_rank=5)
+    pairs, rep = build_pairs(S, sc, None, PrefsSpec(rejected_rank=5))
+    assert build_pairs(S, sc, None) == (pairs, rep)  # PrefsSpec's default: 5 (POPri B.1)
     assert [(p["chosen"], p["rejected"]) for p in pairs] == [("text 0-1", "text 0-4"),
                                                              ("text 1-2", "text 1-1")]
     assert pairs[0]["chosen_score"] == pytest.approx(.9) and pairs[0]["rejected_score"] == pytest.approx(.3)
@@ -94,7 +96,7 @@ def test_row_count_mismatch_and_bad_values():
         build_pairs(S, np.array([1., np.nan, 2., 3.]), None, rejected_rank=2)
     with pytest.raises(InputError, match="1-D"):
         build_pairs(S, np.zeros((2, 4)), None, rejected_rank=2)
-    with pytest.raises(InputError, match=">= 2"):
+    with pytest.raises(InputError, match="field 'rejected_rank': must be .* >= 2"):
         build_pairs(S, np.arange(4.0), None, rejected_rank=1)
     bad = samples(K=1, J=4)
     del bad[2]["sample_idx"]

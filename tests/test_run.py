@@ -6,7 +6,7 @@ import pytest
 
 from popri.pipeline import config as C
 from popri.core.errors import PopriError
-from popri.pipeline.driver import POPriRun
+from popri.pipeline.driver import Run
 from popri.pipeline.stages import Stage, StageRunner
 
 
@@ -76,7 +76,7 @@ def test_failed_stage_leaves_no_marker_and_names_the_command(tmp_path):
 def test_dry_run_plans_every_stage_of_the_loop(tmp_path, capsys):
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=2", "privacy.noise_multiplier=1.5",
                         "privacy.epsilon=null"])
-    run = POPriRun(cfg, dry_run=True)
+    run = Run(cfg, dry_run=True)
     run.execute()
     cmds = run.runner.commands
     names = [c.split()[1] for c in cmds]
@@ -93,7 +93,7 @@ def test_dry_run_plans_the_pe_loop_with_the_paper_threshold(tmp_path):
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "method=pe", "rounds=3", "pe.lookahead=2",
                         "privacy.noise_multiplier=2.1793", "score.max_samples_per_client=8",
                         "privacy.epsilon=null"])
-    run = POPriRun(cfg, dry_run=True)
+    run = Run(cfg, dry_run=True)
     run.execute()
     cmds = run.runner.commands
     sub = [" ".join(c.split()[1:3]) for c in cmds]

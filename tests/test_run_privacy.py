@@ -9,6 +9,7 @@ inputs)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import shlex
 import sys
 
@@ -21,7 +22,7 @@ from popri.pipeline import config as C
 from popri.core.errors import ConfigError
 from popri.core.io import save_embedding_set
 from popri.privacy.ledger import LedgerEntry, read_ledger
-from popri.pipeline.driver import BudgetError, POPriRun, results_table
+from popri.pipeline.driver import BudgetError, Run, results_table
 from popri.privacy import accounting as A
 from popri.pipeline.stages import Stage, StageRunner
 
@@ -241,13 +242,15 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
     run = tmp_path / "run"
     cfg = C.load(None, [f"run_dir={run}", f"data.dir={dataset}", "rounds=2", "embedder=m",
                         "privacy.epsilon=1", "score.recovery_rate=true"])
-    r = POPriRun(cfg)
+    r = Run(cfg)
     r.noise = r.calibrate()
     _emb_set(r.p["emb_private"], _unit(rng, 120), clients=np.arange(120) // 4)
     for t in (1, 2):
         syn = _emb_set(run / f"round{t}" / "samples.npy", _unit(rng, 10))
-        r.score_stage(t, syn, run / f"round{t}" / "scores.npy", seed=t)
-        exact = r.exact_stage(t, syn, seed=t)
+        r.stage(r.score_stage(t, syn, run / f"round{t}" / "scores.npy", seed=t))
+        st = r.exact_stage(t, syn, seed=t)
+        r.stage(st)
+        exact = Path(st.outputs[0])
         side = json.loads(exact.with_suffix(".json").read_text())
         assert side.get("diagnostic") is True and side.get("private") is False
     assert not list((run / "diagnostics").rglob("ledger.jsonl"))
@@ -264,7 +267,7 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
                         release_id="elsewhere")
     (run / "elsewhere").mkdir()
     (run / "elsewhere" / "ledger.jsonl").write_text(json.dumps(extra.to_dict()) + "\n")
-    r2 = POPriRun(cfg)
+    r2 = Run(cfg)
     r2.account_stage()
     assert json.loads((run / "privacy.json").read_text())["entries"] == 3
 
@@ -313,7 +316,7 @@ def test_results_state_the_mode_and_what_checkpoint_selection_reads(tmp_path, re
                                                   "accountant": "rdp"}))
     cfg = C.load(None, [f"run_dir={run}", f"release={str(release).lower()}",
                         f"dpo.select_on={select}"])
-    res = POPriRun(cfg).results({"noise_multiplier": 3.0, "noise_arg": 3.0, "sample_rate": 0.5})
+    res = Run(cfg).results({"noise_multiplier": 3.0, "noise_arg": 3.0, "sample_rate": 0.5})
     assert res["mode"] == ("release" if release else "research")
     assert res["checkpoint_selection"]["on"] == select
     table = results_table(res)
@@ -349,7 +352,7 @@ def test_a_spent_release_in_the_run_dir_blocks_the_run(tmp_path, dataset, run_po
 def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path):
     run = tmp_path / "run"
     cfg = C.load(None, [f"run_dir={run}", "rounds=2", "privacy.epsilon=1"])
-    r = POPriRun(cfg)
+    r = Run(cfg)
     r.noise = r.calibrate()                       # q = 1: no client count needed
     name, entries, own, match = r.dp_stages()[0]
     assert name == "round1-score"
@@ -368,7 +371,7 @@ def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path
     assert len(read_ledger(own)) == 2
     with pytest.raises(BudgetError, match="stage round1-score would take the run"):
         before("k2")                              # other inputs: a new release on top of a, b
-    rel = POPriRun(C.load(None, [f"run_dir={run}", "rounds=2", "release=true"]))
+    rel = Run(C.load(None, [f"run_dir={run}", "rounds=2", "release=true"]))
     rel.noise = rel.calibrate()
     with pytest.raises(BudgetError):              # release mode: every run is a new release
         rel.guard(name, rel.dp_stages()[0][1], own, match)("k1")
@@ -386,7 +389,7 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
     def plan(select):
         cfg = C.load(None, [f"run_dir={tmp_path / select}", f"data.dir={dataset}",
                             f"dpo.select_on={select}", "score.clients_per_round=12"])
-        r = POPriRun(cfg, dry_run=True)
+        r = Run(cfg, dry_run=True)
         r.execute()
         dpo = [c for c in r.runner.commands if c.startswith("popri dpo ")]
         return r, dpo
@@ -399,7 +402,7 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
     assert all("--select-on " + str(r.p["emb_public"]) in c for c in dpo)
     r, dpo = plan("none")
     assert dpo and not any("--select-on" in c for c in dpo)
-    z_private = POPriRun(C.load(None, [f"run_dir={tmp_path}/p", f"data.dir={dataset}",
+    z_private = Run(C.load(None, [f"run_dir={tmp_path}/p", f"data.dir={dataset}",
                                        "score.clients_per_round=12"])).calibrate()
     r, dpo = plan("dp")
     fred = [c for c in r.runner.commands if c.startswith("popri fred stats ")]
@@ -418,7 +421,7 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
 
 
 def test_dp_selection_that_alone_exceeds_the_budget_is_a_config_error(tmp_path):
-    r = POPriRun(C.load(None, [f"run_dir={tmp_path}/r", "dpo.select_on=dp",
+    r = Run(C.load(None, [f"run_dir={tmp_path}/r", "dpo.select_on=dp",
                                "dpo.select_epsilon=2"]))
     with pytest.raises(ConfigError, match="selection alone spends"):
         r.calibrate()

@@ -1,4 +1,5 @@
-"""The DP maths of popri.feedback.scoring: brute-force equality, clipping, noise scale, sampling.
+"""The DP maths of popri.feedback.{cosine,histogram} and popri.federated.{participation,
+aggregation}: brute-force equality, clipping, noise scale, sampling.
 
     python -m pytest -q tests/test_scoring.py
 """
@@ -10,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from popri.feedback import scoring
+from popri.federated import aggregation, participation
+from popri.feedback import cosine, histogram
 from popri.core.errors import InputError
 from popri.privacy.noise import make_rng
 
@@ -42,15 +44,15 @@ def brute_force_cosine(emb, cids, syn, members, clients, *, standardize, clip):
 
 def run_cosine(emb, cids, syn, *, z=0.0, clip=1e9, standardize=False, sample_rate=None,
                per_round=None, seed=0, rows=False, block=None, max_per_client=None):
-    codes, clients = scoring.factorize(cids)
-    sample = scoring.sample_clients(len(clients), make_rng(seed, stream="sampling"),
+    codes, clients = participation.factorize(cids)
+    part = participation.sample_clients(len(clients), make_rng(seed, stream="sampling"),
                                     sample_rate=sample_rate, clients_per_round=per_round)
-    out = np.zeros((max(len(sample.members), 1), len(syn)), np.float32) if rows else None
-    keep = scoring.cap_per_client(codes, max_per_client, make_rng(seed, stream="cap"))
-    total = scoring.cosine_round(emb, codes, sample, syn, noise_multiplier=z, clip=clip,
+    out = np.zeros((max(len(part.members), 1), len(syn)), np.float32) if rows else None
+    keep = participation.cap_per_client(codes, max_per_client, make_rng(seed, stream="cap"))
+    total = cosine.cosine_round(emb, codes, part, syn, noise_multiplier=z, clip=clip,
                                  standardize=standardize, noise_rng=make_rng(seed, stream="noise"),
                                  keep=keep, rows_out=out, block=block)
-    return total, sample, clients, out
+    return total, part, clients, out
 
 
 # --------------------------------------------------------------------------- cosine = brute force
@@ -59,11 +61,11 @@ def run_cosine(emb, cids, syn, *, z=0.0, clip=1e9, standardize=False, sample_rat
        clip=st.sampled_from([0.3, 1.0, 1e9]))
 def test_cosine_equals_brute_force_pairwise(seed, n_clients, standardize, clip):
     emb, cids, syn = make_data(seed, 40, n_clients, 13, 6)
-    total, sample, clients, rows = run_cosine(emb, cids, syn, clip=clip, standardize=standardize,
+    total, part, clients, rows = run_cosine(emb, cids, syn, clip=clip, standardize=standardize,
                                               rows=True, block=2)
-    want = brute_force_cosine(emb, cids, syn, sample.members, clients, standardize=standardize,
+    want = brute_force_cosine(emb, cids, syn, part.members, clients, standardize=standardize,
                               clip=clip)
-    out = scoring.finish(total, reduce="mean", denominator=sample.denominator, threshold=None)
+    out = aggregation.finish(total, reduce="mean", denominator=part.denominator, threshold=None)
     assert np.allclose(out, want.mean(axis=0), atol=1e-5)
     assert np.allclose(rows, want, atol=1e-5)  # the per-client rows too
     assert np.allclose(total, rows.sum(axis=0), atol=1e-4)
@@ -71,9 +73,9 @@ def test_cosine_equals_brute_force_pairwise(seed, n_clients, standardize, clip):
 
 def test_unstandardised_unclipped_mean_is_mean_of_mean_cosines():
     emb, cids, syn = make_data(1, 300, 25, 40, 16)
-    total, sample, clients, _ = run_cosine(emb, cids, syn, clip=1e9, standardize=False)
-    assert sample.sampling == "none" and sample.denominator == len(clients) == 25
-    want = brute_force_cosine(emb, cids, syn, sample.members, clients, standardize=False,
+    total, part, clients, _ = run_cosine(emb, cids, syn, clip=1e9, standardize=False)
+    assert part.sampling == "none" and part.denominator == len(clients) == 25
+    want = brute_force_cosine(emb, cids, syn, part.members, clients, standardize=False,
                               clip=1e9).mean(axis=0)
     assert np.allclose(total / 25, want, atol=1e-6)
 
@@ -113,8 +115,8 @@ def test_zero_private_row_counts_as_cosine_zero():
 def test_per_row_and_aggregate_noise_std():
     emb, cids, syn = make_data(3, 400, 50, 4000, 8)
     z, clip = 2.0, 0.5
-    exact, sample, _, exact_rows = run_cosine(emb, cids, syn, clip=clip, standardize=True, rows=True)
-    L = len(sample.members)
+    exact, part, _, exact_rows = run_cosine(emb, cids, syn, clip=clip, standardize=True, rows=True)
+    L = len(part.members)
     noisy, _, _, noisy_rows = run_cosine(emb, cids, syn, z=z, clip=clip, standardize=True, rows=True)
     per_row = (noisy_rows - exact_rows).astype(np.float64).ravel()  # 200,000 draws
     assert abs(per_row.std() / (z * clip / np.sqrt(L)) - 1) < 0.01  # sd of the ratio ~0.0016
@@ -142,23 +144,23 @@ def test_aggregate_noise_chi_square(seed, z):
 # --------------------------------------------------------------------------- sampling
 def test_poisson_mean_divides_by_expected_count():
     emb, cids, syn = make_data(5, 600, 60, 20, 6)
-    total, sample, clients, _ = run_cosine(emb, cids, syn, clip=1e9, sample_rate=0.3, seed=2)
-    assert sample.sampling == "poisson" and 0 < len(sample.members) < 60
-    assert sample.denominator == pytest.approx(0.3 * 60)
-    want = brute_force_cosine(emb, cids, syn, sample.members, clients, standardize=False, clip=1e9)
-    out = scoring.finish(total, reduce="mean", denominator=sample.denominator, threshold=None)
+    total, part, clients, _ = run_cosine(emb, cids, syn, clip=1e9, sample_rate=0.3, seed=2)
+    assert part.sampling == "poisson" and 0 < len(part.members) < 60
+    assert part.denominator == pytest.approx(0.3 * 60)
+    want = brute_force_cosine(emb, cids, syn, part.members, clients, standardize=False, clip=1e9)
+    out = aggregation.finish(total, reduce="mean", denominator=part.denominator, threshold=None)
     assert np.allclose(out, want.sum(axis=0) / (0.3 * 60), atol=1e-5)
 
 
 def test_poisson_with_no_client_is_pure_noise():
     emb, cids, syn = make_data(0, 10, 2, 5000, 4)
-    codes, clients = scoring.factorize(cids)
-    sample = scoring.Sample(np.zeros(0, np.int64), len(clients), "poisson", 0.01)
+    codes, clients = participation.factorize(cids)
+    part = participation.Participation(np.zeros(0, np.int64), len(clients), "poisson", 0.01)
     for rows in (None, np.zeros((1, len(syn)), np.float32)):
-        total = scoring.cosine_round(emb, codes, sample, syn, noise_multiplier=3.0, clip=2.0,
+        total = cosine.cosine_round(emb, codes, part, syn, noise_multiplier=3.0, clip=2.0,
                                      standardize=True, noise_rng=make_rng(1), rows_out=rows)
         assert abs(total.std() / 6.0 - 1) < 0.05
-        out = scoring.finish(total, reduce="mean", denominator=sample.denominator, threshold=None)
+        out = aggregation.finish(total, reduce="mean", denominator=part.denominator, threshold=None)
         assert np.allclose(out, (total / 0.02).astype(np.float32))
         if rows is not None:
             assert np.allclose(rows[0], total)
@@ -167,36 +169,36 @@ def test_poisson_with_no_client_is_pure_noise():
 @given(n=st.integers(1, 300), q=st.floats(0.01, 0.99), seed=st.integers(0, 1000))
 @FAST
 def test_sampling_kinds(n, q, seed):
-    s = scoring.sample_clients(n, make_rng(seed), sample_rate=q)
+    s = participation.sample_clients(n, make_rng(seed), sample_rate=q)
     assert s.sampling == "poisson" and s.denominator == pytest.approx(q * n)
     assert np.all(np.diff(s.members) > 0) and (len(s.members) == 0 or s.members[-1] < n)
     L = max(1, n // 3)
-    f = scoring.sample_clients(n, make_rng(seed), clients_per_round=L)
+    f = participation.sample_clients(n, make_rng(seed), clients_per_round=L)
     assert len(np.unique(f.members)) == L and f.denominator == L
     assert f.sampling == ("none" if L == n else "fixed") and f.sample_rate == pytest.approx(L / n)
-    assert scoring.sample_clients(n, make_rng(seed)).sampling == "none"
+    assert participation.sample_clients(n, make_rng(seed)).sampling == "none"
 
 
 def test_poisson_rate_is_right_and_options_are_exclusive():
-    s = scoring.sample_clients(100_000, make_rng(0), sample_rate=0.2)
+    s = participation.sample_clients(100_000, make_rng(0), sample_rate=0.2)
     assert abs(len(s.members) - 20_000) < 6 * np.sqrt(100_000 * 0.2 * 0.8)
     with pytest.raises(ValueError, match="mutually exclusive"):
-        scoring.sample_clients(10, make_rng(0), sample_rate=0.5, clients_per_round=3)
+        participation.sample_clients(10, make_rng(0), sample_rate=0.5, clients_per_round=3)
     with pytest.raises(ValueError):
-        scoring.sample_clients(10, make_rng(0), clients_per_round=11)
+        participation.sample_clients(10, make_rng(0), clients_per_round=11)
 
 
 def test_cap_keeps_at_most_m_rows_per_client_seeded():
     codes = np.repeat(np.arange(5), [1, 3, 8, 20, 9])
-    keep = scoring.cap_per_client(codes, 4, make_rng(7))
+    keep = participation.cap_per_client(codes, 4, make_rng(7))
     assert list(np.bincount(codes[keep], minlength=5)) == [1, 3, 4, 4, 4]
-    assert np.array_equal(keep, scoring.cap_per_client(codes, 4, make_rng(7)))
-    assert not np.array_equal(keep, scoring.cap_per_client(codes, 4, make_rng(8)))
-    assert scoring.cap_per_client(codes, None, make_rng(7)) is None
+    assert np.array_equal(keep, participation.cap_per_client(codes, 4, make_rng(7)))
+    assert not np.array_equal(keep, participation.cap_per_client(codes, 4, make_rng(8)))
+    assert participation.cap_per_client(codes, None, make_rng(7)) is None
 
 
 def test_factorize_orders_clients_by_id_not_by_row():
-    codes, clients = scoring.factorize(["b", "a", "c", "a"])
+    codes, clients = participation.factorize(["b", "a", "c", "a"])
     assert clients == ["a", "b", "c"] and list(codes) == [1, 0, 2, 0]
 
 
@@ -231,34 +233,35 @@ def clustered(seed, n_rows, n_clients, n_syn, d):
 @given(seed=st.integers(0, 10_000), n_clients=st.integers(1, 9))
 def test_histogram_equals_numpy_argmin(seed, n_clients):
     emb, cids, syn = clustered(seed, 60, n_clients, 15, 6)
-    codes, clients = scoring.factorize(cids)
-    sample = scoring.sample_clients(len(clients), make_rng(0))
+    codes, clients = participation.factorize(cids)
+    part = participation.sample_clients(len(clients), make_rng(0))
     rows = np.zeros((len(clients), len(syn)), np.float32)
-    total = scoring.histogram_round(emb, codes, sample, syn, noise_multiplier=0, max_per_client=10**6,
-                                    keep=None, noise_rng=make_rng(0), rows_out=rows, block=2)
+    total = histogram.histogram_round(emb, codes, part, syn, noise_multiplier=0,
+                                      max_per_client=10**6, keep=None, noise_rng=make_rng(0),
+                                      rows_out=rows, block=2)
     d2 = ((emb[:, None, :].astype(np.float64) - syn[None].astype(np.float64)) ** 2).sum(-1)
     nn = d2.argmin(axis=1)
     assert np.array_equal(total, np.bincount(nn, minlength=len(syn)))
     for j, c in enumerate(clients):
         mine = [i for i, x in enumerate(cids) if x == c]
         assert np.array_equal(rows[j], np.bincount(nn[mine], minlength=len(syn)))
-    hist = scoring.finish(total, reduce="sum", denominator=1, threshold=0.0)
+    hist = aggregation.finish(total, reduce="sum", denominator=1, threshold=0.0)
     assert np.array_equal(hist, np.bincount(nn, minlength=len(syn)).astype(np.float32))
 
 
 def test_histogram_cap_threshold_and_noise():
     emb, cids, syn = clustered(1, 500, 20, 3000, 8)
-    codes, clients = scoring.factorize(cids)
-    sample = scoring.sample_clients(len(clients), make_rng(0))
+    codes, clients = participation.factorize(cids)
+    part = participation.sample_clients(len(clients), make_rng(0))
     M = 3
-    keep = scoring.cap_per_client(codes, M, make_rng(0))
-    exact = scoring.histogram_round(emb, codes, sample, syn, noise_multiplier=0, max_per_client=M,
-                                    keep=keep, noise_rng=make_rng(0))
+    keep = participation.cap_per_client(codes, M, make_rng(0))
+    exact = histogram.histogram_round(emb, codes, part, syn, noise_multiplier=0,
+                                      max_per_client=M, keep=keep, noise_rng=make_rng(0))
     assert exact.sum() == np.minimum(np.bincount(codes), M).sum()
-    noisy = scoring.histogram_round(emb, codes, sample, syn, noise_multiplier=2.0, max_per_client=M,
-                                    keep=keep, noise_rng=make_rng(0))
+    noisy = histogram.histogram_round(emb, codes, part, syn, noise_multiplier=2.0,
+                                      max_per_client=M, keep=keep, noise_rng=make_rng(0))
     assert abs((noisy - exact).std() / (2.0 * M) - 1) < 0.05  # std Z*M on the sum
-    out = scoring.finish(noisy, reduce="sum", denominator=1, threshold=4.0)
+    out = aggregation.finish(noisy, reduce="sum", denominator=1, threshold=4.0)
     assert np.allclose(out, np.maximum(noisy - 4.0, 0).astype(np.float32))
     assert out.min() == 0
 
@@ -269,11 +272,12 @@ def test_row_blocks_reads_memmap_files_like_slicing(tmp_path):
     np.save(tmp_path / "a.npy", arr)
     mm = np.load(tmp_path / "a.npy", mmap_mode="r")
     assert isinstance(mm.base, mmap.mmap)  # the fast path is taken
-    got = np.concatenate([b for _, b in scoring.row_blocks(mm, 100)])
+    got = np.concatenate([b for _, b in participation.row_blocks(mm, 100)])
     assert np.array_equal(got, arr)
     sliced = mm[10:20]  # a view: read by slicing, still correct
-    assert np.array_equal(np.concatenate([b for _, b in scoring.row_blocks(sliced, 3)]), arr[10:20])
-    assert np.allclose(scoring.sum_rows(mm), arr.sum(axis=0, dtype=np.float64))
+    got = np.concatenate([b for _, b in participation.row_blocks(sliced, 3)])
+    assert np.array_equal(got, arr[10:20])
+    assert np.allclose(aggregation.sum_rows(mm), arr.sum(axis=0, dtype=np.float64))
 
 
 def test_nan_row_is_a_located_input_error():

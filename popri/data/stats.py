@@ -16,7 +16,8 @@ import numpy as np
 
 from popri.core import log
 from popri.core.errors import InputError
-from popri.core.io import iter_jsonl, read_json, sha256_file
+from popri.core.artifacts import file_digest
+from popri.core.io import iter_jsonl, read_json
 from popri.data.splits import SPLITS
 from popri.data.tokenize import load_tokenizer
 
@@ -64,7 +65,7 @@ def dataset_stats(path: str, tokenizer: str | None = None) -> dict:
         if not f.exists():
             raise InputError("missing split file", path=str(f))
         want = (files.get(f.name) or {}).get("sha256")
-        if want and sha256_file(f) != want:
+        if want and file_digest(f) != want:
             bad.append(f.name)
         per_client: dict[str, int] = {}
         texts = []

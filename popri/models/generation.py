@@ -1,7 +1,11 @@
-"""The server LLM writes K prompts x J samples (POPri Algorithm 1 line 3; PrE-Text ``Expand``).
+"""The server LLM writes K prompts x J samples; the one LLM engine factory.
 
     popri gen data/c4-init.jsonl --prompts 1800 --samples-per-prompt 10 --seed 0 --out r0.jsonl
     python -c "from popri.models.generation import build_prompts; print(build_prompts(['a b', 'c d', 'e f'], 1, seed=0)[0]['prompt'])"
+
+This is Algorithm 1 line 3 of "Private Federated Learning using Preference-Optimized Synthetic
+Data" (POPri, arXiv:2504.16438) and the generation inside ``Expand`` of "PrE-Text: Training
+Language Models on Private Federated Data in the Age of LLMs" (PrE-Text, arXiv:2406.02958).
 
 Prompts (POPri B.2 / Figure 5, PrE-Text Figure 3, the POPri reference ``generation_prompt.txt``):
 each prompt shows ``shots`` (3) distinct, whitespace-normalised texts of the initial population
@@ -12,16 +16,18 @@ tokens of the generator's tokenizer (64, POPri's ``trunc_len``).
 
 Degenerate samples (see :func:`degeneracy`) are regenerated up to ``max_retries`` times; one
 still degenerate afterwards is KEPT with ``"degenerate": true`` so that every prompt keeps
-exactly J samples (preference pairs need a fixed J).  Sampling defaults are the POPri reference
-code's: temperature 1.0, top-p 1.0, no top-k, 85 new tokens.
+exactly J samples (preference pairs need a fixed J).  The settings are a
+:class:`~popri.specs.generation.GenSpec` (sampling defaults: the POPri reference code's,
+temperature 1.0, top-p 1.0, no top-k, 85 new tokens).
 
-Backends: ``transformers`` (batched, left padding, bf16 autocast on CPU) and ``vllm`` (GPU,
-imported lazily; a LoRA adapter is served with ``LoRARequest`` or merged first).
+Backends (:func:`make_engine`, the one factory: ``popri gen``, ``popri expand`` and ``popri vary
+--method paraphrase`` all load their LLM through it): ``transformers`` (batched, left padding,
+bf16 autocast on CPU) and ``vllm`` (GPU, imported lazily; a LoRA adapter is served with
+``LoRARequest`` or merged first).  :func:`generate_file` is the whole ``popri gen`` step.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -29,14 +35,14 @@ import string
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from popri.core import log, runtime
 from popri.core.errors import InputError, MissingResourceError, PopriError
+from popri.specs.generation import MARKER, GeneratorSpec, GenSpec, settle
 
-MARKER = "Original Text Sample"
 DEFAULT_TEMPLATE = (
     "List of 6 diverse original text samples:\n"
     "Original Text Sample 1\n{sample1}\n"
@@ -49,7 +55,6 @@ TOP_WORD_SHARE = 0.5      # one word making up more than half of the words
 LOOP_MIN_WORDS = 10       # ... or, from 10 words on,
 LOOP_TRIGRAM_SHARE = 0.5  # fewer than half of the word trigrams distinct
 COPY_WORDS = 8            # first 8 words found verbatim in the prompt = copied example
-BACKENDS = ("transformers", "vllm")
 
 
 def normalise_ws(text: str) -> str:
@@ -107,7 +112,8 @@ def fill_template(template: str, examples: Sequence[str]) -> str:
     return template.format(*examples, **named)
 
 
-def build_prompts(omega_texts: Sequence[str], num_prompts: int, *, seed: int, shots: int = 3,
+def build_prompts(omega_texts: Sequence[str], num_prompts: int, *, seed: int,
+                  shots: int = GenSpec.shots,
                   template: str | None = None, ids: Sequence | None = None) -> list[dict]:
     """K prompts, each filled with ``shots`` distinct random texts of Omega (seeded).
 
@@ -192,7 +198,7 @@ def _key(w: str) -> str:
     return w.casefold().strip(string.punctuation + "“”‘’«»")
 
 
-def degeneracy(text: str, *, min_words: int = 3, prompt: str = "",
+def degeneracy(text: str, *, min_words: int = GenSpec.min_words, prompt: str = "",
                examples: Sequence[str] = ()) -> str | None:
     """Why ``text`` is degenerate, or None.
 
@@ -373,9 +379,10 @@ def _import_vllm():
 
 
 def adapter_rank(adapter: str) -> int:
-    cfg = Path(adapter) / "adapter_config.json"
-    if not cfg.exists():
-        raise MissingResourceError(f"{adapter} is not a PEFT adapter directory (no adapter_config.json)")
+    """The LoRA rank ``r`` of a PEFT adapter directory (vllm's ``max_lora_rank`` must cover it)."""
+    from popri.models.lora import ADAPTER_CONFIG, require_adapter
+
+    cfg = require_adapter(adapter) / ADAPTER_CONFIG
     try:
         return int(json.loads(cfg.read_text(encoding="utf-8")).get("r", 8))
     except (ValueError, TypeError) as e:
@@ -383,18 +390,15 @@ def adapter_rank(adapter: str) -> int:
 
 
 def merged_checkpoint(model: str, adapter: str) -> str:
-    """Merge a LoRA adapter into its base once (PEFT ``merge_and_unload``); cached by content."""
+    """Merge a LoRA adapter into its base once (PEFT ``merge_and_unload``); cached by content
+    (the base's resolved path and :func:`~popri.core.artifacts.dir_digest` of the adapter)."""
     import os
     import shutil
 
+    from popri.core.artifacts import digest, dir_digest
     from popri.models import llm
 
-    h = hashlib.sha256(llm.resolve(model).encode())
-    for f in sorted(Path(adapter).rglob("*")):
-        if f.is_file():
-            h.update(f"{f.relative_to(adapter)}:".encode())
-            h.update(f.read_bytes())
-    dest = runtime.cache_dir() / "merged" / h.hexdigest()[:24]
+    dest = runtime.cache_dir() / "merged" / digest([llm.resolve(model), dir_digest(adapter)])[:24]
     if (dest / "config.json").exists():
         return str(dest)
     m, tok = llm.load_causal_lm(model, adapter)
@@ -412,17 +416,18 @@ def merged_checkpoint(model: str, adapter: str) -> str:
 class VllmBackend:
     """vLLM offline engine; one SamplingParams per row with seed
     ``derive_seed(seed, attempt, prompt_id, sample_idx)``, so samples do not depend on batching.
-    ``adapter_mode='lora'`` serves the adapter with a LoRARequest; ``'merge'`` merges it first."""
+    ``adapter_mode='lora'`` serves the adapter with a LoRARequest; ``'merge'`` merges it first.
+    ``.tok``: the tokenizer (``tokenizer_obj``) the caller truncates samples with."""
 
     name = "vllm"
 
     def __init__(self, model: str, adapter: str | None, *, bf16: bool, params: dict, seed: int,
                  marker: str, adapter_mode: str = "lora", max_model_len: int | None = None,
-                 model_obj=None):
+                 model_obj=None, tokenizer_obj=None):
         from popri.models import llm
 
         LLM, self.SamplingParams = _import_vllm()
-        self.params, self.seed, self.marker = params, seed, marker
+        self.params, self.seed, self.marker, self.tok = params, seed, marker, tokenizer_obj
         self.lora = None
         path = llm.resolve(model)
         kwargs: dict = {}
@@ -458,51 +463,70 @@ class VllmBackend:
         return res
 
 
-# --------------------------------------------------------------------------- driver
-def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
-             samples_per_prompt: int, round: int = 0, backend: str = "transformers",
-             temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 85,
-             max_tokens: int = 64, min_words: int = 3, max_retries: int = 2, batch_size: int = 8,
-             seed: int = 0, bf16: bool = True, device: str | None = None,
-             model_obj=None, tokenizer_obj=None, num_samples: int | None = None,
-             marker: str = MARKER, adapter_mode: str = "lora",
-             max_model_len: int | None = None, clean=None) -> tuple[list[dict], dict]:
-    """Sample ``samples_per_prompt`` texts per prompt -> (records, stats).
+def sampling_params(spec) -> dict:
+    """What a backend samples with: temperature, top-p, new tokens (no top-k)."""
+    return {"temperature": float(spec.temperature), "top_p": float(spec.top_p),
+            "max_new_tokens": int(spec.max_new_tokens)}
 
-    Records (ordered by prompt, then sample): ``{"id": "r{round}-p{prompt_id}-s{sample_idx}",
+
+def make_engine(spec: GeneratorSpec, *, adapter: str | None = None, seed: int = 0,
+                marker: str = MARKER, device: str | None = None, model_obj=None,
+                tokenizer_obj=None, max_model_len: int | None = None,
+                prompt_tokens: Callable | None = None):
+    """THE generation backend: ``spec.backend`` serving ``spec.model`` (+ the LoRA ``adapter``),
+    sampling with ``spec``'s temperature / top-p / new tokens, every row seeded from ``seed``,
+    stopping at ``marker``.  Used by :func:`generate` (``popri gen``, the paraphrase of ``popri
+    vary``) and ``popri expand``; loaded once and reused for every batch.
+
+    The engine has ``run(prompts, keys, attempt, tick) -> [(text, n_tokens)]``, ``name`` and
+    ``.tok`` (its tokenizer, for truncation to ``max_tokens``).  ``model_obj`` /
+    ``tokenizer_obj`` reuse a loaded model (an ``vllm.LLM`` for vllm).  vllm: a missing package
+    is reported before any model is fetched; its context is ``max_model_len``, else the longest
+    prompt (``prompt_tokens(tokenizer)`` tokens) + ``max_new_tokens``, rounded up to 64."""
+    params = sampling_params(spec)
+    if spec.backend == "vllm":
+        _import_vllm()
+        from popri.models import llm
+
+        tok = tokenizer_obj or llm.load_tokenizer(spec.model)
+        if max_model_len is None and model_obj is None and prompt_tokens is not None:
+            max_model_len = 64 * math.ceil((prompt_tokens(tok) + spec.max_new_tokens) / 64)
+        return VllmBackend(spec.model, adapter, bf16=spec.bf16, params=params, seed=seed,
+                           marker=marker, adapter_mode=spec.adapter_mode,
+                           max_model_len=max_model_len, model_obj=model_obj, tokenizer_obj=tok)
+    return TransformersBackend(spec.model, adapter, device=device, bf16=spec.bf16, params=params,
+                               batch_size=spec.batch_size, seed=seed, marker=marker,
+                               model_obj=model_obj, tokenizer_obj=tokenizer_obj)
+
+
+# --------------------------------------------------------------------------- driver
+def generate(prompts: list[dict], spec: GenSpec | None = None, *, adapter: str | None = None,
+             round_no: int = 0, seed: int = 0, device: str | None = None, model_obj=None,
+             tokenizer_obj=None, num_samples: int | None = None,
+             max_model_len: int | None = None, clean=None, **settings) -> tuple[list[dict], dict]:
+    """Sample ``spec.samples_per_prompt`` texts per prompt -> (records, stats).
+
+    ``spec``: a :class:`~popri.specs.generation.GenSpec` (default: its defaults); its fields may
+    also be given as keywords (``generate(prompts, model="smollm2-135m", temperature=0.7)``).
+    Records (ordered by prompt, then sample): ``{"id": "r{round_no}-p{prompt_id}-s{sample_idx}",
     "round", "prompt_id", "sample_idx", "prompt", "text", "model"}`` plus ``"adapter"`` when one
     is used and ``"degenerate": true`` for a sample still degenerate after ``max_retries``.
     ``num_samples`` keeps only the first N of the K*J grid.  ``model_obj``/``tokenizer_obj``
     reuse a loaded model (an ``vllm.LLM`` for the vllm backend).  ``clean(raw, tokenizer,
     max_tokens, marker)`` replaces :func:`clean_generation` (the degeneracy check sees its result).
     """
-    if backend not in BACKENDS:
-        raise InputError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}", field="backend")
-    if samples_per_prompt < 1 or max_tokens < 1 or max_new_tokens < 1 or batch_size < 1:
-        raise ValueError("samples_per_prompt, max_tokens, max_new_tokens and batch_size must be >= 1")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
-    rows = [(i, j) for i in range(len(prompts)) for j in range(samples_per_prompt)]
+    spec = settle(GenSpec, spec, settings)
+    J, marker, max_tokens = spec.samples_per_prompt, spec.marker, spec.max_tokens
+    rows = [(i, j) for i in range(len(prompts)) for j in range(J)]
     if num_samples is not None:
         rows = rows[:num_samples]
-    params = {"temperature": float(temperature), "top_p": float(top_p),
-              "max_new_tokens": int(max_new_tokens)}
     t_load = time.perf_counter()
-    if backend == "vllm":
-        from popri.models import llm
-
-        tok = tokenizer_obj or llm.load_tokenizer(model)
-        if max_model_len is None and model_obj is None:  # the context these prompts need
-            longest = max((len(tok(p["prompt"])["input_ids"]) for p in prompts), default=0)
-            max_model_len = 64 * math.ceil((longest + max_new_tokens) / 64)
-        engine = VllmBackend(model, adapter, bf16=bf16, params=params, seed=seed, marker=marker,
-                             adapter_mode=adapter_mode, max_model_len=max_model_len,
-                             model_obj=model_obj)
-    else:
-        engine = TransformersBackend(model, adapter, device=device, bf16=bf16, params=params,
-                                     batch_size=batch_size, seed=seed, marker=marker,
-                                     model_obj=model_obj, tokenizer_obj=tokenizer_obj)
-        tok = engine.tok
+    engine = make_engine(
+        spec, adapter=adapter, seed=seed, marker=marker, device=device, model_obj=model_obj,
+        tokenizer_obj=tokenizer_obj, max_model_len=max_model_len,
+        prompt_tokens=lambda tok: max((len(tok(p["prompt"])["input_ids"]) for p in prompts),
+                                      default=0))
+    tok = engine.tok
     load_s = time.perf_counter() - t_load
 
     texts: dict[tuple[int, int], str] = {}
@@ -510,7 +534,7 @@ def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
     first_reasons: Counter = Counter()
     totals = {"generated": 0, "tokens": 0, "seconds": 0.0}
     todo = rows
-    for attempt in range(max_retries + 1):
+    for attempt in range(spec.max_retries + 1):
         if not todo:
             break
         with log.progress() as prog:
@@ -534,7 +558,7 @@ def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
         for row, (r, _) in zip(todo, raw):
             p = prompts[row[0]]
             text = (clean or clean_generation)(r, tok, max_tokens, marker)
-            reason = degeneracy(text, min_words=min_words, prompt=p["prompt"],
+            reason = degeneracy(text, min_words=spec.min_words, prompt=p["prompt"],
                                 examples=p.get("example_texts", ()))
             if attempt == 0 and reason:
                 first_reasons[reason] += 1
@@ -545,13 +569,12 @@ def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
                 again.append(row)
         todo = again
 
-    model_label = model
     records = []
     for i, j in rows:
         p = prompts[i]
         pid = int(p["prompt_id"])
-        rec = {"id": f"r{round}-p{pid}-s{j}", "round": int(round), "prompt_id": pid,
-               "sample_idx": j, "prompt": p["prompt"], "text": texts[(i, j)], "model": model_label}
+        rec = {"id": f"r{round_no}-p{pid}-s{j}", "round": int(round_no), "prompt_id": pid,
+               "sample_idx": j, "prompt": p["prompt"], "text": texts[(i, j)], "model": spec.model}
         if adapter:
             rec["adapter"] = str(adapter)
         if why[(i, j)]:
@@ -559,8 +582,8 @@ def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
         records.append(rec)
     kept = Counter(r for r in why.values() if r)
     stats = {
-        "backend": backend, "model": model, "adapter": adapter, "round": int(round),
-        "prompts": len(prompts), "samples_per_prompt": samples_per_prompt,
+        "backend": spec.backend, "model": spec.model, "adapter": adapter, "round": int(round_no),
+        "prompts": len(prompts), "samples_per_prompt": J,
         "samples": len(records), "generated": totals["generated"],
         "regenerated": totals["generated"] - len(rows),
         "degenerate_first_pass": sum(first_reasons.values()),
@@ -570,11 +593,66 @@ def generate(prompts: list[dict], *, model: str, adapter: str | None = None,
         "load_seconds": round_(load_s),
         "tokens_per_s": round_(totals["tokens"] / totals["seconds"]) if totals["seconds"] else None,
         "samples_per_s": round_(totals["generated"] / totals["seconds"]) if totals["seconds"] else None,
-        "params": {**params, "top_k": None, "max_tokens": max_tokens, "min_words": min_words,
-                   "max_retries": max_retries, "batch_size": batch_size, "seed": seed,
-                   "bf16": bf16, "marker": marker},
+        "params": {**sampling_params(spec), "top_k": None, "max_tokens": max_tokens,
+                   "min_words": spec.min_words, "max_retries": spec.max_retries,
+                   "batch_size": spec.batch_size, "seed": seed, "bf16": spec.bf16,
+                   "marker": marker},
     }
     return records, stats
+
+
+def generate_file(omega: str, spec: GenSpec, *, prompts: int | None = None,
+                  num_samples: int | None = None, out: str = "-", split: str = "train",
+                  template: str | None = None, adapter: str | None = None, seed: int = 0,
+                  round_no: int = 0, device: str | None = None, prompts_out: str | None = None,
+                  stats_out: str | None = None) -> dict:
+    """The ``popri gen`` step: K = ``prompts`` few-shot prompts (or K = ceil(``num_samples`` /
+    J), the first N samples kept) from the texts of ``omega`` (JSONL, a dataset directory's
+    ``split``, or '-'), J samples each -> JSONL at ``out`` ('-': stdout), the prompts at
+    ``prompts_out``, the stats at ``stats_out`` (all written atomically, after every input
+    check).  Returns the stats (counts, timings, ``omega``)."""
+    from popri.core.guard import check_outputs
+    from popri.core.io import STDIO, AtomicOutputs, dumps, write_jsonl
+    from popri.models.embed import text_records
+
+    if (prompts is None) == (num_samples is None):
+        raise InputError("give exactly one of --prompts K and --num-samples N", field="prompts")
+    if adapter:
+        from popri.models.lora import require_adapter
+
+        require_adapter(adapter)
+    for name, dest in (("prompts-out", prompts_out), ("stats-out", stats_out)):
+        if dest == STDIO:
+            raise InputError("stdout carries the samples; give a file name", field=name)
+    check_outputs([out, prompts_out, stats_out],
+                  [omega, template, adapter, spec.model if Path(spec.model).exists() else None])
+    tmpl = read_template(template, lambda t: check_template(t, spec.shots))
+
+    recs, src = text_records(omega, split)
+    k = prompts if prompts is not None else math.ceil(num_samples / spec.samples_per_prompt)
+    try:
+        plist = build_prompts([r["text"] for r in recs], k, seed=seed, shots=spec.shots,
+                              template=tmpl, ids=[r["id"] for r in recs])
+    except InputError as e:
+        raise InputError(e.message, path=src, field=e.field) from None
+    records, stats = generate(plist, spec, adapter=adapter, round_no=round_no, seed=seed,
+                              device=device, num_samples=num_samples)
+    stats["omega"] = {"path": src, "texts": len(recs), "shots": spec.shots,
+                      "template": template or "builtin"}
+    with AtomicOutputs() as staged:
+        if out != STDIO:
+            with open(staged.path(out), "w", encoding="utf-8") as fh:
+                fh.writelines(dumps(r) + "\n" for r in records)
+        if prompts_out:
+            with open(staged.path(prompts_out), "w", encoding="utf-8") as fh:
+                fh.writelines(dumps({"prompt_id": p["prompt_id"], "prompt": p["prompt"],
+                                     "examples": p["examples"]}) + "\n" for p in plist)
+        if stats_out:
+            with open(staged.path(stats_out), "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(stats, indent=2) + "\n")
+    if out == STDIO:
+        write_jsonl(records, STDIO)
+    return stats
 
 
 def round_(x: float, nd: int = 3) -> float:

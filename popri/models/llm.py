@@ -132,7 +132,8 @@ def load_tokenizer(name: str):
 
 def load_causal_lm(name: str, adapter: str | None = None, *, dtype: str = "float32",
                    device: str | None = None, trainable_adapter: bool = False):
-    """(model, tokenizer) for an alias / path / hub id, with an optional LoRA adapter."""
+    """(model, tokenizer) for an alias / path / hub id, with an optional LoRA adapter (a
+    directory that is not one is an InputError naming it: exit 2, as every ``--adapter``)."""
     torch = runtime.configure_torch()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -151,8 +152,9 @@ def load_causal_lm(name: str, adapter: str | None = None, *, dtype: str = "float
     if adapter:
         from peft import PeftModel
 
-        if not (Path(adapter) / "adapter_config.json").exists():
-            raise MissingResourceError(f"{adapter} is not a PEFT adapter directory (no adapter_config.json)")
+        from popri.models.lora import require_adapter
+
+        require_adapter(adapter)
         model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable_adapter)
     if device:
         model = model.to(device)

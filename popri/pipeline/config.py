@@ -11,188 +11,172 @@ papers give a value it is cited and the paper-scale value is in examples/biorxiv
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any
 
 from popri.core.errors import ConfigError
+from popri.core.spec import Spec, param, same
+from popri.specs.data import EmbedSpec, FetchSpec
+from popri.specs.feedback import (
+    COSINE_CLIP,
+    COSINE_STANDARDIZE,
+    HISTOGRAM_MAX_SAMPLES,
+    HISTOGRAM_THRESHOLD,
+    ScoreSpec,
+)
+from popri.specs.generation import DEFAULT_LM, GenSpec, GeneratorSpec, VarySpec
+from popri.specs.training import BootstrapSpec, DownstreamSpec, DPOSpec, PrefsSpec, SelectSpec
 
 
-@dataclass
-class DataConfig:
-    """Private federated data and the public initial population Omega."""
-    source: str = "sotu"                 # bench source (sotu | shakespeare | debian | biorxiv | ... | FILE)
-    dir: str | None = None               # use an existing federated dataset directory instead
-    date_from: str | None = "1900-01-01"  # private clients: addresses from this date on
-    max_samples_per_client: int | None = 16
-    max_clients: int | None = None
-    max_tokens: int = 64                 # POPri B.1 / PrE-Text: sequence length 64
-    split: str = "hash"
-    public_source: str | None = "sotu"   # Omega: public text (a bench source or a JSONL file)
-    public_date_to: str | None = "1899-12-31"  # ... the historical addresses (public record)
-    public_max_samples_per_client: int | None = 8
+@dataclass(frozen=True)
+class DataConfig(Spec):
+    """Private federated data and the public initial population Omega (two ``bench fetch``
+    runs: each field that is a fetch setting is FetchSpec's, with the embedded default's value)."""
+    source: str = param("sotu", "Private data: a bench source (sotu | shakespeare | debian | "
+                        "biorxiv | ...) or a file.")
+    dir: str | None = param(None, "Use an existing federated dataset directory instead.")
+    date_from: str | None = same(FetchSpec, "date_from", "1900-01-01")
+    max_samples_per_client: int | None = same(FetchSpec, "max_samples_per_client", 16)
+    max_clients: int | None = same(FetchSpec, "max_clients")
+    max_tokens: int = same(FetchSpec, "max_tokens")
+    split: str = same(FetchSpec, "split")
+    public_source: str | None = param("sotu", "Omega: public text (a bench source or a JSONL "
+                                      "file).")
+    public_date_to: str | None = same(FetchSpec, "date_to", "1899-12-31")
+    public_max_samples_per_client: int | None = same(FetchSpec, "max_samples_per_client", 8)
 
 
-@dataclass
-class GeneratorConfig:
-    """The server LLM (POPri: LLaMA-3-8B; offline default SmolLM2-135M-Instruct)."""
-    model: str = "smollm2-135m"
-    backend: str = "transformers"        # transformers | vllm
-    temperature: float = 1.0             # reference code
-    top_p: float = 1.0
-    max_new_tokens: int = 85             # reference code
-    max_tokens: int = 64
-    batch_size: int = 8
-    bf16: bool = True
+#: the generator section is the generator's own spec (model, backend, sampling)
+GeneratorConfig = GeneratorSpec
 
 
-@dataclass
-class PrivacyConfig:
+@dataclass(frozen=True)
+class PrivacyConfig(Spec):
     """The budget: the noise multiplier is calibrated over `rounds` steps at the client
     sampling rate, unless given explicitly.  epsilon (at delta, with the accountant) is the
     budget of the whole run directory -- every ledger.jsonl below it -- and is enforced: a
     stage whose release would exceed it is refused before it runs (also with an explicit
     noise_multiplier; set epsilon to null for no budget)."""
-    epsilon: float | None = 1.0          # POPri reports eps = 1 and 7
-    delta: float = 3e-6                  # POPri / PrE-Text
-    noise_multiplier: float | None = None  # explicit z (the budget still applies)
-    accountant: str = "rdp"              # rdp (opacus, as the papers) | pld
+    epsilon: float | None = param(1.0, "Budget of the run directory.", cite="POPri: eps = 1, 7",
+                                  lo=0, lo_open=True)
+    delta: float = same(ScoreSpec, "delta")
+    noise_multiplier: float | None = param(None, "Explicit z (the budget still applies).",
+                                           lo=0, hi=1e6, lo_open=True)
+    accountant: str = param("rdp", "rdp (opacus, as the papers) | pld (dp-accounting).",
+                            choices=("rdp", "pld"))
 
 
-@dataclass
-class ScoreConfig:
-    mode: str = "cosine"                 # cosine (POPri) | nn-histogram (ablation)
-    clip: float = 1.0                    # POPri: clip to norm 1
-    standardize: bool = True             # reference code z-scores before clipping
-    clients_per_round: int | None = None  # default: all clients (q = 1)
-    sample_rate: float | None = None
-    max_samples_per_client: int = 8      # nn-histogram only (PrE-Text)
-    threshold: float = 0.0               # nn-histogram only
+@dataclass(frozen=True)
+class ScoreConfig(Spec):
+    """The clients' DP feedback of every round (``popri score``'s settings)."""
+    mode: str = same(ScoreSpec, "mode")
+    clip: float = same(ScoreSpec, "clip", COSINE_CLIP)
+    standardize: bool = same(ScoreSpec, "standardize", COSINE_STANDARDIZE)
+    clients_per_round: int | None = same(ScoreSpec, "clients_per_round")
+    sample_rate: float | None = same(ScoreSpec, "sample_rate")
+    max_samples_per_client: int = same(ScoreSpec, "max_samples_per_client",
+                                       HISTOGRAM_MAX_SAMPLES)   # nn-histogram only (PrE-Text)
+    threshold: float = same(ScoreSpec, "threshold", HISTOGRAM_THRESHOLD)  # nn-histogram only
     # also score noise-free for the recovery rate: `popri score --diagnostic` (NOT private, no
     # ledger entry, never released); skipped in release mode
-    recovery_rate: bool = True
+    recovery_rate: bool = param(True, "Also score noise-free for the recovery rate (a "
+                                "diagnostic: not private, never released; off in release mode).",
+                                cli=False)
 
 
-@dataclass
-class DPOConfig:
-    loss: str = "dpo"                    # dpo | ipo
-    beta: float = 0.01                   # POPri tau
-    lora_r: int = 4                      # POPri B.1 (reference code: 16)
-    lora_alpha: int = 8                  # POPri B.1 (reference code: 16)
-    lr: float | None = None              # None: popri dpo's default for the model
-    epochs: int = 2                      # POPri B.1
-    batch_size: int = 4                  # POPri B.1: 24
-    rejected_rank: int = 5               # POPri B.1: 1st vs 5th
-    select_checkpoint: bool = True       # false = select_on: none (kept for older configs)
-    select_samples: int = 16
-    # Checkpoint selection by FID (POPri B.1 picks the epoch with the lowest FID to the private
-    # validation split, read WITHOUT noise: not covered by epsilon).  private: that (default, the
-    # paper's); public: the public Omega embeddings (no privacy cost); none: the last epoch; dp:
-    # the validation split's embedding mean + covariance released once by `popri fred stats`
-    # (user level, add/remove one client, analytic Gaussian at select_epsilon / select_delta per
-    # release), ledgered in the run: it is PART of privacy.epsilon (the score noise is calibrated
-    # to the budget left after it, and the budget guard counts it).
-    select_on: str = "private"           # private | public | dp | none
-    select_epsilon: float = 0.1          # dp: epsilon of each of the two FreD releases
-    select_delta: float | None = None    # dp: delta of each release (None: privacy.delta)
+@dataclass(frozen=True)
+class DPOConfig(Spec):
+    """POPri's tuning step: preference pairs (PrefsSpec), DPO (DPOSpec) and checkpoint
+    selection.  Checkpoint selection by FID (POPri B.1 picks the epoch with the lowest FID to
+    the private validation split, read WITHOUT noise: not covered by epsilon).  private: that
+    (default, the paper's); public: the public Omega embeddings (no privacy cost); none: the
+    last epoch; dp: the validation split's embedding mean + covariance released once by `popri
+    fred stats` (user level, add/remove one client, analytic Gaussian at select_epsilon /
+    select_delta per release), ledgered in the run: it is PART of privacy.epsilon."""
+    loss: str = same(DPOSpec, "loss")
+    beta: float = same(DPOSpec, "beta")
+    lora_r: int = same(DPOSpec, "lora_r")
+    lora_alpha: int = same(DPOSpec, "lora_alpha")
+    lr: float = same(DPOSpec, "lr")
+    epochs: float = same(DPOSpec, "epochs")
+    batch_size: int = same(DPOSpec, "batch_size", 4)   # the embedded CPU run (POPri B.1: 24)
+    rejected_rank: int = same(PrefsSpec, "rejected_rank")
+    select_checkpoint: bool = param(True, "false = select_on: none (kept for older configs).")
+    select_samples: int = same(SelectSpec, "select_samples", 16)
+    select_on: str = param("private", "What checkpoint selection reads.",
+                           choices=("private", "public", "dp", "none"))
+    select_epsilon: float = param(0.1, "dp: epsilon of each of the two FreD releases.", lo=0,
+                                  lo_open=True)
+    select_delta: float | None = param(None, "dp: delta of each release (None: privacy.delta).",
+                                       lo=0, hi=1, lo_open=True, hi_open=True)
 
 
-@dataclass
-class PEConfig:
+@dataclass(frozen=True)
+class PEConfig(Spec):
     """Private Evolution / PrE-Text (``method: pe``): population, variation and expansion."""
-    num_syn: int = 48                    # N_syn (PrE-Text D.2: 1024 at eps 1.29, 2048 at eps 7.58)
-    variation: str = "paraphrase"        # mask-fill (PrE-Text: RoBERTa-large) | paraphrase (Aug-PE)
-    variation_model: str | None = None   # default: roberta-large (mask-fill) / generator.model
-    mask_ratio: float = 0.3              # PrE-Text D.2: MASK% = 30
-    mask_steps: int = 2                  # PrE-Text D.2: W_steps = 2
-    lookahead: int = 0                   # K variations averaged for the vote (PrE-Text; 0 = off)
-    threshold: float | None = None       # H; None = the noise std z * M (PrE-Text D.2)
-    fallback: bool = True                # mask-fill without a loadable MLM -> paraphrase
+    num_syn: int = param(48, "N_syn: the population size.",
+                         cite="PrE-Text D.2: 1024 at eps 1.29, 2048 at eps 7.58", lo=1)
+    variation: str = same(VarySpec, "method", "paraphrase")
+    variation_model: str | None = same(VarySpec, "model")
+    mask_ratio: float = same(VarySpec, "mask_ratio")
+    mask_steps: int = same(VarySpec, "steps")
+    lookahead: int = same(VarySpec, "lookahead")
+    threshold: float | None = param(None, "H; None = the noise std z * M.", cite="PrE-Text D.2",
+                                    lo=0)
+    fallback: bool = same(VarySpec, "fallback")
 
 
-@dataclass
-class DownstreamConfig:
-    model: str = "smollm2-135m"          # POPri: DistilGPT2
-    epochs: int = 2                      # POPri: 80 (on 1M samples)
-    batch_size: int = 16                 # POPri: 160
-    lr: float = 2e-4                     # POPri B.1
-    max_length: int = 64
-    lora: bool = False
-    eval_max_samples: int | None = 400   # cap test/val samples for CPU runs (None = all)
-    bootstrap: int = 1000
+@dataclass(frozen=True)
+class DownstreamConfig(Spec):
+    """The downstream model (``popri train-downstream`` / ``popri eval``), at CPU scale."""
+    model: str = param(DEFAULT_LM, "Downstream LM.", cite="POPri: DistilGPT2", nonempty=True)
+    epochs: int = same(DownstreamSpec, "epochs", 2)       # POPri: 80 (on 1M samples)
+    batch_size: int = same(DownstreamSpec, "batch_size", 16)  # POPri: 160
+    lr: float = same(DownstreamSpec, "lr")
+    max_length: int = same(DownstreamSpec, "max_length")
+    lora: bool = same(DownstreamSpec, "lora")
+    eval_max_samples: int | None = param(400, "Cap test/val samples for CPU runs (None = all).",
+                                         lo=1)
+    bootstrap: int = same(BootstrapSpec, "bootstrap")
 
 
-@dataclass
-class RunConfig:
-    run_dir: str = "runs/default"
-    method: str = "popri"                # popri | pe (PrE-Text) | pe-sft (POPri's PE+SFT baseline)
-    seed: int = 0
-    rounds: int = 2                      # POPri T (paper: 10 / 20)
-    prompts: int = 12                    # POPri K (paper: 1800)
-    samples_per_prompt: int = 6          # POPri J (paper: 10)
-    num_synthetic: int = 160             # final N (paper: 1,000,000)
-    embedder: str = "all-MiniLM-L6-v2"   # POPri B.1
-    baselines: bool = True               # eps = 0 and eps = inf runs
+@dataclass(frozen=True)
+class RunConfig(Spec):
+    run_dir: str = param("runs/default", "The run directory.", nonempty=True)
+    method: str = param("popri", "popri | pe (PrE-Text) | pe-sft (POPri's PE+SFT baseline); "
+                        "the table of methods is popri.pipeline.recipes.METHODS.")
+    seed: int = param(0, "Seed of every stage (named rules in popri.pipeline.driver).", lo=0)
+    rounds: int = param(2, "POPri T (paper: 10 / 20).", lo=1, hi=10_000)
+    prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
+    samples_per_prompt: int = same(GenSpec, "samples_per_prompt", 6)   # paper J = 10
+    num_synthetic: int = param(160, "Final N (paper: 1,000,000).", lo=1)
+    embedder: str = same(EmbedSpec, "model")
+    baselines: bool = param(True, "eps = 0 and eps = inf runs.")
     # release mode: every DP stage (and every stage that samples clients) gets --release: OS
     # CSPRNG noise, nothing reproducible from a seed.  false = research mode: noise is seeded and
     # reproducible from the sidecars (fine for experiments, not for releasing data).
-    release: bool = False
-    data: DataConfig = field(default_factory=DataConfig)
-    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
-    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
-    score: ScoreConfig = field(default_factory=ScoreConfig)
-    dpo: DPOConfig = field(default_factory=DPOConfig)
-    pe: PEConfig = field(default_factory=PEConfig)
-    downstream: DownstreamConfig = field(default_factory=DownstreamConfig)
+    release: bool = param(False, "Release mode (OS CSPRNG noise) instead of research mode.")
+    data: DataConfig = param(default_factory=DataConfig)
+    generator: GeneratorConfig = param(default_factory=GeneratorConfig)
+    privacy: PrivacyConfig = param(default_factory=PrivacyConfig)
+    score: ScoreConfig = param(default_factory=ScoreConfig)
+    dpo: DPOConfig = param(default_factory=DPOConfig)
+    pe: PEConfig = param(default_factory=PEConfig)
+    downstream: DownstreamConfig = param(default_factory=DownstreamConfig)
 
+    def check(self) -> None:
+        from popri.pipeline.recipes import METHODS
 
-def _coerce(value: Any, typ: Any, where: str) -> Any:
-    if dataclasses.is_dataclass(typ):
-        if not isinstance(value, dict):
-            raise ConfigError(f"must be a mapping (a section), got {value!r}", field=where)
-        return from_dict(typ, value, where)
-    if value is None:
-        return None
-    base = [t for t in getattr(typ, "__args__", (typ,)) if t is not type(None)]
-    t = base[0] if base else typ
-    try:
-        if isinstance(value, (dict, list, tuple, set)):
-            raise TypeError
-        if t is bool:
-            if isinstance(value, bool):
-                return value
-            raise ValueError
-        if t is int:
-            if isinstance(value, bool) or float(value) != int(float(value)):
-                raise ValueError
-            return int(float(value))
-        if t is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if t is str:
-            if isinstance(value, bool):
-                raise ValueError
-            return str(value)
-    except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"expects {t.__name__}, got {value!r}", field=where) from None
-    return value
+        if self.method not in METHODS:
+            raise ConfigError(f"must be one of {', '.join(METHODS)} (got {self.method!r})",
+                              field="method")
+        check(self)
 
 
 def from_dict(cls, d: dict, where: str = "") -> Any:
-    hints = get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = [k for k in d if k not in names]
-    if unknown:
-        k = sorted(map(str, unknown))[0]
-        raise ConfigError(f"unknown key (known: {', '.join(sorted(names))})",
-                          field=f"{where + '.' if where else ''}{k}")
-    kw = {k: _coerce(v, hints[k], f"{where + '.' if where else ''}{k}") for k, v in d.items()}
-    base = cls()  # defaults; nested sections were built from their own defaults by _coerce
-    for k, v in kw.items():
-        setattr(base, k, v)
-    return base
+    """``cls`` (a config section) from a mapping: strict keys, coerced values (Spec.from_dict)."""
+    return cls.from_dict(d, where)
 
 
 def set_dotted(d: dict, dotted: str, value: Any) -> None:
@@ -247,8 +231,7 @@ def load(path: str | None, overrides: list[str] = ()) -> RunConfig:
         set_dotted(raw, k.strip(), val)
         set_keys.append(k.strip())
     try:
-        cfg = from_dict(RunConfig, raw)
-        check(cfg)
+        cfg = RunConfig.from_dict(raw)
     except ConfigError as e:
         if e.path is not None:
             raise
@@ -259,41 +242,7 @@ def load(path: str | None, overrides: list[str] = ()) -> RunConfig:
     return cfg
 
 
-METHODS = ("popri", "pe", "pe-sft")
 SELECT_ON = ("private", "public", "dp", "none")
-
-# Every number's range: key -> (low, high, low open, high open); None = unbounded.  A value of
-# None is allowed where the type is Optional (it means "default"/"off", see the dataclasses).
-RANGES: dict[str, tuple] = {
-    "seed": (0, None), "rounds": (1, 10_000), "prompts": (1, None), "samples_per_prompt": (1, None),
-    "num_synthetic": (1, None),
-    "data.max_samples_per_client": (1, None), "data.max_clients": (1, None),
-    "data.max_tokens": (1, None), "data.public_max_samples_per_client": (1, None),
-    "generator.temperature": (0, None), "generator.top_p": (0, 1, True),
-    "generator.max_new_tokens": (1, None), "generator.max_tokens": (1, None),
-    "generator.batch_size": (1, None),
-    "privacy.epsilon": (0, None, True), "privacy.delta": (0, 1, True, True),
-    "privacy.noise_multiplier": (0, 1e6, True),
-    "score.clip": (0, 1e6, True), "score.clients_per_round": (1, None),
-    "score.sample_rate": (0, 1, True), "score.max_samples_per_client": (1, None),
-    "score.threshold": (0, None),
-    "dpo.beta": (0, None, True), "dpo.lora_r": (1, None), "dpo.lora_alpha": (1, None),
-    "dpo.lr": (0, None, True), "dpo.epochs": (1, None), "dpo.batch_size": (1, None),
-    "dpo.rejected_rank": (2, None), "dpo.select_samples": (2, None),
-    "dpo.select_epsilon": (0, None, True), "dpo.select_delta": (0, 1, True, True),
-    "pe.num_syn": (1, None), "pe.mask_ratio": (0, 1, True), "pe.mask_steps": (1, None),
-    "pe.lookahead": (0, None), "pe.threshold": (0, None),
-    "downstream.epochs": (1, None), "downstream.batch_size": (1, None),
-    "downstream.lr": (0, None, True), "downstream.max_length": (2, None),
-    "downstream.eval_max_samples": (1, None), "downstream.bootstrap": (0, None),
-}
-CHOICES: dict[str, tuple] = {
-    "method": METHODS, "score.mode": ("cosine", "nn-histogram"),
-    "pe.variation": ("mask-fill", "paraphrase"), "generator.backend": ("transformers", "vllm"),
-    "privacy.accountant": ("rdp", "pld"), "dpo.loss": ("dpo", "ipo"), "dpo.select_on": SELECT_ON,
-    "data.split": ("hash", "date"),
-}
-NONEMPTY = ("run_dir", "embedder", "generator.model", "downstream.model")
 
 
 def get(cfg: RunConfig, dotted: str) -> Any:
@@ -303,32 +252,9 @@ def get(cfg: RunConfig, dotted: str) -> Any:
     return cur
 
 
-def _range_text(lo, hi, lo_open=False, hi_open=False) -> str:
-    if hi is None:
-        return f"a finite number {'>' if lo_open else '>='} {lo:g}"
-    return f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-
-
 def check(cfg: RunConfig) -> None:
-    """Every value's range and choice, and the combinations, before the first stage runs."""
-    for key, (lo, hi, *op) in RANGES.items():
-        lo_open, hi_open = (list(op) + [False, False])[:2]
-        v = get(cfg, key)
-        if v is None:
-            continue
-        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-              and (v > lo if lo_open else v >= lo)
-              and (hi is None or (v < hi if hi_open else v <= hi)))
-        if not ok:
-            raise ConfigError(f"must be {_range_text(lo, hi, lo_open, hi_open)} (got {v!r})",
-                              field=key)
-    for key, allowed in CHOICES.items():
-        v = get(cfg, key)
-        if v not in allowed:
-            raise ConfigError(f"must be one of {', '.join(allowed)} (got {v!r})", field=key)
-    for key in NONEMPTY:
-        if not str(get(cfg, key) or "").strip():
-            raise ConfigError("must not be empty", field=key)
+    """The combinations of values, before the first stage runs (each value's own range and
+    choices are checked by its spec, from the field metadata)."""
     d, pr, sc, dp = cfg.data, cfg.privacy, cfg.score, cfg.dpo
     if not d.dir and not str(d.source or "").strip():
         raise ConfigError("give data.source (a bench source or a file) or data.dir",

@@ -1,12 +1,26 @@
-"""Cached, resumable stages for ``popri run``.
+"""Cached, resumable stages for ``popri run`` (DVC-style: content hashes, not timestamps).
 
-A stage is one ``popri`` subcommand run in a subprocess with its outputs inside the run
-directory.  Its *key* is the sha256 of the command line and the keys (or content hashes) of
-its inputs.  When a stage finishes, a marker ``RUN/.stages/NAME.json`` holding the key is
-written atomically -- last.  On the next run a stage whose marker key matches and whose
-outputs all exist is skipped; anything else (new parameters, changed upstream, a run killed
-half-way) runs again.  Keys chain through inputs, so a change re-runs everything downstream
-of it and nothing upstream.
+    popri run examples/default.yaml            # a second call skips every up-to-date stage
+
+A stage is one ``popri`` subcommand run in a subprocess (``python -m popri``) with its outputs
+inside the run directory.  Its *key* is the sha256 of
+
+- popri's version (a new release re-runs everything: its code may compute differently),
+- the command line,
+- the values of the ``POPRI_*`` settings that can change a result (:data:`KEYED_ENV`); every
+  other ``POPRI_*`` variable is removed from the stage's environment (:data:`PASSED_ENV` are
+  passed and do not change results), so an ambient ``POPRI_RELEASE`` or ``POPRI_CONFIG`` can
+  neither change a stage behind its key nor leak into it,
+- the content hash of each input: a file's sha256, a directory's sha256 over its files' names
+  and bytes (:func:`popri.core.artifacts.path_digest`; never mtimes), or -- for an output of an
+  earlier stage of this run -- the hash recorded when that stage finished.
+
+When a stage finishes, a marker ``RUN/.stages/NAME.json`` holding the key and the sha256 of each
+output is written atomically -- last.  On the next run a stage is skipped only when its marker
+key matches AND every output still has the recorded hash: an edited or truncated intermediate
+re-runs the stage that wrote it (and, by the chained keys, whatever depends on it), as DVC does.
+A killed run continues from the last finished stage.  ``RUN/commands.sh`` is rewritten by each
+run with that run's commands.
 """
 
 from __future__ import annotations
@@ -22,9 +36,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from popri import __version__
 from popri.core import log
+from popri.core.artifacts import path_digest
 from popri.core.errors import PopriError
-from popri.core.io import atomic_write, sha256_file
+from popri.core.io import atomic_write
+
+#: POPRI_* settings a stage inherits that can change its outputs: their values are in its key
+KEYED_ENV = ("POPRI_THREADS",)
+#: POPRI_* settings a stage inherits that change no output (logging, caches, test hooks)
+PASSED_ENV = ("POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "POPRI_FAULT")
+
+
+def stage_env(base: dict, extra: dict | None = None) -> dict:
+    """The environment of a stage: ``base`` without any ``POPRI_*`` variable except
+    :data:`KEYED_ENV` and :data:`PASSED_ENV`, plus ``extra`` (the runner's own settings)."""
+    keep = set(KEYED_ENV) | set(PASSED_ENV)
+    env = {k: v for k, v in base.items() if not k.startswith("POPRI_") or k in keep}
+    env.update(extra or {})
+    return env
 
 
 @dataclass
@@ -37,11 +67,23 @@ class Stage:
     # called with the stage's key right before it runs (not when it is skipped, not in a dry
     # run): e.g. the budget guard of a DP stage, which raises to stop the run
     before: Callable[[str], None] | None = None
+    # a DP stage declares the ledger entries it will record (the driver's budget guard and
+    # plan check compose them with every release already under the run directory)
+    release: "DPRelease | None" = None
 
     def shown(self) -> str:
         """The command line as a user would type it (commands.sh, the dry-run plan)."""
         s = "popri " + " ".join(shlex.quote(a) for a in self.args)
         return s + (f" > {shlex.quote(self.stdout_to)}" if self.stdout_to else "")
+
+
+@dataclass
+class DPRelease:
+    """What a DP stage will spend: its prospective ledger ``entries``, the ``ledger`` file it
+    appends to, and ``match(entry)``: is a recorded entry one of this stage's releases."""
+    entries: list
+    ledger: Path
+    match: Callable[[object], bool]
 
 
 COMMANDS_HEADER = ("#!/bin/sh\n"
@@ -58,15 +100,12 @@ class StageRunner:
     def __init__(self, run_dir: str | Path, *, env: dict | None = None, dry_run: bool = False):
         self.run_dir = Path(run_dir)
         self.marker_dir = self.run_dir / ".stages"
-        self.env = dict(os.environ, **(env or {}))
-        # a stage's mode and defaults come from its command line only: an ambient POPRI_RELEASE
-        # or POPRI_CONFIG would change them behind the run's back (and its results table)
-        for k in ("POPRI_RELEASE", "POPRI_CONFIG"):
-            if k not in (env or {}):
-                self.env.pop(k, None)
+        # a stage's mode and defaults come from its command line only: an ambient POPRI_RELEASE,
+        # POPRI_CONFIG or POPRI_EMBED_MODEL would change them behind the run's back
+        self.env = stage_env(dict(os.environ), env)
         self.dry_run = dry_run
         self.commands: list[str] = []      # this run's commands, in order (commands.sh)
-        self.keys: dict[str, str] = {}     # output path -> key of the stage that made it
+        self.keys: dict[str, str] = {}     # output path -> its content hash (or a plan tag)
         self.timings: dict[str, float] = {}
         self.ran: list[str] = []
         self.skipped: list[str] = []
@@ -76,23 +115,14 @@ class StageRunner:
     def _input_key(self, path: str) -> str:
         if path in self.keys:
             return self.keys[path]
-        p = Path(path)
-        if p.is_file():
-            return sha256_file(p)
-        if p.is_dir():
-            man = p / "manifest.json"
-            if man.exists():
-                return sha256_file(man)
-            h = hashlib.sha256()
-            for f in sorted(p.rglob("*")):
-                if f.is_file():
-                    h.update(f"{f.relative_to(p)}:{f.stat().st_size}:{int(f.stat().st_mtime)}".encode())
-            return h.hexdigest()
-        return "missing"
+        return path_digest(path)
 
     def key(self, stage: Stage) -> str:
         h = hashlib.sha256()
+        h.update(f"popri {__version__}\n".encode())
         h.update(json.dumps(stage.args).encode())
+        for k in KEYED_ENV:
+            h.update(f"|{k}={self.env.get(k, '')}".encode())
         for i in stage.inputs:
             h.update(f"|{i}={self._input_key(i)}".encode())
         return h.hexdigest()
@@ -101,27 +131,39 @@ class StageRunner:
     def _marker(self, stage: Stage) -> Path:
         return self.marker_dir / f"{stage.name}.json"
 
-    def done(self, stage: Stage, key: str) -> bool:
+    def done(self, stage: Stage, key: str) -> dict | None:
+        """The outputs' hashes when the stage's cached result is current: the marker has this
+        key and every output still has the hash recorded when the stage finished."""
         m = self._marker(stage)
         if not m.exists():
-            return False
+            return None
         try:
             rec = json.loads(m.read_text())
-        except json.JSONDecodeError:
-            return False
-        return rec.get("key") == key and all(Path(o).exists() for o in stage.outputs)
+        except (OSError, ValueError):
+            return None
+        hashes = rec.get("hashes") if isinstance(rec, dict) else None
+        if rec.get("key") != key or not isinstance(hashes, dict):
+            return None
+        for o in stage.outputs:
+            if hashes.get(o) is None or path_digest(o) != hashes[o]:
+                if Path(o).exists() and not self.dry_run:
+                    log.info(f"run: [{stage.name}] {o} changed since the stage wrote it: "
+                             "running it again")
+                return None
+        return hashes
 
     def run(self, stage: Stage) -> bool:
         """Run ``stage`` unless its cached result is current. Returns True when it ran."""
         key = self.key(stage)
         shown = stage.shown()
-        if self.done(stage, key):
+        hashes = self.done(stage, key)
+        if hashes is not None:
             self.skipped.append(stage.name)
             self._record(shown + ("  # up to date" if self.dry_run else ""))
             if not self.dry_run:
                 log.info(f"run: [{stage.name}] up to date, skipped")
             for o in stage.outputs:
-                self.keys[o] = key
+                self.keys[o] = hashes[o]
             return False
         if self.dry_run:
             self._record(shown)
@@ -148,11 +190,13 @@ class StageRunner:
         if missing:
             raise PopriError(f"stage {stage.name} finished but did not write {missing}")
         self.timings[stage.name] = time.time() - t0
+        hashes = {o: path_digest(o) for o in stage.outputs}
         with atomic_write(self._marker(stage)) as fh:
-            json.dump({"key": key, "args": stage.args, "outputs": stage.outputs,
+            json.dump({"key": key, "popri": __version__, "args": stage.args,
+                       "outputs": stage.outputs, "hashes": hashes,
                        "seconds": round(self.timings[stage.name], 2)}, fh, indent=2)
         for o in stage.outputs:
-            self.keys[o] = key
+            self.keys[o] = hashes[o]
         self.ran.append(stage.name)
         return True
 

@@ -1,30 +1,58 @@
-"""Privacy accounting for Gaussian releases: epsilon <-> noise multiplier, and ledger totals.
+"""Privacy accounting: the mechanism registry, epsilon of a composition, and ledger totals.
 
     popri account epsilon --noise-multiplier 2.5 --sample-rate 0.1 --steps 20 --delta 3e-6
     popri account sigma --epsilon 1 --sample-rate 0.1 --steps 20 --delta 3e-6 --accountant pld
     popri account ledger runs/ --json
+    python -m pytest -q tests/test_accounting.py
 
-    from popri.privacy.accounting import epsilon, noise_multiplier, compose
+    from popri.privacy.accounting import epsilon, compose
     epsilon(2.5, 0.1, 20, 3e-6)            # 0.9617 (POPri Table 3, N=10000, L=1000, eps=1)
-    noise_multiplier(1.0, 0.1, 20, 3e-6)   # smallest z with epsilon <= 1 (upper end, tol 1e-4)
     compose([(1.05, 0.0075, 20), (19.3, 1.0, 1)], 3e-6).epsilon
+    # epsilon -> noise multiplier: popri.privacy.calibration.noise_multiplier(1.0, 0.1, 20, 3e-6)
 
-Pure functions, no state (maths apart from state, as in opacus).  The mechanism is the Gaussian
-mechanism on a sum with L2 sensitivity 1 (``z`` = noise std / sensitivity), run ``steps`` times,
-each time on a Poisson sample of clients with rate ``q`` (``q = 1``: everyone, plain Gaussian).
-Neighbouring datasets differ by adding or removing one client's data (user-level DP).
+Pure functions, no state (maths apart from state, as in opacus).  Neighbouring datasets differ by
+adding or removing one client's data (user-level DP); POPri = "Private Federated Learning using
+Preference-Optimized Synthetic Data" (arXiv:2504.16438), PrE-Text = "PrE-Text: Training Language
+Models on Private Federated Data in the Age of LLMs" (arXiv:2406.02958).
+
+Mechanisms (the registry, as opacus' ``accountants.registry``: one class per mechanism, found by
+the name a ledger entry records).  A :class:`Mechanism` names the ledger fields it needs and gives
+its Renyi DP curve (``rdp``, for the ``rdp`` accountant) and its dp-accounting ``DpEvent`` (for
+``pld``); :func:`compose` and :mod:`popri.privacy.ledger` look every entry's mechanism up with
+:func:`get_mechanism`, so a new mechanism (tree aggregation for DP-FTRL, the distributed discrete
+Gaussian of secure aggregation) is one :func:`register_mechanism` call::
+
+    @register_mechanism
+    class TreeAggregation(GaussianMechanism):
+        name = "tree_aggregation"
+        params_fields = ("leaves",)            # read from the entry's "params" object
+        def key(self, d, who, notes): ...      # its accounting parameters
+        def rdp(self, key, steps, orders): ...
+        def event(self, key, steps): ...       # dp_event.SingleEpochTreeAggregationDpEvent
+
+Registered here: ``gaussian`` (one Gaussian release of the whole population, q = 1) and
+``subsampled_gaussian`` (the Gaussian on a Poisson sample of clients at rate q), both of the
+sum's L2 sensitivity: ``noise_multiplier`` z = noise std / sensitivity.
 
 Accountants:
 
 - ``rdp``: opacus' RDP analysis of the Poisson-subsampled Gaussian
-  (``opacus.accountants.analysis.rdp.compute_rdp`` / ``get_privacy_spent``), what POPri (D.1)
+  (``opacus.accountants.analysis.rdp.compute_rdp`` / ``get_privacy_spent``; Mironov, "Renyi
+  Differential Privacy", CSF 2017, arXiv:1702.07476; Mironov, Talwar, Zhang, "Renyi
+  Differential Privacy of the Sampled Gaussian Mechanism", arXiv:1908.10530), what POPri (D.1)
   and PrE-Text (D.1) used, at opacus' ``RDPAccountant.DEFAULT_ALPHAS`` extended with orders
   64..1024 (these only tighten very small epsilons; every POPri Table 3 row is unchanged).
 - ``pld``: dp-accounting's privacy-loss-distribution accountant (``PLDAccountant`` with
-  ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, or ``GaussianDpEvent(z)`` at ``q = 1``),
-  pessimistic estimate, ``value_discretization_interval`` 1e-4 (epsilon error < 1e-5 at the papers'
+  ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``, or ``GaussianDpEvent(z)`` at ``q = 1``;
+  Koskela, Jalko, Honkela, "Computing tight differential privacy guarantees using FFT",
+  arXiv:1906.03049; Doroshenko, Ghazi, Kamath, Kumar, Manurangsi, "Connect the dots: tighter
+  discrete approximations of privacy loss distributions", arXiv:2207.04380), pessimistic
+  estimate, ``value_discretization_interval`` 1e-4 (epsilon error < 1e-5 at the papers'
   settings; a 1e-3 grid is used to bracket the noise multiplier, then refined at 1e-4).
   Tighter than RDP: it is the near-exact (epsilon, delta) of the mechanism.
+
+Calibration (epsilon -> noise multiplier) is :mod:`popri.privacy.calibration`; the old names
+``noise_multiplier``, ``_bisect`` and ``_bracket`` still resolve here (deprecated aliases).
 """
 
 from __future__ import annotations
@@ -35,11 +63,12 @@ import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
-ACCOUNTANTS = ("rdp", "pld")
+from popri.specs.privacy import ACCOUNTANTS  # ("rdp", "pld"), declared once in the spec
+
 NEIGHBOURING = "add/remove one client"
 #: the relations an entry may name, matched exactly (no substring tests: "not add/remove ..."
 #: must not pass for add/remove); popri.privacy.ledger.RELATIONS is their union
@@ -51,8 +80,8 @@ OPACUS_ALPHAS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)
 ORDERS = OPACUS_ALPHAS + (64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024)
 
 PLD_INTERVAL = 1e-4         # dp-accounting's default value_discretization_interval
-PLD_SEARCH_INTERVAL = 1e-3  # coarse grid for bracketing in noise_multiplier()
-Z_MIN, Z_MAX = 1e-2, 1e6    # search range of noise_multiplier()
+PLD_SEARCH_INTERVAL = 1e-3  # coarse grid for bracketing (popri.privacy.calibration)
+Z_MIN, Z_MAX = 1e-2, 1e6    # search range of popri.privacy.calibration.noise_multiplier()
 #: a noise multiplier above this is accounted as this one: epsilon falls as z grows, so the
 #: result is an upper bound (~0: 0.0047 by RDP, whose floor is set by its largest order, 0 by
 #: PLD); z = 1e200 overflowed z**2 in both accountants
@@ -132,18 +161,239 @@ class Result:
     warnings: tuple[str, ...] = ()
 
 
-def _rdp(history, delta: float, orders) -> Result:
+# --------------------------------------------------------------------------- mechanisms
+class Mechanism:
+    """One DP mechanism the accountants know (subclass, set ``name``, :func:`register_mechanism`).
+
+    Every ledger entry records ``noise_multiplier``, ``sample_rate`` and ``steps`` (the common
+    shape; ``steps`` = how many times the mechanism described by the rest is self-composed);
+    ``fields`` names those the mechanism reads, ``params_fields`` the further numbers it needs,
+    read from the entry's ``params`` object (e.g. a tree's leaves, a discrete Gaussian's
+    dimension).  The accounting of one entry goes through:
+
+    - :meth:`key`: the entry's accounting parameters as a hashable tuple (entries of one stage
+      with equal keys are one group, their steps added);
+    - :meth:`rdp`: its Renyi DP at ``orders`` after ``steps`` compositions (the ``rdp``
+      accountant sums these over the groups, as opacus' ``RDPAccountant`` sums its history);
+    - :meth:`event`: its dp-accounting ``DpEvent`` after ``steps`` compositions (the ``pld``
+      accountant composes these in one ``ComposedDpEvent``).
+
+    A mechanism without one of the two analyses leaves it unimplemented: that accountant then
+    refuses it with a :class:`ParameterError` naming the other."""
+
+    name: str = ""
+    #: one line for error messages and the docs
+    summary: str = ""
+    #: the entry's top-level fields it reads (all entries carry these three)
+    fields: tuple[str, ...] = ("noise_multiplier", "sample_rate", "steps")
+    #: numbers it needs from the entry's ``params`` object
+    params_fields: tuple[str, ...] = ()
+
+    # -- the entry
+    def check(self, d: dict) -> None:
+        """:class:`ParameterError` for a missing or out-of-domain field of entry ``d``."""
+        for k in self.fields:
+            if d.get(k) is None:
+                raise ParameterError(k, f"missing (mechanism {self.name!r} needs "
+                                        f"{', '.join(self.fields)})")
+        check(z=d.get("noise_multiplier"), q=d.get("sample_rate"), steps=d.get("steps"))
+        params = d.get("params") or {}
+        for k in self.params_fields:
+            v = params.get(k) if isinstance(params, dict) else None
+            if (isinstance(v, bool) or not isinstance(v, (int, float, np.number))
+                    or not math.isfinite(v)):
+                raise ParameterError(f"params.{k}", f"mechanism {self.name!r} needs "
+                                                    f"params.{k}, a finite number (got {v!r})")
+
+    def key(self, d: dict, who: str, notes: list) -> tuple:
+        """The accounting parameters of entry ``d`` (checked); may append a note."""
+        raise NotImplementedError
+
+    def describe(self, key: tuple) -> dict:
+        """The group's columns for ``popri account ledger`` (after stage and mechanism)."""
+        return {"noise_multiplier": key[0], "sample_rate": key[1] if len(key) > 1 else 1.0}
+
+    def noise_multiplier(self, key: tuple) -> float:
+        """For messages: the noise multiplier of a group."""
+        return float(key[0])
+
+    def replace_ok(self, d: dict) -> bool:
+        """Whether entry ``d``'s guarantee also holds under a *replace* neighbouring relation
+        (its privacy curve does not depend on the relation); add/remove always composes."""
+        return False
+
+    def infinite(self, key: tuple) -> bool:
+        """No privacy at all (a noise multiplier of 0): epsilon = infinity, no accountant run."""
+        return False
+
+    def clamp(self, key: tuple) -> tuple:
+        """The key the accountants see (e.g. a huge noise multiplier capped: an upper bound)."""
+        return key
+
+    # -- the analyses
+    def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
+        """Renyi DP at ``orders`` of ``steps`` compositions (the ``rdp`` accountant)."""
+        raise NotImplementedError
+
+    def event(self, key: tuple, steps: int):
+        """dp-accounting ``DpEvent`` of ``steps`` compositions (the ``pld`` accountant)."""
+        raise NotImplementedError
+
+    def loss_range(self, key: tuple, steps: int) -> float:
+        """A rough width of the privacy losses of ``steps`` compositions (bounds the PLD grid;
+        see :data:`PLD_MAX_POINTS`); 0 when unknown (the grid is then not coarsened)."""
+        return 0.0
+
+    def __repr__(self) -> str:
+        return f"<mechanism {self.name}>"
+
+
+#: name -> mechanism; :func:`register_mechanism` adds, :func:`get_mechanism` looks up
+MECHANISMS: dict[str, Mechanism] = {}
+
+
+def register_mechanism(mechanism, *, force: bool = False):
+    """Register a :class:`Mechanism` (a subclass or an instance) under its ``name``; usable as a
+    class decorator, returns its argument.  A name already taken is a ValueError unless
+    ``force`` (as opacus' ``register_accountant``)."""
+    mech = mechanism() if isinstance(mechanism, type) else mechanism
+    if not isinstance(mech, Mechanism) or not mech.name or not isinstance(mech.name, str):
+        raise ValueError(f"{mechanism!r} is not a Mechanism with a name")
+    if mech.name in MECHANISMS and not force:
+        raise ValueError(f"mechanism {mech.name!r} is already registered (force=True replaces)")
+    MECHANISMS[mech.name] = mech
+    return mechanism
+
+
+def unregister_mechanism(name: str) -> None:
+    """Remove a registered mechanism (tests)."""
+    MECHANISMS.pop(name, None)
+
+
+def get_mechanism(name: Any) -> Mechanism:
+    """The registered mechanism called ``name``; a :class:`ParameterError` (param
+    ``mechanism``) listing the known ones otherwise."""
+    mech = MECHANISMS.get(name) if isinstance(name, str) else None
+    if mech is None:
+        raise ParameterError("mechanism", f"unknown mechanism {name!r} (known: "
+                                          f"{', '.join(MECHANISMS)})")
+    return mech
+
+
+@register_mechanism
+class GaussianMechanism(Mechanism):
+    """The Gaussian mechanism on a sum of L2 sensitivity D, noise std z D, every client taking
+    part (q = 1): its privacy curve depends on z alone, under any neighbouring relation
+    (Balle & Wang, "Improving the Gaussian mechanism for differential privacy", ICML 2018).
+    An entry with ``sample_rate`` < 1 is accounted at q = 1 (no amplification), with a note."""
+
+    name = "gaussian"
+    summary = "Gaussian mechanism, every client takes part (q = 1)"
+
+    def key(self, d: dict, who: str, notes: list) -> tuple:
+        if float(d["sample_rate"]) < 1:
+            notes.append(f"{who}: {d['mechanism']} with sampling {d['sampling']!r} is "
+                         f"accounted at q = 1 (no amplification by sampling)")
+        return (float(d["noise_multiplier"]), 1.0)
+
+    def replace_ok(self, d: dict) -> bool:
+        return True
+
+    def infinite(self, key: tuple) -> bool:
+        return key[0] == 0
+
+    def clamp(self, key: tuple) -> tuple:
+        return (min(float(key[0]), Z_CLAMP), *key[1:])  # see Z_CLAMP
+
+    def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
+        z, q = key[0], key[1]
+        return np.asarray(_rdp_lib().compute_rdp(q=float(q), noise_multiplier=float(z),
+                                                 steps=int(steps), orders=list(orders)),
+                          dtype=float)
+
+    def event(self, key: tuple, steps: int):
+        from dp_accounting import dp_event
+
+        z, q = float(key[0]), float(key[1])
+        g = dp_event.GaussianDpEvent(z)
+        return dp_event.SelfComposedDpEvent(
+            g if q >= 1 else dp_event.PoissonSampledDpEvent(q, g), int(steps))
+
+    def loss_range(self, key: tuple, steps: int) -> float:
+        """A Gaussian of multiplier z has losses ~ 1/(2 z^2) +- 10/z.  q = 1 steps fold into
+        one Gaussian of z / sqrt(steps) (as dp-accounting does).  n Poisson-subsampled steps
+        compose k Gaussian-sized losses, k ~ the steps a client takes part in at the far tail
+        (n q + 10 sqrt(n q) + 10, at most n).  Calibrated on dp-accounting 0.4: ~225 bytes per
+        point, so PLD_MAX_POINTS keeps a call under ~0.7 GB, and every setting with z >= 0.5 and
+        q <= 0.1 keeps the 1e-4 grid."""
+        z, q, n = key[0], key[1], steps
+        # measured: q = 1 needs the +-10/z tails; composed subsampled PMFs are truncated harder
+        k, c = (n, 20.0) if q >= 1 else (min(n, n * q + 10.0 * math.sqrt(n * q) + 10.0), 2.0)
+        try:
+            return k / (z * z) + c * math.sqrt(k) / z
+        except (ZeroDivisionError, OverflowError):
+            return math.inf
+
+
+@register_mechanism
+class SubsampledGaussianMechanism(GaussianMechanism):
+    """The Gaussian mechanism on a Poisson sample of clients at rate q (each client takes part
+    independently with probability q), as in DP-SGD / DP-FedAvg (Abadi et al., "Deep learning
+    with differential privacy", CCS 2016; RDP: Mironov, Talwar, Zhang 2019).  ``sampling``
+    ``"fixed"`` (L of N clients) is accounted at q = L/N (see FIXED_NOTE); ``"none"`` at q = 1."""
+
+    name = "subsampled_gaussian"
+    summary = "Gaussian mechanism on a Poisson sample of clients at rate q"
+
+    def key(self, d: dict, who: str, notes: list) -> tuple:
+        if d.get("sampling") == "none":
+            return super().key(d, who, notes)
+        return (float(d["noise_multiplier"]), float(d["sample_rate"]))
+
+    def replace_ok(self, d: dict) -> bool:
+        return d.get("sampling") == "none" or d.get("sample_rate") == 1
+
+
+GAUSSIAN = MECHANISMS["gaussian"]
+SUBSAMPLED_GAUSSIAN = MECHANISMS["subsampled_gaussian"]
+
+
+# --------------------------------------------------------------------------- the accountants
+def _steps(history) -> list[tuple[Mechanism, tuple, int]]:
+    """``history`` as (mechanism, key, steps): opacus' (z, q, steps) tuples are the Gaussian
+    (q = 1) or the subsampled Gaussian; (Mechanism, key, steps) triples pass through."""
+    out = []
+    for h in history:
+        if isinstance(h[0], Mechanism):
+            out.append((h[0], tuple(h[1]), int(h[2])))
+        else:
+            z, q, n = h
+            out.append((GAUSSIAN if q >= 1 else SUBSAMPLED_GAUSSIAN, (float(z), float(q)),
+                        int(n)))
+    return out
+
+
+def _unsupported(m: Mechanism, accountant: str) -> ParameterError:
+    other = [a for a in ACCOUNTANTS if a != accountant]
+    return ParameterError("accountant", f"mechanism {m.name!r} has no {accountant} analysis; "
+                                        f"use --accountant {' or '.join(other)}")
+
+
+def _rdp(steps, delta: float, orders) -> Result:
     lib = _rdp_lib()
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:
-            rdp = sum(np.asarray(lib.compute_rdp(q=float(q), noise_multiplier=float(z),
-                                                 steps=int(n), orders=list(orders)), dtype=float)
-                      for z, q, n in history)
+            rdp = 0.0
+            for m, k, n in steps:
+                try:
+                    rdp = rdp + m.rdp(k, n, orders)
+                except NotImplementedError:
+                    raise _unsupported(m, "rdp") from None
             eps, order = lib.get_privacy_spent(orders=list(orders), rdp=rdp, delta=delta)
         except (ZeroDivisionError, OverflowError, FloatingPointError):
             # z so small that z**2 underflows (1e-300): the loss is unbounded in floating point
-            z = min(z for z, _, _ in history)
+            z = min(m.noise_multiplier(k) for m, k, _ in steps)
             return Result(math.inf, delta, "rdp", warnings=(TINY_NOTE.format(z=z, acc="rdp"),))
     eps = float(eps)
     if not math.isfinite(eps):
@@ -157,40 +407,21 @@ def _rdp(history, delta: float, orders) -> Result:
     return Result(max(eps, 0.0), delta, "rdp", order, warn)
 
 
-def _event(z: float, q: float):
-    from dp_accounting import dp_event
-
-    g = dp_event.GaussianDpEvent(float(z))
-    return g if q >= 1 else dp_event.PoissonSampledDpEvent(float(q), g)
-
-
 def pld_loss_range(history) -> float:
     """A rough width of the privacy losses dp-accounting's PLD grid spans for ``history``, used
-    only to bound the grid (see PLD_MAX_POINTS).  A Gaussian of multiplier z has losses
-    ~ 1/(2 z^2) +- 10/z.  q = 1 steps fold into one Gaussian of z / sqrt(steps) (as dp-accounting
-    does).  n Poisson-subsampled steps compose k Gaussian-sized losses, k ~ the steps a client
-    takes part in at the far tail (n q + 10 sqrt(n q) + 10, at most n).  Calibrated on
-    dp-accounting 0.4: ~225 bytes per point, so PLD_MAX_POINTS keeps a call under ~0.7 GB, and
-    every setting with z >= 0.5 and q <= 0.1 keeps the 1e-4 grid."""
-    total = 0.0
-    for z, q, n in history:
-        # measured: q = 1 needs the +-10/z tails; composed subsampled PMFs are truncated harder
-        k, c = (n, 20.0) if q >= 1 else (min(n, n * q + 10.0 * math.sqrt(n * q) + 10.0), 2.0)
-        try:
-            total += k / (z * z) + c * math.sqrt(k) / z
-        except (ZeroDivisionError, OverflowError):
-            return math.inf
-    return total
+    only to bound the grid (see PLD_MAX_POINTS): the sum of each mechanism's
+    :meth:`Mechanism.loss_range`."""
+    return sum(m.loss_range(k, n) for m, k, n in _steps(history))
 
 
-def _pld(history, delta: float, interval: float) -> Result:
+def _pld(steps, delta: float, interval: float) -> Result:
     from dp_accounting import dp_event
     from dp_accounting.pld import PLDAccountant
-    from dp_accounting.privacy_accountant import NeighboringRelation
+    from dp_accounting.privacy_accountant import NeighboringRelation, UnsupportedEventError
 
     warn: tuple[str, ...] = ()
-    need = pld_loss_range(history) / PLD_MAX_POINTS
-    z_min = min(z for z, _, _ in history)
+    need = pld_loss_range(steps) / PLD_MAX_POINTS
+    z_min = min(m.noise_multiplier(k) for m, k, _ in steps)
     tiny = Result(math.inf, delta, "pld", warnings=(TINY_NOTE.format(z=z_min, acc="pld")
                                                     + "; --accountant rdp gives a finite bound",))
     if not need <= PLD_MAX_INTERVAL:
@@ -199,12 +430,20 @@ def _pld(history, delta: float, interval: float) -> Result:
         warn = (f"PLD grid coarsened from {interval:g} to {need:.3g} (noise multiplier {z_min:g} "
                 "spans a wide range of privacy losses): epsilon is a looser upper bound",)
         interval = need
+    events = []
+    for m, k, n in steps:
+        try:
+            events.append(m.event(k, n))
+        except NotImplementedError:
+            raise _unsupported(m, "pld") from None
     acc = PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE,
                         value_discretization_interval=interval)
     try:
-        acc.compose(dp_event.ComposedDpEvent(
-            [dp_event.SelfComposedDpEvent(_event(z, q), int(n)) for z, q, n in history]))
+        acc.compose(dp_event.ComposedDpEvent(events))
         eps = float(acc.get_epsilon(delta))
+    except UnsupportedEventError:  # an event the PLD accountant cannot analyse
+        bad = next(m for m, k, n in steps if not acc.supports(m.event(k, n)))
+        raise _unsupported(bad, "pld") from None
     except (OverflowError, ZeroDivisionError, FloatingPointError):
         return tiny
     return Result(max(eps, 0.0) if math.isfinite(eps) else math.inf, delta, "pld", warnings=warn)
@@ -212,13 +451,15 @@ def _pld(history, delta: float, interval: float) -> Result:
 
 def _account(history, delta: float, accountant: str, orders=ORDERS,
              interval: float | None = None) -> Result:
-    """Epsilon of the composition of ``history`` = [(z, q, steps), ...] (opacus' history shape)."""
-    if any(z == 0 for z, _, _ in history):
+    """Epsilon of the composition of ``history``: opacus' shape [(z, q, steps), ...] or
+    [(Mechanism, key, steps), ...]."""
+    steps = _steps(history)
+    if any(m.infinite(k) for m, k, _ in steps):
         return Result(math.inf, delta, accountant, warnings=(INF_NOTE,))
-    history = [(min(float(z), Z_CLAMP), q, n) for z, q, n in history]  # see Z_CLAMP
+    steps = [(m, m.clamp(k), n) for m, k, n in steps]
     if accountant == "rdp":
-        return _rdp(history, delta, orders)
-    return _pld(history, delta, interval or PLD_INTERVAL)
+        return _rdp(steps, delta, orders)
+    return _pld(steps, delta, interval or PLD_INTERVAL)
 
 
 def epsilon_details(z: float, q: float, steps: int, delta: float, accountant: str = "rdp", *,
@@ -235,79 +476,16 @@ def epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp
                            value_discretization_interval=value_discretization_interval).epsilon
 
 
-def _bisect(f: Callable[[float], float], target: float, lo: float, hi: float, tol: float):
-    """Invariant: f(lo) > target >= f(hi); shrink until hi - lo <= tol."""
-    while hi - lo > tol:
-        mid = 0.5 * (lo + hi)
-        if not lo < mid < hi:  # adjacent floats: a tol below their spacing is met here
-            break
-        if f(mid) <= target:
-            hi = mid
-        else:
-            lo = mid
-    return lo, hi
+#: names that moved to popri.privacy.calibration (still resolved here; the pipeline uses them)
+_MOVED = {"noise_multiplier": "noise_multiplier", "_bisect": "bisect", "_bracket": "bracket"}
 
 
-def _bracket(f: Callable[[float], float], target: float) -> tuple[float, float]:
-    """(lo, hi) with f(lo) > target >= f(hi): from z = 1, double the upper bound (or halve the
-    lower one) within [Z_MIN, Z_MAX]."""
-    hi = 1.0
-    if f(hi) > target:
-        while True:
-            lo, hi = hi, min(2.0 * hi, Z_MAX)
-            if f(hi) <= target:
-                return lo, hi
-            if hi >= Z_MAX:
-                raise ParameterError("epsilon", f"target {target:g} is not met even at noise "
-                                                f"multiplier {Z_MAX:g}")
-    while True:
-        lo = max(hi / 2.0, Z_MIN)
-        if f(lo) > target:
-            return lo, hi
-        if lo <= Z_MIN:
-            raise ParameterError("epsilon", f"target {target:g} is met by every noise multiplier "
-                                            f">= {Z_MIN:g} (is delta >= sample rate?); the noise "
-                                            "does not bind: choose a smaller epsilon")
-        hi = lo
+def __getattr__(name: str):
+    if name in _MOVED:
+        from popri.privacy import calibration
 
-
-def noise_multiplier(eps: float, q: float, steps: int, delta: float, accountant: str = "rdp",
-                     tol: float = 1e-4, *, orders=ORDERS,
-                     value_discretization_interval: float | None = None) -> float:
-    """Smallest noise multiplier z (to ``tol``) with epsilon(z, q, steps, delta) <= ``eps``.
-
-    Bracket (the upper bound grows geometrically) + bisection; returns the upper end of the final
-    interval, so the target is met.  PLD brackets on a 1e-3 grid, then refines at 1e-4 (or uses
-    ``value_discretization_interval`` throughout when given).
-    """
-    check(eps=eps, q=q, steps=steps, delta=delta, accountant=accountant)
-    if not (tol > 0 and math.isfinite(tol)):
-        raise ParameterError("tol", f"must be > 0 (got {tol})")
-    steps = int(steps)
-    fine = value_discretization_interval or PLD_INTERVAL
-    coarse = value_discretization_interval or PLD_SEARCH_INTERVAL
-
-    def at(interval):
-        return lambda z: _account([(z, q, steps)], delta, accountant, orders, interval).epsilon
-
-    f = at(coarse if accountant == "pld" else None)
-    try:
-        lo, hi = _bisect(f, eps, *_bracket(f, eps), tol)
-    except ParameterError as e:
-        if accountant == "rdp" and "not met" in e.message:  # RDP -> DP conversion has a floor
-            raise ParameterError("epsilon", e.message + " (the RDP bound has a floor set by its "
-                                 f"largest order, {orders[-1]:g}; the pld accountant may reach "
-                                 "it)") from None
-        raise
-    if accountant != "pld" or fine == coarse:
-        return hi
-    g, step = at(fine), tol  # refine on the fine grid (its pessimistic estimate is ~ the same)
-    while g(hi) > eps:
-        lo, hi, step = hi, hi + step, step * 2
-    lo, step = max(hi - step, 0.0), step * 2
-    while g(lo) <= eps:
-        lo, hi, step = max(lo - step, 0.0), lo, step * 2
-    return _bisect(g, eps, lo, hi, tol)[1]
+        return getattr(calibration, _MOVED[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- composition
@@ -341,29 +519,36 @@ def _fields(e: Any) -> dict:
         z, q, n = e
         return {"stage": "-", "mechanism": "gaussian" if q >= 1 else "subsampled_gaussian",
                 "noise_multiplier": z, "sample_rate": q, "steps": n,
-                "sampling": "none" if q >= 1 else "poisson", "neighbouring": NEIGHBOURING}
+                "sampling": "none" if q >= 1 else "poisson", "neighbouring": NEIGHBOURING,
+                "params": {}}
     d = e if isinstance(e, dict) else e.to_dict()
-    return {k: d.get(k, dflt) for k, dflt in (("stage", "-"), ("mechanism", "subsampled_gaussian"),
-                                               ("noise_multiplier", None), ("sample_rate", None),
-                                               ("steps", None), ("sampling", "none"),
-                                               ("neighbouring", NEIGHBOURING), ("release_id", ""))}
+    out = {k: d.get(k, dflt) for k, dflt in (("stage", "-"), ("mechanism", "subsampled_gaussian"),
+                                              ("noise_multiplier", None), ("sample_rate", None),
+                                              ("steps", None), ("sampling", "none"),
+                                              ("neighbouring", NEIGHBOURING), ("release_id", ""))}
+    out["params"] = d.get("params") if isinstance(d.get("params"), dict) else {}
+    return out
 
 
 def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, orders=ORDERS,
             value_discretization_interval: float | None = None, alone: bool = True) -> Composition:
-    """Compose heterogeneous Gaussian releases into one epsilon at ``delta``.
+    """Compose heterogeneous releases into one epsilon at ``delta``.
 
     ``entries``: :class:`popri.privacy.ledger.LedgerEntry` objects, their dicts, or (z, q, steps)
-    tuples.  ``mechanism == "gaussian"`` or ``sampling == "none"`` is accounted at q = 1;
+    tuples.  Each entry's ``mechanism`` is looked up in the registry (:func:`get_mechanism`;
+    an unknown one is a ParameterError listing the known ones), which checks the entry and gives
+    its accounting key: ``gaussian`` or ``sampling == "none"`` is accounted at q = 1;
     ``sampling == "fixed"`` at q = sample_rate = L/N (see ``FIXED_NOTE``).  All entries must
     protect one neighbouring relation (``Composition.neighbouring``): add/remove, or a replace
-    relation for plain q = 1 Gaussians (whose privacy curve depends only on z).  Identical
-    (stage, mechanism, sampling, z, q) entries form one group whose steps add up; RDP sums the
-    per-order RDP of the groups, PLD composes ``SelfComposedDpEvent`` s in a ``ComposedDpEvent``.
-    ``alone`` adds each group's own epsilon to its dict.
+    relation for releases whose curve does not depend on it (plain q = 1 Gaussians, whose privacy
+    curve depends only on z).  Entries of one stage, mechanism, sampling and key form one group
+    whose steps add up; RDP sums the per-order RDP of the groups (:meth:`Mechanism.rdp`), PLD
+    composes their events (:meth:`Mechanism.event`) in a ``ComposedDpEvent``.  ``alone`` adds
+    each group's own epsilon to its dict.
     """
     check(delta=delta, accountant=accountant)
     groups: dict[tuple, dict] = {}
+    history: list[tuple[Mechanism, tuple, int]] = []
     notes: list[str] = []
     relations: dict[str, str] = {}  # relation -> first entry with it; all entries must agree
     n = 0
@@ -371,8 +556,12 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
         d = _fields(e)
         n += 1
         who = f"entry {n} (stage {d['stage']!r})"
+        try:
+            mech = get_mechanism(d["mechanism"])
+        except ParameterError as err:
+            raise ParameterError(err.param, f"{who}: {err.message}") from None
         rel = " ".join(str(d["neighbouring"]).lower().split())
-        if rel not in ADD_REMOVE and not (rel in REPLACE and _unsampled(d)):
+        if rel not in ADD_REMOVE and not (rel in REPLACE and mech.replace_ok(d)):
             raise ParameterError("neighbouring", f"{who} is for {d['neighbouring']!r}; only "
                                                  f"add/remove releases, or plain (q = 1) Gaussian "
                                                  f"releases under a replace relation, compose here")
@@ -384,28 +573,25 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
                                                  f"{r0!r}: guarantees for different neighbouring "
                                                  f"relations do not add up; total them separately")
         try:
-            check(z=d["noise_multiplier"], q=d["sample_rate"], steps=d["steps"])
+            mech.check(d)
         except ParameterError as err:
             raise ParameterError(err.param, f"{who}: {err.message}") from None
-        q = float(d["sample_rate"])
-        if d["mechanism"] == "gaussian" or d["sampling"] == "none":
-            if q < 1:
-                notes.append(f"{who}: {d['mechanism']} with sampling {d['sampling']!r} is "
-                             f"accounted at q = 1 (no amplification by sampling)")
-            q = 1.0
+        k = mech.key(d, who, notes)
         if d["sampling"] == "fixed" and FIXED_NOTE not in notes:
             notes.insert(0, FIXED_NOTE)
-        key = (d["stage"], d["mechanism"], d["sampling"], float(d["noise_multiplier"]), q)
-        g = groups.setdefault(key, {"stage": d["stage"], "mechanism": d["mechanism"],
-                                    "noise_multiplier": key[3], "sample_rate": q,
-                                    "steps": 0, "sampling": d["sampling"], "entries": 0})
+        gkey = (d["stage"], mech.name, d["sampling"], k)
+        if gkey not in groups:
+            groups[gkey] = {"stage": d["stage"], "mechanism": mech.name, **mech.describe(k),
+                            "steps": 0, "sampling": d["sampling"], "entries": 0}
+            history.append((mech, k, 0))
+        g = groups[gkey]
         g["steps"] += int(d["steps"])
         g["entries"] += 1
     if not groups:
         raise ParameterError("entries", "nothing to compose (no ledger entries)")
-    history = [(g["noise_multiplier"], g["sample_rate"], g["steps"]) for g in groups.values()]
-    res = _account(history, delta, accountant, orders, value_discretization_interval)
     out = list(groups.values())
+    history = [(m, k, g["steps"]) for (m, k, _), g in zip(history, out)]
+    res = _account(history, delta, accountant, orders, value_discretization_interval)
     if alone:
         for g, h in zip(out, history):
             e = res.epsilon if len(out) == 1 else _account([h], delta, accountant, orders,
@@ -416,12 +602,6 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
     return Composition(res.epsilon, delta, accountant, n, out, res.order, notes,
                        [w for w in res.warnings if w != INF_NOTE],
                        next(iter(relations)) if relations else NEIGHBOURING)
-
-
-def _unsampled(d: dict) -> bool:
-    """Accounted at q = 1: a plain Gaussian, whose (eps, delta) curve depends only on z under
-    any neighbouring relation (z measured in that relation's sensitivity)."""
-    return d["mechanism"] == "gaussian" or d["sampling"] == "none" or d["sample_rate"] == 1
 
 
 def _delta_of(e: Any) -> float | None:

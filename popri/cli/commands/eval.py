@@ -1,4 +1,6 @@
-"""popri eval: downstream next-token accuracy, Frechet distance, and the "gap closed" figure.
+"""popri eval: downstream next-token accuracy, Frechet distance, and the "gap closed" figure
+(library: popri/eval/downstream.py, popri/models/fid.py; settings: popri/specs/training.py
+EvalSpec, GapSpec).
 
     popri eval accuracy --model runs/ds --data data/sotu --split test --per-client-out m.jsonl --json
     popri eval fid samples.jsonl data/sotu --split val
@@ -12,6 +14,9 @@ from typing import Optional
 
 import typer
 
+from popri.cli.options import build, option, unwrap
+from popri.specs.training import EvalSpec, GapSpec
+
 eval_app = typer.Typer(
     help="Utility of synthetic data: next-token accuracy of the downstream model (POPri / "
          "PrE-Text's metric), Frechet distance of embedding sets, and the share of the "
@@ -20,7 +25,7 @@ eval_app = typer.Typer(
 
 _ACC_HELP = """Next-token prediction accuracy and loss of a causal LM on a dataset split.
 
-Each text is [BOS] + tokens + [EOS] cut to --max-length (64, POPri B.1); BOS is the tokenizer's
+Each text is [BOS] + tokens + [EOS] cut to --max-length (POPri B.1); BOS is the tokenizer's
 (its EOS if it has none; the tokenizer never adds one itself). A chat-turn marker (SmolLM2-Instruct's <|im_start|> / <|im_end|>) is replaced by <|endoftext|>, the
 document separator of pretraining (eps=0 on SmolLM2, 400 sotu test records: 0.2825 accuracy with the markers, 0.2913 without).  Position j >= 1 is predicted
 from positions < j: a sequence of n tokens has n - 1 targets -- BOS is never a target, padding
@@ -33,11 +38,6 @@ test clients (records without client_id are each a client).  --per-client-out wr
 ('popri eval gap').  stdout: one summary line, or the JSON object with --json."""
 
 
-def _paragraphs(text: str) -> str:
-    """Re-flow hard-wrapped help text: rich keeps single newlines, so join them."""
-    return "\n\n".join(" ".join(p.split()) for p in text.strip().split("\n\n"))
-
-
 def accuracy(
     model: str = typer.Option(
         "smollm2-135m", "--model", "-m",
@@ -47,20 +47,14 @@ def accuracy(
     data: str = typer.Option(..., "--data", "-d", help="Dataset dir (its --split) or JSONL with 'text' "
                                                        "(and 'client_id')."),
     split: str = typer.Option("test", help="Split of a dataset dir (default: test)."),
-    max_length: int = typer.Option(64, min=2, help="Tokens per sequence incl. BOS/EOS (POPri B.1: 64)."),
-    count_eos: bool = typer.Option(True, "--count-eos/--no-count-eos",
-                                   help="Count the EOS target (POPri / PrE-Text code: yes)."),
-    bos_token: Optional[str] = typer.Option(
-        None, "--bos-token", help="Token that starts every sequence (default: the tokenizer's BOS, "
-        "its EOS if none; chat markers -> <|endoftext|>). Compare models with the same START/EOS."),
-    eos_token: Optional[str] = typer.Option(None, "--eos-token",
-                                            help="Token appended to every text (default: the "
-                                                 "tokenizer's EOS)."),
-    batch_size: int = typer.Option(32, min=1, help="Sequences per forward pass."),
-    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast (1.3-2.4x faster on CPU in our runs)."),
-    max_samples: Optional[int] = typer.Option(None, min=1, help="Evaluate the first N records only."),
-    bootstrap: int = typer.Option(1000, min=0, help="Bootstrap resamples of clients for accuracy_se "
-                                                    "(0: none)."),
+    max_length: int = option(EvalSpec, "max_length"),
+    count_eos: bool = option(EvalSpec, "count_eos"),
+    bos_token: Optional[str] = option(EvalSpec, "bos_token"),
+    eos_token: Optional[str] = option(EvalSpec, "eos_token"),
+    batch_size: int = option(EvalSpec, "batch_size"),
+    bf16: bool = option(EvalSpec, "bf16"),
+    max_samples: Optional[int] = option(EvalSpec, "max_samples"),
+    bootstrap: int = option(EvalSpec, "bootstrap"),
     seed: int = typer.Option(0, help="Seed of the bootstrap."),
     per_client_out: Optional[str] = typer.Option(None, "--per-client-out",
                                                  help="Write per-client sums to this JSONL file."),
@@ -73,11 +67,11 @@ def accuracy(
     from popri.core.guard import check_outputs
     from popri.core.io import dumps, write_jsonl
 
+    spec = build(EvalSpec, max_length=max_length, count_eos=count_eos, bos_token=bos_token,
+                 eos_token=eos_token, batch_size=batch_size, bf16=bf16, max_samples=max_samples,
+                 bootstrap=bootstrap)
     check_outputs([per_client_out], [data, adapter, model if Path(model).exists() else None])
-    res = evaluate_next_token(model, data, max_length=max_length, count_eos=count_eos,
-                              batch_size=batch_size, bf16=bf16, adapter=adapter, split=split,
-                              max_samples=max_samples, bootstrap=bootstrap, seed=seed,
-                              bos_token=bos_token, eos_token=eos_token)
+    res = evaluate_next_token(model, data, spec, adapter=adapter, split=split, seed=seed)
     per = res.pop("per_client")
     # timings go to stderr only, so the JSON result is reproducible byte for byte
     seconds, rate = res.pop("seconds"), res.pop("tokens_per_s")
@@ -141,12 +135,11 @@ def gap(
                                                  "model without private data (POPri section 5)."),
     epsinf: str = typer.Option(..., "--epsinf", help="Accuracy (or per-client file) at eps=inf: "
                                                      "trained on the private train split."),
-    bootstrap: int = typer.Option(1000, min=2, help="Paired bootstrap resamples of test clients."),
+    bootstrap: int = option(GapSpec, "bootstrap", min=2, help="Paired bootstrap resamples of "
+                            "test clients."),
     seed: int = typer.Option(0, help="Seed of the bootstrap."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
-    allow_undefined: bool = typer.Option(False, "--allow-undefined", help="When eps=0 and eps=inf "
-                                         "score the same, report the gap as undefined (null) "
-                                         "instead of failing (what 'popri run' does)."),
+    allow_undefined: bool = option(GapSpec, "allow_undefined"),
 ) -> None:
     """Gap closed = (acc - acc_eps0) / (acc_epsinf - acc_eps0), POPri's headline metric.
 
@@ -156,21 +149,22 @@ def gap(
     95% percentile interval."""
     import math
 
-    from popri.eval.downstream import gap_closed, gap_from_files
     from popri.core.errors import InputError
     from popri.core.io import dumps
+    from popri.eval.downstream import gap_closed, gap_from_files
 
+    spec = build(GapSpec, bootstrap=bootstrap, allow_undefined=allow_undefined)
     nums = [_number_or_file(v) for v in (method, eps0, epsinf)]
     if all(n is not None for n in nums):
         g = gap_closed(*nums)
-        if math.isnan(g) and not allow_undefined:
+        if math.isnan(g) and not spec.allow_undefined:
             raise InputError("eps=inf and eps=0 accuracies are equal: the gap is undefined",
                              field="epsinf")
         res = {"gap_closed": None if math.isnan(g) else g, "gap_closed_se": None, "acc": nums[0],
                "acc_eps0": nums[1], "acc_epsinf": nums[2]}
     elif all(n is None for n in nums):
-        res = gap_from_files(method, eps0, epsinf, n_boot=bootstrap, seed=seed,
-                             allow_undefined=allow_undefined)
+        res = gap_from_files(method, eps0, epsinf, n_boot=spec.bootstrap, seed=seed,
+                             allow_undefined=spec.allow_undefined)
     else:
         raise InputError("give --method/--eps0/--epsinf all as numbers or all as per-client files")
     if json_out:
@@ -185,7 +179,7 @@ def gap(
 
 
 def register(app: typer.Typer) -> None:
-    eval_app.command("accuracy", help=_paragraphs(_ACC_HELP))(accuracy)
-    eval_app.command("fid", help=_paragraphs(fid.__doc__))(fid)
-    eval_app.command("gap", help=_paragraphs(gap.__doc__))(gap)
+    eval_app.command("accuracy", help=unwrap(_ACC_HELP.strip()))(accuracy)
+    eval_app.command("fid", help=unwrap(fid.__doc__.strip()))(fid)
+    eval_app.command("gap", help=unwrap(gap.__doc__.strip()))(gap)
     app.add_typer(eval_app, name="eval")

@@ -1,5 +1,5 @@
 """popri expand: PrE-Text's Expand, the DP seed set -> N synthetic samples in shards
-(library: popri/methods/pe/expand.py).
+(library: popri/methods/pe/expand.py, settings: popri/specs/generation.py ExpandSpec).
 
     popri expand runs/pe/seeds.jsonl --num-samples 2000 --out runs/expand
     popri expand seeds.jsonl --num-samples 1000000 --backend vllm --model meta-llama/Llama-2-7b-hf --out runs/expand
@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+
+from popri.cli.options import build, option, unwrap
+from popri.specs.generation import ExpandSpec
 
 _HELP = """PrE-Text's Expand (Algorithm 1 line 11; Section 3 (6); Figure 3): an LLM writes N synthetic
 samples that imitate the DP seed set. Post-processing of DP output: spends no privacy.
@@ -42,7 +45,6 @@ depends only on --seed, k and the samples before it); another config is refused 
 (which starts over). A larger --num-samples continues a run whose shards are all full.
 --merged-out PATH also writes all shards as one JSONL ('-': stdout). stdout carries that JSONL, or
 else DIR's path. Progress (samples/s, ETA) goes to stderr."""
-HELP = "\n\n".join(" ".join(par.split()) for par in _HELP.split("\n\n"))
 
 
 def expand(
@@ -51,35 +53,24 @@ def expand(
     num_samples: int = typer.Option(..., "--num-samples", "-N", min=1,
                                     help="Samples to keep (PrE-Text 4.1: 2,000,000)."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (shards + manifest.json)."),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", envvar="POPRI_GEN_MODEL",
-                              help="Generator: alias smollm2-135m / gemma3-270m (offline), a local "
-                                   "checkpoint or hub id (PrE-Text D.2: meta-llama/Llama-2-7b-hf)."),
+    model: str = option(ExpandSpec, "model"),
     adapter: Optional[str] = typer.Option(None, "--adapter", help="PEFT LoRA adapter directory on "
                                           "top of --model."),
-    backend: str = typer.Option("transformers", "--backend",
-                                help="transformers (CPU/GPU) or vllm (GPU, PrE-Text D.2's engine; "
-                                     "pip install 'popri\\[gpu]')."),
-    adapter_mode: str = typer.Option("lora", "--adapter-mode", help="vllm: serve the adapter as a "
-                                     "LoRARequest ('lora') or merge it first ('merge')."),
+    backend: str = option(ExpandSpec, "backend"),
+    adapter_mode: str = option(ExpandSpec, "adapter_mode"),
     seed: int = typer.Option(0, "--seed", help="Seeds the choice of examples and the sampling."),
-    shard_size: int = typer.Option(10000, "--shard-size", min=1, help="Rows per shard file."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Prompts per engine "
-                                             "call (default: transformers 8, vllm 2048). Part of the "
-                                             "config: it sets the chunks a shard is drawn in."),
-    temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="PrE-Text D.2: 1.0."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="PrE-Text D.2: 1.0."),
-    max_new_tokens: int = typer.Option(85, "--max-new-tokens", min=1, help="Tokens generated per "
-                                       "sample (PrE-Text's expansion script: 85)."),
-    max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Truncate samples to this many "
-                                   "tokens (64: the private data's chunk length)."),
-    min_words: int = typer.Option(4, "--min-words", min=0, help="Drop samples with fewer words."),
-    attempt_factor: float = typer.Option(3.0, "--attempt-factor", min=1.0, help="Give up after "
-                                         "this many prompts per wanted sample (per shard)."),
+    shard_size: int = option(ExpandSpec, "shard_size"),
+    batch_size: Optional[int] = option(ExpandSpec, "batch_size"),
+    temperature: float = option(ExpandSpec, "temperature"),
+    top_p: float = option(ExpandSpec, "top_p"),
+    max_new_tokens: int = option(ExpandSpec, "max_new_tokens"),
+    max_tokens: int = option(ExpandSpec, "max_tokens"),
+    min_words: int = option(ExpandSpec, "min_words"),
+    attempt_factor: float = option(ExpandSpec, "attempt_factor"),
     allow_short: bool = typer.Option(False, "--allow-short", help="A shortfall exits 0 (warning)."),
     template: Optional[str] = typer.Option(None, "--template", help="Prompt template file "
                                            "({sample1}..{sample3} placeholders)."),
-    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast on CPU, bf16 weights "
-                              "on GPU/vllm."),
+    bf16: bool = option(ExpandSpec, "bf16"),
     device: Optional[str] = typer.Option(None, "--device", help="transformers: cpu, cuda "
                                          "(default: cuda if available)."),
     merged_out: Optional[str] = typer.Option(None, "--merged-out", help="Also write all shards as "
@@ -87,65 +78,19 @@ def expand(
     force: bool = typer.Option(False, "--force", help="Start over when DIR holds another "
                                                       "expansion (its shards are removed)."),
 ) -> None:
-    from pathlib import Path
-
-    from popri.core import log
-    from popri.models.embed import text_records
-    from popri.core.errors import InputError, PopriError
-    from popri.methods.pe.expand import expand as run_expand
-    from popri.methods.pe.expand import write_merged
-    from popri.models.generation import BACKENDS
     from popri.core.io import STDIO
+    from popri.methods.pe.expand import expand_file
 
-    if backend not in BACKENDS:
-        raise InputError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}", field="backend")
-    if adapter_mode not in ("lora", "merge"):
-        raise InputError(f"unknown adapter mode {adapter_mode!r}; lora or merge", field="adapter-mode")
-    if top_p <= 0:
-        raise InputError("--top-p must be in (0, 1]", field="top-p")
-    if adapter and not (Path(adapter) / "adapter_config.json").exists():
-        raise InputError("not a PEFT adapter directory (no adapter_config.json)", path=adapter)
-    if out == STDIO:
-        raise InputError("--out is a directory; use --merged-out - for stdout", field="out")
-    from popri.methods.pe.expand import MANIFEST, SHARD_RE
-    from popri.core.guard import check_outputs
-
-    # --out DIR's files: its manifest and shards (--force removes those there; a shard name
-    # that --merged-out would take is one it will write)
-    shards = {str(f) for f in Path(out).glob("shard-*.jsonl") if SHARD_RE.fullmatch(f.name)}
-    if merged_out and merged_out != STDIO and SHARD_RE.fullmatch(Path(merged_out).name):
-        shards.add(str(Path(out) / Path(merged_out).name))
-    check_outputs([out, str(Path(out) / MANIFEST), *sorted(shards), merged_out],
-                  [seeds, template, adapter, model if Path(model).exists() else None])
-    from popri.models.generation import check_template, read_template
-
-    tmpl = read_template(template, lambda t: check_template(t, 3))
-
-    recs, src = text_records(seeds)
-    manifest = run_expand(
-        recs, num_samples=num_samples, out_dir=out, model=model, adapter=adapter, backend=backend,
-        seed=seed, shard_size=shard_size, batch_size=batch_size, temperature=temperature,
-        top_p=top_p, max_new_tokens=max_new_tokens, max_tokens=max_tokens, min_words=min_words,
-        template=tmpl, bf16=bf16, device=device, adapter_mode=adapter_mode,
-        attempt_factor=attempt_factor, force=force, source=src)
-    c = manifest["counts"]
-    rate = manifest["samples_per_s"]
-    log.info(f"expand: {manifest['rows']}/{num_samples} samples in {manifest['shards_done']} "
-             f"shard(s) under {out}; {c['prompts']} prompts, filtered {c['filtered'] or 0}, "
-             f"{c['duplicates']} duplicates; {rate if rate is not None else 0:.2f} samples/s, "
-             f"{manifest['tokens_per_s'] or 0:.1f} tokens/s")
-    if manifest["status"] == "short":
-        msg = (f"shortfall: {manifest['rows']} of {num_samples} samples after "
-               f"--attempt-factor {attempt_factor:g} x the prompts of the last shard "
-               f"(see {Path(out) / 'manifest.json'})")
-        if not allow_short:
-            raise PopriError(msg + "; --allow-short accepts it")
-        log.warn(msg)
-    if merged_out:
-        write_merged(out, manifest, merged_out)
+    spec = build(ExpandSpec, model=model, backend=backend, adapter_mode=adapter_mode,
+                 shard_size=shard_size, batch_size=batch_size, temperature=temperature,
+                 top_p=top_p, max_new_tokens=max_new_tokens, max_tokens=max_tokens,
+                 min_words=min_words, attempt_factor=attempt_factor, bf16=bf16)
+    expand_file(seeds, spec, num_samples=num_samples, out=out, adapter=adapter, seed=seed,
+                template=template, device=device, merged_out=merged_out, force=force,
+                allow_short=allow_short)
     if merged_out != STDIO:
         typer.echo(out)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("expand", help=HELP)(expand)
+    app.command("expand", help=unwrap(_HELP))(expand)

@@ -1,4 +1,5 @@
-"""popri pe: Private Evolution / PrE-Text population steps (maths: popri/methods/pe/draw.py).
+"""popri pe: Private Evolution / PrE-Text population steps (library: popri/methods/pe/draw.py;
+no settings beyond sizes, seeds and rounds, hence no spec).
 
     popri pe init data/public --num 64 --seed 0 --out runs/pe/round1/population.jsonl
     popri pe draw --population runs/pe/round1/population.jsonl --scores runs/pe/round1/hist.npy \
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import List, Optional
 
 import typer
+
+from popri.cli.options import unwrap
 
 _INIT = """The initial population S_1 (PrE-Text Algorithm 1, line 2): --num records drawn from public
 text (a JSONL with "text", or a federated dataset directory's --split), without replacement when
@@ -46,19 +49,11 @@ def init(
     seed: int = typer.Option(0, "--seed", help="Seeds the draw."),
     out: str = typer.Option("-", "--out", "-o", help="Population JSONL, or '-'."),
 ) -> None:
-    from popri.core import io, log
-    from popri.models.embed import text_records
-    from popri.core.guard import check_outputs
-    from popri.methods.pe.draw import initial_population
-    from popri.privacy.noise import make_rng
+    from popri.core import log
+    from popri.methods.pe.draw import init_file
 
-    check_outputs([out], [public])
-    recs, src = text_records(public, split)
-    idx = initial_population(recs, num, make_rng(seed, stream="pe-init"))
-    rows = [{"id": f"r1-p{i}", "round": 1, "text": " ".join(recs[j]["text"].split()),
-             "source_id": str(recs[j]["id"])} for i, j in enumerate(idx)]
-    io.write_jsonl(rows, out)
-    log.info(f"pe init: {len(rows)} samples from {len(recs)} public texts ({src})")
+    st = init_file(public, num, split=split, seed=seed, out=out)
+    log.info(f"pe init: {st['samples']} samples from {st['public']} public texts ({st['source']})")
 
 
 def draw(
@@ -74,66 +69,31 @@ def draw(
     stats_out: Optional[str] = typer.Option(None, "--stats-out", help="JSON: distinct survivors, "
                                             "mass, whether the draw fell back to uniform."),
 ) -> None:
-    import json
+    from popri.core import log
+    from popri.methods.pe.draw import draw_file
 
-    import numpy as np
-
-    from popri.core import io, log
-    from popri.core.guard import check_outputs
-    from popri.methods.pe.draw import draw_survivors
-    from popri.methods.popri.prefs import align_scores, load_score_vector
-    from popri.privacy.noise import make_rng
-
-    check_outputs([out, stats_out], [population, scores])
-    pop = list(io.iter_jsonl(population, required=("id", "text"), locate=True))
-    arr, ids = load_score_vector(scores)
-    hist = align_scores(pop, arr, ids, path=scores)
-    idx, uniform = draw_survivors(hist, num, make_rng(seed, secure=release, stream="pe-draw"))
-    if uniform:
-        log.warn("pe draw: the thresholded histogram is all zero; drawing uniformly "
-                 "(lower the threshold H or raise the population's quality)")
-    rows = [{"id": f"r{round_}-s{i}", "round": round_, "parent_id": str(pop[j]["id"]),
-             "text": pop[j]["text"], "votes": float(hist[j])} for i, j in enumerate(idx)]
-    distinct = int(np.unique(idx).size)
-    stats = {"population": len(pop), "survivors": len(rows), "distinct": distinct,
-             "nonzero_bins": int((np.asarray(hist) > 0).sum()), "mass": float(np.maximum(hist, 0).sum()),
-             "uniform_fallback": uniform, "round": round_}
-    with io.AtomicOutputs() as staged:
-        if out != "-":
-            with open(staged.path(out), "w", encoding="utf-8") as fh:
-                fh.writelines(io.dumps(r) + "\n" for r in rows)
-        if stats_out:
-            with open(staged.path(stats_out), "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(stats, indent=2) + "\n")
-    if out == "-":
-        io.write_jsonl(rows, "-")
-    log.info(f"pe draw: {len(rows)} survivors, {distinct} distinct, from {stats['nonzero_bins']} "
-             f"of {len(pop)} samples with votes left after the threshold")
+    st = draw_file(population, scores, num, round_no=round_, seed=seed, release=release, out=out,
+                   stats_out=stats_out)
+    log.info(f"pe draw: {st['survivors']} survivors, {st['distinct']} distinct, from "
+             f"{st['nonzero_bins']} of {st['population']} samples with votes left after the "
+             "threshold")
 
 
 def seeds(
     survivors: List[str] = typer.Argument(..., help="Survivors JSONL of each round ('pe draw')."),
     out: str = typer.Option("-", "--out", "-o", help="Seed set JSONL, or '-'."),
 ) -> None:
-    from popri.core import io, log
-    from popri.core.guard import check_outputs
-    from popri.methods.pe.draw import union_of_sets
+    from popri.core import log
+    from popri.methods.pe.draw import seeds_file
 
-    check_outputs([out], survivors)
-    rounds = []
-    for k, path in enumerate(survivors, start=1):
-        rows = list(io.iter_jsonl(path, required=("text",)))
-        t = int(rows[0].get("round", k)) if rows else k
-        rounds.append((t, rows))
-    seed_rows = union_of_sets(rounds)
-    io.write_jsonl(seed_rows, out)
-    log.info(f"pe seeds: {len(seed_rows)} distinct texts from {sum(len(r) for _, r in rounds)} "
-             f"survivors over {len(rounds)} round(s)")
+    st = seeds_file(survivors, out=out)
+    log.info(f"pe seeds: {st['seeds']} distinct texts from {st['survivors']} survivors over "
+             f"{st['rounds']} round(s)")
 
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Private Evolution / PrE-Text population steps.", no_args_is_help=True)
-    group.command("init", help=_INIT)(init)
-    group.command("draw", help=_DRAW)(draw)
-    group.command("seeds", help=_SEEDS)(seeds)
+    group.command("init", help=unwrap(_INIT))(init)
+    group.command("draw", help=unwrap(_DRAW))(draw)
+    group.command("seeds", help=unwrap(_SEEDS))(seeds)
     app.add_typer(group, name="pe")

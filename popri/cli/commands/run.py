@@ -52,7 +52,7 @@ def run(
     private, the paper's, not covered by epsilon | public | dp | none).
     """
     from popri.pipeline import config as C
-    from popri.pipeline.driver import POPriRun, results_table
+    from popri.pipeline.driver import Run, results_table
 
     overrides = (list(set_) + ([f"run_dir={run_dir}"] if run_dir else [])
                  + (["release=true"] if release else []))
@@ -66,7 +66,7 @@ def run(
     R = Path(cfg.run_dir)
     check_outputs([R, R / "results.json", R / "results.md", R / "commands.sh"],
                   [config, cfg.data.dir])
-    pipeline = POPriRun(cfg, dry_run=dry_run)
+    pipeline = Run(cfg, dry_run=dry_run)
     results = pipeline.execute()
     if dry_run:
         typer.echo(pipeline.plan_text())

@@ -1,4 +1,5 @@
-"""popri vary: Private Evolution's Variation API (library: popri/methods/pe/variation.py).
+"""popri vary: Private Evolution's Variation API (library: popri/methods/pe/variation.py,
+settings: popri/specs/generation.py VarySpec).
 
     popri vary runs/pe/round1/survivors.jsonl --method mask-fill --round 2 --seed 0 --out pop2.jsonl
     popri vary pop.jsonl --lookahead 4 --lookahead-out la.npy --out - | head
@@ -10,6 +11,9 @@ from __future__ import annotations
 from typing import Optional
 
 import typer
+
+from popri.cli.options import build, option, unwrap
+from popri.specs.generation import VarySpec
 
 _HELP = """Variations of text samples: PrE-Text's mask-fill or Aug-PE's LLM paraphrase
 (PE 'Variation', PrE-Text Algorithm 1 line 9).
@@ -60,186 +64,64 @@ Same inputs + --seed give byte-identical files (same machine, --threads and --ba
 bf16).
 Counts, fallback and timings go to stderr and --stats-out. Variation only post-processes public or
 already-released samples: it spends no privacy and writes no ledger entry."""
-HELP = "\n\n".join(" ".join(par.split()) for par in _HELP.split("\n\n"))
 
 
 def vary(
     input: str = typer.Argument(..., help="JSONL with 'text' (and 'id'), or '-' for stdin."),
-    method: str = typer.Option("mask-fill", "--method", help="mask-fill (PrE-Text) or "
-                               "paraphrase (Aug-PE)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="mask-fill: masked LM "
-                                        "(default roberta-large, PrE-Text D.2). paraphrase: causal "
-                                        "LM (default smollm2-135m)."),
-    variations: int = typer.Option(1, "--variations", "-V", min=1,
-                                   help="Variations per input written to --out (PE: 1)."),
+    method: str = option(VarySpec, "method"),
+    model: Optional[str] = option(VarySpec, "model"),
+    variations: int = option(VarySpec, "variations"),
     seed: int = typer.Option(0, "--seed", min=0, help="Seeds masks, fills and sampling."),
     round_: int = typer.Option(0, "--round", min=0, help="Round number, recorded in every row."),
     out: str = typer.Option("-", "--out", "-o", help="Variations JSONL ('-' = stdout)."),
-    lookahead: int = typer.Option(0, "--lookahead", "-K", min=0, help="K variations per input "
-                                  "averaged in embedding space (PrE-Text lookahead; 0 = off)."),
+    lookahead: int = option(VarySpec, "lookahead"),
     lookahead_out: Optional[str] = typer.Option(None, "--lookahead-out", help="SET.npy for the "
                                                 "lookahead means (with --lookahead)."),
-    embedder: Optional[str] = typer.Option(None, "--embedder", envvar="POPRI_EMBED_MODEL",
-                                           help="Sentence embedder for --lookahead (default "
-                                                "all-MiniLM-L6-v2, PrE-Text D.2)."),
-    mask_ratio: float = typer.Option(0.3, "--mask-ratio", help="MASK%: share of tokens masked "
-                                     "per step (PrE-Text D.2: 30%)."),
-    steps: int = typer.Option(2, "--steps", min=1, help="W_steps mask-fill rounds (PrE-Text D.2: "
-                              "2)."),
-    fill: str = typer.Option("parallel", "--fill", help="parallel (one forward pass per step) or "
-                             "sequential (PrE-Text's code: one per mask)."),
-    temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="0 = argmax (PrE-Text "
-                                      "D.2: 1.0)."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling "
-                                "(PrE-Text D.2: 1.0)."),
-    max_tokens: int = typer.Option(64, "--max-tokens", min=1, help="Texts cut to this many "
-                                   "tokens (PrE-Text seq_len / POPri trunc_len 64)."),
-    max_new_tokens: int = typer.Option(85, "--max-new-tokens", min=1, help="paraphrase: tokens "
-                                       "generated (as popri gen)."),
-    min_words: int = typer.Option(3, "--min-words", min=0, help="paraphrase: shorter is "
-                                  "degenerate."),
-    max_retries: int = typer.Option(2, "--max-retries", min=0, help="paraphrase: regenerations "
-                                    "of a degenerate one."),
+    embedder: Optional[str] = option(VarySpec, "embedder"),
+    mask_ratio: float = option(VarySpec, "mask_ratio"),
+    steps: int = option(VarySpec, "steps"),
+    fill: str = option(VarySpec, "fill"),
+    temperature: float = option(VarySpec, "temperature"),
+    top_p: float = option(VarySpec, "top_p"),
+    max_tokens: int = option(VarySpec, "max_tokens"),
+    max_new_tokens: int = option(VarySpec, "max_new_tokens"),
+    min_words: int = option(VarySpec, "min_words"),
+    max_retries: int = option(VarySpec, "max_retries"),
     template: Optional[str] = typer.Option(None, "--template", help="paraphrase prompt file with "
                                            "{text}."),
-    chat: Optional[bool] = typer.Option(None, "--chat/--no-chat", help="paraphrase: the model's "
-                                        "chat template (default: when it has one) or the plain "
-                                        "prompt."),
+    chat: Optional[bool] = option(VarySpec, "chat", "--chat/--no-chat"),
     adapter: Optional[str] = typer.Option(None, "--adapter", help="paraphrase: PEFT LoRA adapter "
                                           "directory on top of --model."),
-    fallback: bool = typer.Option(True, "--fallback/--no-fallback", help="mask-fill without a "
-                                  "loadable MLM: paraphrase instead (warned) or exit 3."),
-    fallback_model: str = typer.Option("smollm2-135m", "--fallback-model", help="Causal LM of "
-                                       "the fallback."),
-    batch_size: int = typer.Option(16, "--batch-size", min=1, help="Sequences per forward pass / "
-                                   "generate() call."),
-    bf16: bool = typer.Option(True, "--bf16/--no-bf16", help="bf16 autocast on CPU, bf16 weights "
-                              "on GPU."),
+    fallback: bool = option(VarySpec, "fallback"),
+    fallback_model: str = option(VarySpec, "fallback_model"),
+    batch_size: int = option(VarySpec, "batch_size"),
+    bf16: bool = option(VarySpec, "bf16"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: "
                                          "cuda if available)."),
     stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Counts, fallback and "
                                             "timings as JSON."),
 ) -> None:
-    import json
-    import time
-    from pathlib import Path
-
     from popri.core import log
-    from popri.core.errors import InputError
-    from popri.core.io import STDIO, AtomicOutputs, dumps, save_embedding_set, write_jsonl
-    from popri.methods.pe.variation import (
-        FILL_MODES,
-        METHODS,
-        check_paraphrase_template,
-        lookahead_means,
-        variation_rows,
-    )
-    from popri.methods.pe.variation import vary as run_vary
+    from popri.methods.pe.variation import vary_file
 
-    t_start = time.perf_counter()
-    if method not in METHODS:
-        raise InputError(f"unknown method {method!r}; one of {', '.join(METHODS)}", field="method")
-    if fill not in FILL_MODES:
-        raise InputError(f"unknown fill {fill!r}; one of {', '.join(FILL_MODES)}", field="fill")
-    if not 0 < mask_ratio <= 1:
-        raise InputError(f"--mask-ratio must be in (0, 1] (got {mask_ratio})", field="mask-ratio")
-    if top_p <= 0:
-        raise InputError("--top-p must be in (0, 1]", field="top-p")
-    if lookahead and not lookahead_out:
-        raise InputError("--lookahead K needs --lookahead-out SET.npy", field="lookahead-out")
-    if lookahead_out and not lookahead:
-        raise InputError("--lookahead-out needs --lookahead K >= 1", field="lookahead")
-    if lookahead_out and not lookahead_out.endswith(".npy"):
-        raise InputError("must end in .npy (an embedding set)", path=lookahead_out,
-                         field="lookahead-out")
-    if stats_out == STDIO or lookahead_out == STDIO:
-        raise InputError("stdout carries the variations; give a file name",
-                         field="stats-out" if stats_out == STDIO else "lookahead-out")
-    if adapter and not (Path(adapter) / "adapter_config.json").exists():
-        raise InputError("not a PEFT adapter directory (no adapter_config.json)", path=adapter)
-    from popri.core.guard import check_outputs
-
-    check_outputs([out, stats_out, lookahead_out],
-                  [input, template, adapter,
-                   *(m for m in (model, embedder, fallback_model) if m and Path(m).exists())],
-                  companions="embeddings")
-    from popri.models.generation import read_template
-
-    tmpl = read_template(template, check_paraphrase_template)
-
-    ids, texts, src = _read(input)
-    n_per = max(variations, lookahead)
-    res = run_vary(texts, method=method, model=model, n_per=n_per, seed=seed, fallback=fallback,
-                   fallback_model=fallback_model, mask_ratio=mask_ratio, steps=steps, fill=fill,
-                   temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                   max_new_tokens=max_new_tokens, min_words=min_words, max_retries=max_retries,
-                   template=tmpl, chat=chat, adapter=adapter, batch_size=batch_size, bf16=bf16,
+    spec = build(VarySpec, method=method, model=model, variations=variations,
+                 lookahead=lookahead, embedder=embedder, mask_ratio=mask_ratio, steps=steps,
+                 fill=fill, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                 max_new_tokens=max_new_tokens, min_words=min_words, max_retries=max_retries,
+                 chat=chat, fallback=fallback, fallback_model=fallback_model,
+                 batch_size=batch_size, bf16=bf16)
+    st = vary_file(input, spec, out=out, lookahead_out=lookahead_out, stats_out=stats_out,
+                   template=template, adapter=adapter, seed=seed, round_no=round_,
                    device=device)
-    rows = variation_rows(ids, res, variations, round_)
-    stats = {"input": src, "inputs": len(texts), "variations": variations,
-             "lookahead": lookahead, "generated_per_input": n_per, "rows": len(rows),
-             "method": res["method"], "model": res["model"], **res["stats"],
-             "params": {"seed": seed, "round": round_, "mask_ratio": mask_ratio, "steps": steps,
-                        "fill": fill, "temperature": temperature, "top_p": top_p,
-                        "max_tokens": max_tokens, "max_new_tokens": max_new_tokens,
-                        "min_words": min_words, "max_retries": max_retries,
-                        "template": template or "builtin", "chat": chat,
-                        "batch_size": batch_size, "bf16": bf16}}
-    la = None
-    if lookahead:
-        from popri.models.embed import model_meta
-
-        t0 = time.perf_counter()
-        emb = lookahead_means(res["texts"], lookahead, embedder=embedder)
-        la = (emb, [{"id": i, "text": t} for i, t in zip(ids, texts)],
-              {**model_meta(embedder, True), "lookahead": lookahead, "method": res["method"],
-               "variation_model": res["model"], "seed": seed, "round": round_,
-               "mean_of": "L2-normalised embeddings of variations 0..K-1 (not re-normalised)"})
-        stats["embed_seconds"] = round(time.perf_counter() - t0, 3)
-    stats["total_seconds"] = round(time.perf_counter() - t_start, 3)
-    with AtomicOutputs() as staged:
-        if out != STDIO:
-            with open(staged.path(out), "w", encoding="utf-8") as fh:
-                fh.writelines(dumps(r) + "\n" for r in rows)
-        if la is not None:
-            save_embedding_set(lookahead_out, *la, out=staged)
-        if stats_out:
-            with open(staged.path(stats_out), "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(stats, indent=2) + "\n")
-    if out == STDIO:
-        write_jsonl(rows, STDIO)
-    fb = stats["fallback"]
-    log.info(f"vary: {len(rows)} variations of {len(texts)} inputs by {res['method']} "
-             f"({res['model']})" + (f", {n_per} per input for lookahead K={lookahead}"
-                                     if lookahead else "")
+    fb = st["fallback"]
+    log.info(f"vary: {st['rows']} variations of {st['inputs']} inputs by {st['method']} "
+             f"({st['model']})" + (f", {st['generated_per_input']} per input for lookahead "
+                                   f"K={lookahead}" if lookahead else "")
              + (f"; fell back from mask-fill ({fb['from_model']})" if fb else "")
-             + (f"; {stats['kept_degenerate']} still degenerate (kept, flagged)"
-                if "kept_degenerate" in stats else "")
-             + f"; {stats['total_seconds']:.1f}s")
-
-
-def _read(path: str):
-    """(ids, texts, source) of the input JSONL; ids unique, errors located."""
-    from popri.core.errors import InputError
-    from popri.core.io import iter_jsonl
-
-    ids, texts, first = [], [], {}
-    for pos, r in enumerate(iter_jsonl(path, required=("text",), locate=True)):
-        line = r["_line"]
-        rid = r.get("id", str(pos))
-        if isinstance(rid, bool) or not isinstance(rid, (str, int)):
-            raise InputError("must be a string or an integer", path=path, line=line, field="id")
-        if str(rid) in first:
-            raise InputError(f"duplicate id {rid!r} (first on line {first[str(rid)]}); variation "
-                             "ids are '<id>-v<k>' and must be unique", path=path, line=line,
-                             field="id")
-        first[str(rid)] = line
-        ids.append(rid)
-        texts.append(r["text"])
-    if not texts:
-        raise InputError("no samples to vary", path=path)
-    return ids, texts, path
+             + (f"; {st['kept_degenerate']} still degenerate (kept, flagged)"
+                if "kept_degenerate" in st else "")
+             + f"; {st['total_seconds']:.1f}s")
 
 
 def register(app: typer.Typer) -> None:
-    app.command("vary", help=HELP)(vary)
+    app.command("vary", help=unwrap(_HELP))(vary)

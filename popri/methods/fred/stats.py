@@ -5,10 +5,13 @@
     python examples/fred_mixture.py
     python -m pytest -q tests/test_fred.py
 
-FreD (fred-prefinetuning.txt, Algorithm 1, Proposition 3.1): the clients' embedding mean and
-covariance are released once under DP; any number of public candidates is then compared with
-them by the Frechet distance of ``popri.models.fid`` (the one `popri eval fid` and checkpoint
-selection use), at no further privacy cost.
+FreD (Hou et al., "Privately Customizing Prefinetuning to Better Match
+User Data in Federated Learning", arXiv:2302.09042, Algorithm 1 and Proposition 3.1): the
+clients' embedding mean and covariance are released once under DP; any number of public
+candidates is then compared with them by the Frechet distance of ``popri.models.fid`` (the one
+`popri eval fid` and checkpoint selection use), at no further privacy cost.  This module is the
+maths (sensitivities, the two releases, the files); :mod:`popri.methods.fred.steps` runs the
+``fred stats`` / ``fred compare`` steps (release protocol, ledger, ranking).
 
 Two Gaussian releases, each the noisy sum of per-client contributions (client side:
 :func:`mean_contribution`, :func:`cov_contribution`; server side: :func:`server_sum`, noise,
@@ -27,8 +30,9 @@ Two Gaussian releases, each the noisy sum of per-client contributions (client si
 so tau1 = s1 / n and tau2 = s2 / n are the noise stds on the released mean and covariance.  z is
 the classic sqrt(2 ln(1.25/delta)) / eps (Dwork & Roth 2014, Theorem A.1: eps < 1 only; the
 paper's choice) or the analytic Gaussian mechanism (Balle & Wang 2018): the smallest z with
-Phi(1/(2z) - eps z) - e^eps Phi(-1/(2z) - eps z) <= delta (dp_accounting's exact solver).  Each
-release is (eps, delta)-DP, the pair (2 eps, 2 delta)-DP by basic composition (Proposition 3.1).
+Phi(1/(2z) - eps z) - e^eps Phi(-1/(2z) - eps z) <= delta (dp_accounting's exact solver); both
+are :func:`popri.privacy.calibration.gaussian_multiplier`.  Each release is (eps, delta)-DP, the
+pair (2 eps, 2 delta)-DP by basic composition (FreD Proposition 3.1).
 
 Sensitivities (L2, of the sums).  A *record* is one sample (--level sample) or one client's data
 (--level user, at most m samples per client).  ``replace-one``: neighbours have as many records
@@ -56,7 +60,6 @@ adding N(0, s^2 / K) to their upload under secure aggregation.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import zipfile
@@ -65,64 +68,18 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from popri.core.artifacts import json_sidecar
 from popri.privacy.accounting import ParameterError
-
-RELATIONS = ("replace-one", "add-remove")
-LEVELS = ("sample", "user")
-CALIBRATIONS = ("classic", "analytic")
-DEFAULT_USER_CAP = 8  # samples per client at --level user (PrE-Text's cap, popri's user-level M)
+from popri.privacy.calibration import (  # noqa: F401  (re-exported: deprecated names)
+    CALIBRATIONS, analytic_multiplier, classic_multiplier, gaussian_log_delta, gaussian_multiplier)
+# the relations, the levels and the user-level cap m (8, PrE-Text's): declared in the spec
+from popri.specs.privacy import DEFAULT_USER_CAP, LEVELS, RELATIONS  # noqa: F401
 
 
 # --------------------------------------------------------------------------- calibration
-def _check_eps_delta(eps: float, delta: float) -> None:
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-        raise ParameterError("epsilon", f"must be a finite number > 0 (got {eps})")
-    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
-        raise ParameterError("delta", f"must be in (0, 1) (got {delta})")
-
-
-def classic_multiplier(eps: float, delta: float) -> float:
-    """z = sqrt(2 ln(1.25 / delta)) / eps: (eps, delta)-DP for eps < 1 (Dwork & Roth, Thm A.1)."""
-    _check_eps_delta(eps, delta)
-    if not eps < 1:
-        raise ParameterError("epsilon", f"the classic calibration sqrt(2 ln(1.25/delta))/eps is "
-                             f"proven for epsilon < 1 only (Dwork & Roth 2014, Theorem A.1; got "
-                             f"{eps}); use --calibration analytic")
-    return math.sqrt(2.0 * math.log(1.25 / delta)) / eps
-
-
-def gaussian_log_delta(z: float, eps: float) -> float:
-    """log of the exact delta(eps) of the Gaussian mechanism with noise multiplier z
-    (Balle & Wang 2018, Theorem 8): Phi(1/(2z) - eps z) - e^eps Phi(-1/(2z) - eps z)."""
-    from scipy.special import log_ndtr
-
-    a = float(log_ndtr(0.5 / z - eps * z))
-    b = eps + float(log_ndtr(-0.5 / z - eps * z))
-    return a + math.log1p(-math.exp(b - a)) if b < a else -math.inf
-
-
-def analytic_multiplier(eps: float, delta: float) -> float:
-    """Smallest z whose exact delta(eps) is <= delta (Balle & Wang 2018, Algorithm 1), from
-    dp_accounting.gaussian_mechanism.get_sigma_gaussian; nudged up until the condition holds in
-    floating point (its root finder can stop a hair below the root)."""
-    from dp_accounting.gaussian_mechanism import get_sigma_gaussian
-
-    _check_eps_delta(eps, delta)
-    z = float(get_sigma_gaussian(float(eps), float(delta)))
-    target, step = math.log(delta), 1e-12
-    while gaussian_log_delta(z, eps) > target:
-        z *= 1.0 + step
-        step *= 2.0
-    return z
-
-
-def noise_multiplier(eps: float, delta: float, calibration: str = "classic") -> float:
-    if calibration == "classic":
-        return classic_multiplier(eps, delta)
-    if calibration == "analytic":
-        return analytic_multiplier(eps, delta)
-    raise ParameterError("calibration", f"must be one of {', '.join(CALIBRATIONS)} "
-                                        f"(got {calibration!r})")
+# One Gaussian release's noise multiplier: popri.privacy.calibration.gaussian_multiplier.
+# ``noise_multiplier`` is its deprecated alias (popri.pipeline still calls it).
+noise_multiplier = gaussian_multiplier
 
 
 # --------------------------------------------------------------------------- sensitivities
@@ -336,7 +293,7 @@ def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, s
     """What `popri fred stats` runs: rows grouped by client key, at most m rows per client at
     user level (a seeded choice, stream "fred-cap"), then :func:`private_stats` (stream
     "fred-noise"); ``secure`` draws both from os.urandom instead."""
-    from popri.feedback import scoring
+    from popri.federated import participation as scoring  # (was popri.feedback.scoring)
     from popri.privacy.noise import make_rng
 
     codes, _ = scoring.factorize(list(keys))
@@ -356,9 +313,9 @@ def exact_stats(emb: np.ndarray) -> FredStats:
 
 
 # --------------------------------------------------------------------------- files
-def sidecar_path(npz: str) -> str:
-    p = str(npz)
-    return (p[:-4] if p.endswith(".npz") else p) + ".json"
+#: STATS.npz -> STATS.json (:func:`popri.core.artifacts.json_sidecar`); a deprecated alias,
+#: popri.core.guard still imports it
+sidecar_path = json_sidecar
 
 
 def write_npz(path, arrays: dict[str, np.ndarray]) -> None:
@@ -376,7 +333,7 @@ def save_stats(path: str, stats: FredStats, sidecar: dict, out) -> None:
     """Stage STATS.npz (mean, cov, n) and STATS.json in an io.AtomicOutputs ``out``."""
     write_npz(out.path(path, suffix=".npz"), {"mean": stats.mean, "cov": stats.cov,
                                               "n": np.asarray(stats.n, dtype=np.float64)})
-    with open(out.path(sidecar_path(path)), "w", encoding="utf-8") as fh:
+    with open(out.path(json_sidecar(path)), "w", encoding="utf-8") as fh:
         fh.write(json.dumps(sidecar, ensure_ascii=False, indent=2, allow_nan=False) + "\n")
 
 
@@ -389,7 +346,7 @@ def load_stats(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
 
     if not Path(path).is_file():
         raise InputError("no such file", path=path)
-    side_path = sidecar_path(path)
+    side_path = json_sidecar(path)
     if not Path(side_path).is_file():
         raise InputError(f"missing sidecar {side_path} (written by 'popri fred stats')", path=path)
     side = read_json(side_path)
@@ -425,10 +382,3 @@ def load_stats(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
         raise InputError(f"sidecar says dim {side.get('dim')} but the arrays have {d}",
                          path=side_path, field="dim")
     return mean, cov, side
-
-
-def fingerprint(emb: np.ndarray, keys: Sequence[str]) -> str:
-    """sha256 of the private vectors and their client keys (release ids depend on the data)."""
-    h = hashlib.sha256(np.ascontiguousarray(emb, dtype=np.float32).tobytes())
-    h.update(json.dumps(list(keys)).encode())
-    return h.hexdigest()

@@ -5,7 +5,8 @@
         --num 64 --round 1 --seed 0 --out runs/pe/round1/survivors.jsonl
     popri pe seeds runs/pe/round*/survivors.jsonl --out runs/pe/seeds.jsonl
 
-PrE-Text Algorithm 1 (pre-text.txt): S_1 = an initial population of public samples; per round t,
+"PrE-Text: Training Language Models on Private Federated Data in the Age of LLMs" (PrE-Text,
+arXiv:2406.02958), Algorithm 1: S_1 = an initial population of public samples; per round t,
 hist_t = Histogram(S_t) (``popri score --mode nn-histogram``, the only step that touches private
 data), P_t = hist_t / sum(hist_t), S'_t = N_syn draws from P_t (with replacement: duplicates are
 what lets a good sample spread), S_{t+1} = Variation(S'_t) (``popri vary``); after T rounds the
@@ -88,3 +89,81 @@ def union_of_sets(rounds: Iterable[tuple[int, Sequence[dict]]]) -> list[dict]:
             seen[key] = {"id": f"seed{len(seen)}", "text": key, "first_round": t,
                          "source_id": r.get("id"), "draws": 1}
     return list(seen.values())
+
+
+# --------------------------------------------------------------------------- the steps
+def init_file(public: str, num: int, *, split: str = "train", seed: int = 0,
+              out: str = "-") -> dict:
+    """``popri pe init``: S_1, ``num`` records of ``public`` (JSONL, a dataset directory's
+    ``split``, or '-'), seeded -> JSONL ``{"id": "r1-p{i}", "round": 1, "text", "source_id"}``
+    at ``out`` ('-': stdout, else atomically).  Returns counts for the log line."""
+    from popri.core import io
+    from popri.core.guard import check_outputs
+    from popri.models.embed import text_records
+    from popri.privacy.noise import make_rng
+
+    check_outputs([out], [public])
+    recs, src = text_records(public, split)
+    idx = initial_population(recs, num, make_rng(seed, stream="pe-init"))
+    rows = [{"id": f"r1-p{i}", "round": 1, "text": _norm(recs[j]["text"]),
+             "source_id": str(recs[j]["id"])} for i, j in enumerate(idx)]
+    io.write_jsonl(rows, out)
+    return {"samples": len(rows), "public": len(recs), "source": src}
+
+
+def draw_file(population: str, scores: str, num: int, *, round_no: int = 1, seed: int = 0,
+              release: bool = False, out: str = "-", stats_out: str | None = None) -> dict:
+    """``popri pe draw``: S'_t, ``num`` draws from P_t of the histogram ``scores`` over the
+    ``population`` (matched by id, else row-aligned) -> JSONL ``{"id": "r{round}-s{i}", "round",
+    "parent_id", "text", "votes"}`` at ``out`` and the draw's stats at ``stats_out`` (atomic).
+    ``release``: the OS CSPRNG instead of ``seed``.  Returns the stats."""
+    import json
+
+    from popri.core import io, log
+    from popri.core.guard import check_outputs
+    from popri.methods.popri.prefs import align_scores, load_score_vector
+    from popri.privacy.noise import make_rng
+
+    check_outputs([out, stats_out], [population, scores])
+    pop = list(io.iter_jsonl(population, required=("id", "text"), locate=True))
+    arr, ids = load_score_vector(scores)
+    hist = align_scores(pop, arr, ids, path=scores)
+    idx, uniform = draw_survivors(hist, num, make_rng(seed, secure=release, stream="pe-draw"))
+    if uniform:
+        log.warn("pe draw: the thresholded histogram is all zero; drawing uniformly "
+                 "(lower the threshold H or raise the population's quality)")
+    rows = [{"id": f"r{round_no}-s{i}", "round": round_no, "parent_id": str(pop[j]["id"]),
+             "text": pop[j]["text"], "votes": float(hist[j])} for i, j in enumerate(idx)]
+    stats = {"population": len(pop), "survivors": len(rows), "distinct": int(np.unique(idx).size),
+             "nonzero_bins": int((np.asarray(hist) > 0).sum()),
+             "mass": float(np.maximum(hist, 0).sum()), "uniform_fallback": uniform,
+             "round": round_no}
+    with io.AtomicOutputs() as staged:
+        if out != "-":
+            with open(staged.path(out), "w", encoding="utf-8") as fh:
+                fh.writelines(io.dumps(r) + "\n" for r in rows)
+        if stats_out:
+            with open(staged.path(stats_out), "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(stats, indent=2) + "\n")
+    if out == "-":
+        io.write_jsonl(rows, "-")
+    return stats
+
+
+def seeds_file(survivors: Sequence[str], *, out: str = "-") -> dict:
+    """``popri pe seeds``: the DP seed set, :func:`union_of_sets` of the survivor files (one per
+    round; a file's round is its rows' "round", else its position) -> JSONL at ``out``.  Returns
+    counts for the log line."""
+    from popri.core import io
+    from popri.core.guard import check_outputs
+
+    check_outputs([out], survivors)
+    rounds = []
+    for k, path in enumerate(survivors, start=1):
+        rows = list(io.iter_jsonl(path, required=("text",)))
+        t = int(rows[0].get("round", k)) if rows else k
+        rounds.append((t, rows))
+    seed_rows = union_of_sets(rounds)
+    io.write_jsonl(seed_rows, out)
+    return {"seeds": len(seed_rows), "survivors": sum(len(r) for _, r in rounds),
+            "rounds": len(rounds)}

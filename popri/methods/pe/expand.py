@@ -4,11 +4,13 @@
     popri expand seeds.jsonl --num-samples 1000000 --backend vllm --model meta-llama/Llama-2-7b-hf --out runs/expand
     cat seeds.jsonl | popri expand - --num-samples 64 --shard-size 16 --out runs/x --merged-out - | wc -l
 
-PrE-Text (pre-text.txt, Algorithm 1 line 11, Section 3 (6), Figure 3, appendix D.2): for every
-synthetic sample, 3 random texts of the DP seed set go into the few-shot prompt "List of 6 diverse
-original text samples: / Original Text Sample 1..3 / Original Text Sample 4" and LLaMA-2-7B
-(top_p 1.0, temperature 1.0, vLLM) writes sample 4; 2 million samples.  Post-processing of DP
-output: spends no privacy.  Prompts, sampling backends, cleaning and degeneracy checks are
+"PrE-Text: Training Language Models on Private Federated Data in the Age of LLMs" (PrE-Text,
+arXiv:2406.02958), Algorithm 1 line 11, Section 3 (6), Figure 3, appendix D.2: for every synthetic
+sample, 3 random texts of the DP seed set go into the few-shot prompt "List of 6 diverse original
+text samples: / Original Text Sample 1..3 / Original Text Sample 4" and LLaMA-2-7B (top_p 1.0,
+temperature 1.0, vLLM) writes sample 4; 2 million samples.  Post-processing of DP output: spends
+no privacy.  The settings are an :class:`~popri.specs.generation.ExpandSpec`; prompts, the engine
+(:func:`popri.models.generation.make_engine`), cleaning and degeneracy checks are
 ``popri.models.generation``'s (the code behind ``popri gen``).
 
 Here degenerate samples (empty, < ``min_words`` words, repetitive, copies of a prompt example)
@@ -39,17 +41,19 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from popri.models import generation
 from popri.core import log
+from popri.core.artifacts import dir_digest
 from popri.core.errors import InputError, PopriError
 from popri.core.io import STDIO, atomic_write, dumps, write_json
+from popri.models import generation
+from popri.specs.generation import ExpandSpec, GenSpec, SamplingSpec, settle
 
 FORMAT = "popri-expand/1"
 MANIFEST = "manifest.json"
 SHARD_RE = re.compile(r"shard-(\d+)\.jsonl")
-SHOTS = 3                 # PrE-Text: 3 examples per prompt
+SHOTS = GenSpec.shots     # PrE-Text: 3 examples per prompt (as popri gen's default)
 MIN_YIELD = 0.05          # floor of the kept/prompted estimate that sizes the next chunk
-DEFAULT_BATCH = {"transformers": 8, "vllm": 2048}
+DEFAULT_BATCH = {"transformers": SamplingSpec.batch_size, "vllm": 2048}  # ExpandSpec.batch_size None
 # options that change what a shard contains: a rerun must match the manifest on all of them
 IDENTITY_KEYS = ("seeds_sha256", "model", "adapter", "adapter_sha256", "adapter_mode", "backend",
                  "seed", "shard_size", "batch_size", "temperature", "top_p", "max_new_tokens",
@@ -113,40 +117,13 @@ def seed_pool(records: Sequence[dict]) -> tuple[list[str], list, str]:
     return list(seen), list(seen.values()), h.hexdigest()
 
 
-def dir_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    root = Path(path)
-    for f in sorted(root.rglob("*")):
-        if f.is_file():
-            h.update(f"{f.relative_to(root)}:".encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()
-
-
-# --------------------------------------------------------------------------- engines
-def make_engine(backend: str, model: str, adapter: str | None, *, seed: int, params: dict,
-                batch_size: int, bf16: bool, device: str | None, adapter_mode: str,
-                pool: Sequence[str], template: str):
-    """The generation backend of ``popri gen`` (loaded once, reused for every shard), with its
-    tokenizer as ``.tok`` (for truncation to ``max_tokens``)."""
-    if backend == "vllm":
-        generation._import_vllm()  # a missing vllm is reported before any model is fetched
-        from popri.models import llm
-
-        tok = llm.load_tokenizer(model)
-        # the context a prompt can need: the template with the 3 longest seeds, + new tokens
-        lens = sorted((len(tok(t, add_special_tokens=False)["input_ids"]) for t in pool),
-                      reverse=True)
-        frame = len(tok(generation.fill_template(template, [""] * SHOTS))["input_ids"])
-        need = frame + sum(lens[:SHOTS]) + SHOTS + params["max_new_tokens"]
-        eng = generation.VllmBackend(model, adapter, bf16=bf16, params=params, seed=seed,
-                                     marker=generation.MARKER, adapter_mode=adapter_mode,
-                                     max_model_len=64 * math.ceil(need / 64))
-        eng.tok = tok
-        return eng
-    return generation.TransformersBackend(model, adapter, device=device, bf16=bf16, params=params,
-                                          batch_size=batch_size, seed=seed,
-                                          marker=generation.MARKER)
+def prompt_tokens(tok, pool: Sequence[str], template: str) -> int:
+    """The longest prompt ``tok`` can see: the template's frame with the 3 longest seeds (vllm's
+    context is this + the new tokens, see :func:`popri.models.generation.make_engine`)."""
+    lens = sorted((len(tok(t, add_special_tokens=False)["input_ids"]) for t in pool),
+                  reverse=True)
+    frame = len(tok(generation.fill_template(template, [""] * SHOTS))["input_ids"])
+    return frame + sum(lens[:SHOTS]) + SHOTS
 
 
 # --------------------------------------------------------------------------- one shard
@@ -274,45 +251,40 @@ def _totals(manifest: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- driver
-def expand(records: Sequence[dict], *, num_samples: int, out_dir: str, model: str,
-           adapter: str | None = None, backend: str = "transformers", seed: int = 0,
-           shard_size: int = 10000, batch_size: int | None = None, temperature: float = 1.0,
-           top_p: float = 1.0, max_new_tokens: int = 85, max_tokens: int = 64,
-           min_words: int = 4, template: str | None = None, bf16: bool = True,
-           device: str | None = None, adapter_mode: str = "lora", attempt_factor: float = 3.0,
-           force: bool = False, source: str = "", engine=None) -> dict:
+def expand(records: Sequence[dict], spec: ExpandSpec | None = None, *, num_samples: int,
+           out_dir: str, adapter: str | None = None, seed: int = 0, template: str | None = None,
+           device: str | None = None, force: bool = False, source: str = "", engine=None,
+           **settings) -> dict:
     """Expand ``records`` (dicts with ``id``, ``text``: the DP seed set) into ``num_samples``
     samples under ``out_dir``; returns the final manifest (``status`` complete or short).
 
+    ``spec``: an :class:`~popri.specs.generation.ExpandSpec` (its fields may also be given as
+    keywords: ``expand(recs, num_samples=8, out_dir=d, model="smollm2-135m", shard_size=4)``);
+    ``template``: the prompt template's text (default: the few-shot prompt of PrE-Text Figure 3).
     ``engine`` (tests): an object with ``run(prompts, keys, attempt, tick) -> [(text, n_tokens)]``,
-    ``name`` and ``tok`` used instead of loading ``model``.
+    ``name`` and ``tok`` used instead of loading ``spec.model``.
     """
-    if backend not in generation.BACKENDS:
-        raise InputError(f"unknown backend {backend!r}; one of {', '.join(generation.BACKENDS)}",
-                         field="backend")
-    if num_samples < 1 or shard_size < 1 or max_tokens < 1 or max_new_tokens < 1:
-        raise InputError("--num-samples, --shard-size, --max-tokens and --max-new-tokens must "
-                         "be >= 1")
-    if not 1 <= attempt_factor <= 1e6:  # it multiplies the shard size into a prompt count
-        raise InputError(f"must be in [1, 1e6] (got {attempt_factor})", field="attempt-factor")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise InputError("temperature must be >= 0 and top-p in (0, 1]", field="top-p")
+    spec = settle(ExpandSpec, spec, settings)
+    if num_samples < 1:
+        raise InputError(f"must be >= 1 (got {num_samples})", field="num_samples")
     template = generation.DEFAULT_TEMPLATE if template is None else template
     generation.check_template(template, SHOTS)
     pool, pool_ids, seeds_sha = seed_pool(records)
     if len(pool) < SHOTS:
         raise InputError(f"the seed set has {len(pool)} distinct non-empty texts; each prompt "
                          f"needs {SHOTS}", path=source or None, field="text")
-    batch_size = batch_size or DEFAULT_BATCH[backend]
-    cfg = {"seeds_sha256": seeds_sha, "model": model, "adapter": adapter,
-           "adapter_sha256": dir_sha256(adapter) if adapter else None,
-           "adapter_mode": adapter_mode if adapter and backend == "vllm" else None,
-           "backend": backend, "seed": int(seed), "shard_size": int(shard_size),
-           "batch_size": int(batch_size), "temperature": float(temperature),
-           "top_p": float(top_p), "max_new_tokens": int(max_new_tokens),
-           "max_tokens": int(max_tokens), "min_words": int(min_words),
-           "template_sha256": hashlib.sha256(template.encode()).hexdigest(), "bf16": bool(bf16),
-           "attempt_factor": float(attempt_factor)}
+    spec = spec.replace(batch_size=spec.batch_size or DEFAULT_BATCH[spec.backend])
+    adapter_mode = spec.adapter_mode if adapter and spec.backend == "vllm" else None
+    shard_size = spec.shard_size
+    cfg = {"seeds_sha256": seeds_sha, "model": spec.model, "adapter": adapter,
+           "adapter_sha256": dir_digest(adapter) if adapter else None,
+           "adapter_mode": adapter_mode, "backend": spec.backend, "seed": int(seed),
+           "shard_size": int(shard_size), "batch_size": int(spec.batch_size),
+           "temperature": float(spec.temperature), "top_p": float(spec.top_p),
+           "max_new_tokens": int(spec.max_new_tokens), "max_tokens": int(spec.max_tokens),
+           "min_words": int(spec.min_words),
+           "template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+           "bf16": bool(spec.bf16), "attempt_factor": float(spec.attempt_factor)}
     out = Path(out_dir)
     mpath = out / MANIFEST
     if out.exists() and not out.is_dir():
@@ -350,12 +322,10 @@ def expand(records: Sequence[dict], *, num_samples: int, out_dir: str, model: st
                 "shards": done}
     short = bool(done) and done[-1]["rows"] < done[-1]["quota"]
     todo = [] if short else list(range(len(done), len(quotas)))
-    if todo and engine is None:
-        params = {"temperature": float(temperature), "top_p": float(top_p),
-                  "max_new_tokens": int(max_new_tokens)}
-        engine = make_engine(backend, model, adapter, seed=seed, params=params,
-                             batch_size=batch_size, bf16=bf16, device=device,
-                             adapter_mode=adapter_mode, pool=pool, template=template)
+    if todo and engine is None:  # loaded once, reused for every shard
+        engine = generation.make_engine(
+            spec, adapter=adapter, seed=seed, marker=generation.MARKER, device=device,
+            prompt_tokens=lambda tok: prompt_tokens(tok, pool, template))
     if todo or fresh:
         out.mkdir(parents=True, exist_ok=True)
         _clean_temps(out)
@@ -429,3 +399,50 @@ def write_merged(out_dir: str, manifest: dict, dest: str) -> None:
             fh.write(chunk)
 
 
+def expand_file(seeds: str, spec: ExpandSpec, *, num_samples: int, out: str,
+                adapter: str | None = None, seed: int = 0, template: str | None = None,
+                device: str | None = None, merged_out: str | None = None, force: bool = False,
+                allow_short: bool = False) -> dict:
+    """The ``popri expand`` step: the seed set at ``seeds`` (JSONL, a dataset directory, or '-')
+    -> ``num_samples`` samples in shards under the directory ``out`` (+ all of them as one JSONL
+    at ``merged_out``, '-': stdout), ``template`` a prompt template FILE.  Every input and output
+    is checked before a model loads.  A shortfall (fewer than N kept after ``attempt_factor`` x
+    the prompts) is a PopriError (exit 1) unless ``allow_short`` (then a warning).  Returns the
+    final manifest."""
+    from popri.core.guard import check_outputs
+    from popri.models.embed import text_records
+
+    if adapter:
+        from popri.models.lora import require_adapter
+
+        require_adapter(adapter)
+    if out == STDIO:
+        raise InputError("--out is a directory; use --merged-out - for stdout", field="out")
+    # --out DIR's files: its manifest and shards (--force removes those there; a shard name
+    # that --merged-out would take is one it will write)
+    shards = {str(f) for f in Path(out).glob("shard-*.jsonl") if SHARD_RE.fullmatch(f.name)}
+    if merged_out and merged_out != STDIO and SHARD_RE.fullmatch(Path(merged_out).name):
+        shards.add(str(Path(out) / Path(merged_out).name))
+    check_outputs([out, str(Path(out) / MANIFEST), *sorted(shards), merged_out],
+                  [seeds, template, adapter, spec.model if Path(spec.model).exists() else None])
+    tmpl = generation.read_template(template, lambda t: generation.check_template(t, SHOTS))
+
+    recs, src = text_records(seeds)
+    manifest = expand(recs, spec, num_samples=num_samples, out_dir=out, adapter=adapter,
+                      seed=seed, template=tmpl, device=device, force=force, source=src)
+    c = manifest["counts"]
+    rate = manifest["samples_per_s"]
+    log.info(f"expand: {manifest['rows']}/{num_samples} samples in {manifest['shards_done']} "
+             f"shard(s) under {out}; {c['prompts']} prompts, filtered {c['filtered'] or 0}, "
+             f"{c['duplicates']} duplicates; {rate if rate is not None else 0:.2f} samples/s, "
+             f"{manifest['tokens_per_s'] or 0:.1f} tokens/s")
+    if manifest["status"] == "short":
+        msg = (f"shortfall: {manifest['rows']} of {num_samples} samples after "
+               f"--attempt-factor {spec.attempt_factor:g} x the prompts of the last shard "
+               f"(see {Path(out) / MANIFEST})")
+        if not allow_short:
+            raise PopriError(msg + "; --allow-short accepts it")
+        log.warn(msg)
+    if merged_out:
+        write_merged(out, manifest, merged_out)
+    return manifest

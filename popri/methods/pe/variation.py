@@ -4,9 +4,10 @@
     popri vary pop.jsonl --lookahead 4 --lookahead-out runs/pe/round1/lookahead.npy --out -
     popri gen omega.jsonl -K 4 -J 2 | popri vary - --method paraphrase --variations 2
 
-mask-fill (PrE-Text section 3 (4), appendix D.2): a text is cut to ``max_tokens`` tokens of the
-masked LM's tokenizer; each step masks ``round(mask_ratio * L)`` (at least 1) of its L tokens,
-chosen uniformly, and fills every masked position from softmax(logits / temperature) with
+mask-fill ("PrE-Text: Training Language Models on Private Federated Data in the Age of LLMs",
+PrE-Text, arXiv:2406.02958, section 3 (4), appendix D.2): a text is cut to ``max_tokens`` tokens
+of the masked LM's tokenizer; each step masks ``round(mask_ratio * L)`` (at least 1) of its L
+tokens, chosen uniformly, and fills every masked position from softmax(logits / temperature) with
 top-p; ``steps`` such steps (W_steps) give the variation.  Defaults RoBERTa-large, MASK% 30 %,
 W_steps 2, top-p 1.0, temperature 1.0.  Token ids are carried from step to step (no decode in
 between, as PrE-Text's code); special tokens are never drawn.  ``fill='parallel'`` fills all masks
@@ -14,16 +15,20 @@ of a step from one forward pass (positions sampled independently, as Aug-PE's ML
 ``'sequential'`` fills them one per forward pass in random order, each conditioned on those
 already filled (PrE-Text's reference ``variation.py``; ~MASK% x L times the forward passes).
 
-paraphrase (Aug-PE's rephrase variation): a causal LLM rewrites the text from a rephrase prompt,
-through :func:`popri.models.generation.generate` (batched, per-sample seeds, cleaned, truncated to
-``max_tokens``, degenerate ones regenerated up to ``max_retries`` times, then kept and flagged).
+paraphrase (the rephrase variation of Aug-PE, "Differentially Private Synthetic Data via
+Foundation Model APIs 2: Text", arXiv:2403.01749): a causal LLM rewrites the text from a rephrase
+prompt, through :func:`popri.models.generation.generate` (its engine factory; batched, per-sample
+seeds, cleaned, truncated to ``max_tokens``, degenerate ones regenerated up to ``max_retries``
+times, then kept and flagged).
 
-Every variation k of parent i is seeded from (seed, i, k) only, so the first V of K variations
-are the same whether K or V were asked for (lookahead re-uses them).
+The settings are a :class:`~popri.specs.generation.VarySpec`; :func:`vary_file` is the whole
+``popri vary`` step.  Every variation k of parent i is seeded from (seed, i, k) only, so the first
+V of K variations are the same whether K or V were asked for (lookahead re-uses them).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -32,14 +37,20 @@ from typing import Sequence
 
 import numpy as np
 
-from popri.models import generation
 from popri.core import log, runtime
 from popri.core.errors import InputError, MissingResourceError
+from popri.models import generation
+from popri.specs.generation import (
+    DEFAULT_LM,
+    FILL_MODES,
+    MLM_DEFAULT,
+    GenSpec,
+    VarySpec,
+    sampling_of,
+    settle,
+)
 
-METHODS = ("mask-fill", "paraphrase")
-FILL_MODES = ("parallel", "sequential")
-MLM_DEFAULT = "roberta-large"       # PrE-Text section 4 / D.2
-PARAPHRASE_DEFAULT = "smollm2-135m"  # the offline causal LM (popri.models.llm)
+PARAPHRASE_DEFAULT = DEFAULT_LM  # the offline causal LM (popri.models.llm)
 # Aug-PE's HF rephrase prompt ("Please rephrase the following sentences ...:\n{text} \n") made
 # explicit about meaning and style; the model writes after "Rephrased text:".
 PARAPHRASE_TEMPLATE = ("Please rephrase the following text, keeping its meaning and style:\n"
@@ -216,8 +227,9 @@ class MaskFiller:
         return sampler(None, logits).argmax(-1)
 
     def fill_step(self, seqs: list[list[int]], keys: Sequence[tuple[int, int]], *, seed: int,
-                  step: int, mask_ratio: float, temperature: float = 1.0, top_p: float = 1.0,
-                  fill: str = "parallel", batch_size: int = 16, tick=None):
+                  step: int, mask_ratio: float, temperature: float = VarySpec.temperature,
+                  top_p: float = VarySpec.top_p, fill: str = VarySpec.fill,
+                  batch_size: int = VarySpec.batch_size, tick=None):
         """One step for every sequence: mask ``mask_count(L)`` positions (chosen with the
         generator of (seed, key, step)), fill them.  Returns (new sequences, masked positions)."""
         if fill not in FILL_MODES:
@@ -267,16 +279,16 @@ class MaskFiller:
         return new, positions
 
 
-def mask_fill(texts: Sequence[str], *, model: str = MLM_DEFAULT, n_per: int = 1, seed: int = 0,
-              mask_ratio: float = 0.3, steps: int = 2, temperature: float = 1.0,
-              top_p: float = 1.0, max_tokens: int = 64, fill: str = "parallel",
-              batch_size: int = 16, bf16: bool = True, device: str | None = None,
-              filler: MaskFiller | None = None) -> tuple[list[list[str]], dict]:
+def mask_fill(texts: Sequence[str], spec: VarySpec | None = None, *, n_per: int = 1,
+              seed: int = 0, device: str | None = None, filler: MaskFiller | None = None,
+              **settings) -> tuple[list[list[str]], dict]:
     """``n_per`` mask-fill variations of each text -> (texts[i][k], stats)."""
+    spec = settle(VarySpec, spec, settings)
     t0 = time.perf_counter()
-    filler = filler or MaskFiller(model, device=device, bf16=bf16)
+    filler = filler or MaskFiller(spec.model or MLM_DEFAULT, device=device, bf16=spec.bf16)
     load_s = time.perf_counter() - t0
-    enc = filler.encode(texts, max_tokens)
+    enc = filler.encode(texts, spec.max_tokens)
+    steps = spec.steps
     jobs = [(i, k) for i in range(len(texts)) for k in range(n_per)]
     seqs = [enc[i] for i, _ in jobs]
     masked = changed = 0
@@ -285,9 +297,10 @@ def mask_fill(texts: Sequence[str], *, model: str = MLM_DEFAULT, n_per: int = 1,
         task = prog.add_task("mask-fill", total=len(jobs) * steps)
         for s in range(steps):
             before = seqs
-            seqs, pos = filler.fill_step(seqs, jobs, seed=seed, step=s, mask_ratio=mask_ratio,
-                                         temperature=temperature, top_p=top_p, fill=fill,
-                                         batch_size=batch_size,
+            seqs, pos = filler.fill_step(seqs, jobs, seed=seed, step=s,
+                                         mask_ratio=spec.mask_ratio, temperature=spec.temperature,
+                                         top_p=spec.top_p, fill=spec.fill,
+                                         batch_size=spec.batch_size,
                                          tick=lambda n: prog.advance(task, n))
             masked += sum(map(len, pos))
             changed += sum(a != b for x, y in zip(before, seqs) for a, b in zip(x, y))
@@ -297,7 +310,7 @@ def mask_fill(texts: Sequence[str], *, model: str = MLM_DEFAULT, n_per: int = 1,
     secs = time.perf_counter() - t1
     stats = {"masked_tokens": masked, "changed_tokens": changed,
              "input_tokens": int(sum(len(e) for e in enc)), "load_seconds": round(load_s, 3),
-             "seconds": round(secs, 3), "fill": fill}
+             "seconds": round(secs, 3), "fill": spec.fill}
     return out, stats
 
 
@@ -347,35 +360,34 @@ def paraphrase_prompts(texts: Sequence[str], template: str | None = None, *,
     return out
 
 
-def paraphrase(texts: Sequence[str], *, model: str = PARAPHRASE_DEFAULT, adapter: str | None = None,
-               n_per: int = 1, seed: int = 0, template: str | None = None,
-               chat: bool | None = None, temperature: float = 1.0, top_p: float = 1.0,
-               max_new_tokens: int = 85, max_tokens: int = 64, min_words: int = 3,
-               max_retries: int = 2, batch_size: int = 16, bf16: bool = True,
-               device: str | None = None, model_obj=None,
-               tokenizer_obj=None) -> tuple[list[list[str]], list[list[bool]], dict]:
-    """``n_per`` LLM paraphrases of each text -> (texts[i][k], degenerate[i][k], stats).
+def paraphrase(texts: Sequence[str], spec: VarySpec | None = None, *,
+               adapter: str | None = None, n_per: int = 1, seed: int = 0,
+               template: str | None = None, device: str | None = None, model_obj=None,
+               tokenizer_obj=None, **settings) -> tuple[list[list[str]], list[list[bool]], dict]:
+    """``n_per`` LLM paraphrases of each text -> (texts[i][k], degenerate[i][k], stats), by
+    ``spec.model`` (default smollm2-135m) + ``adapter``.
 
-    ``chat`` None: the chat template when the tokenizer has one (SmolLM2-135M-Instruct
+    ``spec.chat`` None: the chat template when the tokenizer has one (SmolLM2-135M-Instruct
     paraphrased better so), else the plain template.  A chat reply runs to the end of the turn
     (EOS); a plain one stops at a blank line.  Sample k of text i is drawn with the generator
     seeded from (seed, attempt, i, k) (generation's seeding); a paraphrase equal to its text, or
     whose first 8 words are in the prompt, is a copy and regenerated like other degenerate ones."""
     from popri.models import llm
 
+    spec = settle(VarySpec, spec, settings)
+    model = spec.model or PARAPHRASE_DEFAULT
     tok = tokenizer_obj or llm.load_tokenizer(model)
     has_chat = bool(getattr(tok, "chat_template", None))
-    if chat and not has_chat:
+    if spec.chat and not has_chat:
         raise InputError(f"{model!r} has no chat template; use the plain prompt (--no-chat)",
                          field="chat")
-    use_chat = has_chat if chat is None else bool(chat)
+    use_chat = has_chat if spec.chat is None else bool(spec.chat)
     prompts = paraphrase_prompts(texts, template, chat_tokenizer=tok if use_chat else None)
     marker = (tok.eos_token or PARAPHRASE_MARKER) if use_chat else PARAPHRASE_MARKER
-    recs, st = generation.generate(
-        prompts, model=model, adapter=adapter, samples_per_prompt=n_per, temperature=temperature,
-        top_p=top_p, max_new_tokens=max_new_tokens, max_tokens=max_tokens, min_words=min_words,
-        max_retries=max_retries, batch_size=batch_size, seed=seed, bf16=bf16, device=device,
-        model_obj=model_obj, tokenizer_obj=tok, marker=marker, clean=clean_paraphrase)
+    gen_spec = GenSpec(**sampling_of(spec), model=model, min_words=spec.min_words,
+                       max_retries=spec.max_retries, samples_per_prompt=n_per, marker=marker)
+    recs, st = generation.generate(prompts, gen_spec, adapter=adapter, seed=seed, device=device,
+                                   model_obj=model_obj, tokenizer_obj=tok, clean=clean_paraphrase)
     out = [[""] * n_per for _ in texts]
     bad = [[False] * n_per for _ in texts]
     for r in recs:
@@ -388,55 +400,47 @@ def paraphrase(texts: Sequence[str], *, model: str = PARAPHRASE_DEFAULT, adapter
 
 
 # --------------------------------------------------------------------------- driver
-def vary(texts: Sequence[str], *, method: str = "mask-fill", model: str | None = None,
-         n_per: int = 1, seed: int = 0, fallback: bool = True,
-         fallback_model: str = PARAPHRASE_DEFAULT, mask_ratio: float = 0.3, steps: int = 2,
-         fill: str = "parallel", temperature: float = 1.0, top_p: float = 1.0,
-         max_tokens: int = 64, max_new_tokens: int = 85, min_words: int = 3,
-         max_retries: int = 2, template: str | None = None, chat: bool | None = None,
-         adapter: str | None = None, batch_size: int = 16, bf16: bool = True,
-         device: str | None = None) -> dict:
-    """``n_per`` variations of each text by ``method``; a mask-fill whose MLM cannot be loaded
-    falls back to paraphrase with ``fallback_model`` (warned) unless ``fallback`` is False.
+def vary(texts: Sequence[str], spec: VarySpec | None = None, *, n_per: int | None = None,
+         seed: int = 0, template: str | None = None, adapter: str | None = None,
+         device: str | None = None, **settings) -> dict:
+    """``n_per`` (default max(variations, lookahead)) variations of each text by
+    ``spec.method``; a mask-fill whose MLM cannot be loaded falls back to paraphrase with
+    ``spec.fallback_model`` (warned) unless ``spec.fallback`` is False.  ``spec``'s fields may
+    also be given as keywords (``vary(texts, method="paraphrase", model="smollm2-135m")``).
 
     Returns ``{"texts": [[str]], "degenerate": [[bool]], "method", "model", "adapter", "stats"}``
     where method/model/adapter are the ones that actually ran."""
-    if method not in METHODS:
-        raise InputError(f"unknown method {method!r}; one of {', '.join(METHODS)}", field="method")
-    if n_per < 1 or steps < 1 or max_tokens < 1 or batch_size < 1:
-        raise ValueError("n_per, steps, max_tokens and batch_size must be >= 1")
-    if not 0 < mask_ratio <= 1 or temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError("mask_ratio and top_p must be in (0, 1], temperature >= 0")
-    model = model or (MLM_DEFAULT if method == "mask-fill" else PARAPHRASE_DEFAULT)
+    spec = settle(VarySpec, spec, settings)
+    n_per = max(spec.variations, spec.lookahead) if n_per is None else n_per
+    if n_per < 1:
+        raise ValueError("n_per must be >= 1")
+    method = spec.method
+    model = spec.model or (MLM_DEFAULT if method == "mask-fill" else PARAPHRASE_DEFAULT)
     stats: dict = {"method_requested": method, "fallback": None}
     if method == "mask-fill":
         t0 = time.perf_counter()
         try:
-            filler = MaskFiller(model, device=device, bf16=bf16)
+            filler = MaskFiller(model, device=device, bf16=spec.bf16)
         except MissingResourceError as e:
-            if not fallback:
+            if not spec.fallback:
                 raise MissingResourceError(f"{e} (and --no-fallback forbids the paraphrase "
                                            "fallback)") from None
-            log.warn(f"vary: {e}; falling back to --method paraphrase with {fallback_model!r}")
+            log.warn(f"vary: {e}; falling back to --method paraphrase with "
+                     f"{spec.fallback_model!r}")
             stats["fallback"] = {"from_method": "mask-fill", "from_model": model,
-                                 "reason": str(e), "to_model": fallback_model}
-            method, model = "paraphrase", fallback_model
+                                 "reason": str(e), "to_model": spec.fallback_model}
+            model = spec.fallback_model
         else:
             load_s = time.perf_counter() - t0
-            out, st = mask_fill(texts, model=model, n_per=n_per, seed=seed, mask_ratio=mask_ratio,
-                                steps=steps, temperature=temperature, top_p=top_p,
-                                max_tokens=max_tokens, fill=fill, batch_size=batch_size,
+            out, st = mask_fill(texts, spec.replace(model=model), n_per=n_per, seed=seed,
                                 filler=filler)
             stats.update(st, load_seconds=round(load_s, 3))
             return {"texts": out, "degenerate": [[False] * n_per for _ in texts],
                     "method": "mask-fill", "model": model, "adapter": None, "stats": stats}
     if stats["fallback"]:
         adapter = None  # an adapter belongs to a paraphrase --model, not to the fallback
-    out, bad, st = paraphrase(texts, model=model, adapter=adapter, n_per=n_per, seed=seed,
-                              template=template, chat=chat, temperature=temperature, top_p=top_p,
-                              max_new_tokens=max_new_tokens, max_tokens=max_tokens,
-                              min_words=min_words, max_retries=max_retries,
-                              batch_size=batch_size, bf16=bf16, device=device)
+    out, bad, st = paraphrase(texts, spec.replace(model=model), adapter=adapter, n_per=n_per,
+                              seed=seed, template=template, device=device)
     stats.update(st)
     return {"texts": out, "degenerate": bad, "method": "paraphrase", "model": model,
             "adapter": adapter, "stats": stats}
@@ -456,13 +460,13 @@ def lookahead_means(texts: Sequence[Sequence[str]], k: int, *, embedder: str | N
     return emb.reshape(len(texts), k, -1).mean(axis=1, dtype=np.float64).astype(np.float32)
 
 
-def variation_rows(ids: Sequence, result: dict, variations: int, round: int) -> list[dict]:
+def variation_rows(ids: Sequence, result: dict, variations: int, round_no: int) -> list[dict]:
     """Output rows, parent by parent: ``{"id": "<parent>-v<k>", "parent_id", "round",
     "variation_idx", "text", "method", "model"}`` (+ adapter, + ``"degenerate": true``)."""
     rows = []
     for pid, texts, bad in zip(ids, result["texts"], result["degenerate"]):
         for k in range(variations):
-            r = {"id": f"{pid}-v{k}", "parent_id": pid, "round": int(round), "variation_idx": k,
+            r = {"id": f"{pid}-v{k}", "parent_id": pid, "round": int(round_no), "variation_idx": k,
                  "text": texts[k], "method": result["method"], "model": result["model"]}
             if result.get("adapter"):
                 r["adapter"] = str(result["adapter"])
@@ -470,3 +474,103 @@ def variation_rows(ids: Sequence, result: dict, variations: int, round: int) -> 
                 r["degenerate"] = True
             rows.append(r)
     return rows
+
+
+# --------------------------------------------------------------------------- the step
+def read_inputs(path: str) -> tuple[list, list[str]]:
+    """(ids, texts) of the input JSONL ('-': stdin); an id defaults to the row's position; ids
+    must be unique (a variation's id is '<id>-v<k>'); errors name file, line and field."""
+    from popri.core.io import iter_jsonl
+
+    ids, texts, first = [], [], {}
+    for pos, r in enumerate(iter_jsonl(path, required=("text",), locate=True)):
+        line = r["_line"]
+        rid = r.get("id", str(pos))
+        if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+            raise InputError("must be a string or an integer", path=path, line=line, field="id")
+        if str(rid) in first:
+            raise InputError(f"duplicate id {rid!r} (first on line {first[str(rid)]}); variation "
+                             "ids are '<id>-v<k>' and must be unique", path=path, line=line,
+                             field="id")
+        first[str(rid)] = line
+        ids.append(rid)
+        texts.append(r["text"])
+    if not texts:
+        raise InputError("no samples to vary", path=path)
+    return ids, texts
+
+
+def vary_file(input: str, spec: VarySpec, *, out: str = "-", lookahead_out: str | None = None,
+              stats_out: str | None = None, template: str | None = None,
+              adapter: str | None = None, seed: int = 0, round_no: int = 0,
+              device: str | None = None) -> dict:
+    """The ``popri vary`` step: ``spec.variations`` rows per text of ``input`` (JSONL or '-') at
+    ``out`` ('-': stdout); with ``spec.lookahead`` K also the mean embedding of K variations per
+    input as the embedding set ``lookahead_out`` (PrE-Text's lookahead); counts, fallback and
+    timings at ``stats_out``.  ``template``: a paraphrase prompt FILE with {text}.  Every input
+    and output is checked before a model loads; outputs are written atomically.  Returns the
+    stats."""
+    from popri.core.guard import check_outputs
+    from popri.core.io import STDIO, AtomicOutputs, dumps, save_embedding_set, write_jsonl
+
+    t_start = time.perf_counter()
+    if spec.lookahead and not lookahead_out:
+        raise InputError("--lookahead K needs --lookahead-out SET.npy", field="lookahead-out")
+    if lookahead_out and not spec.lookahead:
+        raise InputError("--lookahead-out needs --lookahead K >= 1", field="lookahead")
+    if lookahead_out and not lookahead_out.endswith(".npy"):
+        raise InputError("must end in .npy (an embedding set)", path=lookahead_out,
+                         field="lookahead-out")
+    if stats_out == STDIO or lookahead_out == STDIO:
+        raise InputError("stdout carries the variations; give a file name",
+                         field="stats-out" if stats_out == STDIO else "lookahead-out")
+    if adapter:
+        from popri.models.lora import require_adapter
+
+        require_adapter(adapter)
+    check_outputs([out, stats_out, lookahead_out],
+                  [input, template, adapter,
+                   *(m for m in (spec.model, spec.embedder, spec.fallback_model)
+                     if m and Path(m).exists())],
+                  companions="embeddings")
+    tmpl = generation.read_template(template, check_paraphrase_template)
+
+    ids, texts = read_inputs(input)
+    n_per = max(spec.variations, spec.lookahead)
+    res = vary(texts, spec, n_per=n_per, seed=seed, template=tmpl, adapter=adapter,
+               device=device)
+    rows = variation_rows(ids, res, spec.variations, round_no)
+    stats = {"input": input, "inputs": len(texts), "variations": spec.variations,
+             "lookahead": spec.lookahead, "generated_per_input": n_per, "rows": len(rows),
+             "method": res["method"], "model": res["model"], **res["stats"],
+             "params": {"seed": seed, "round": round_no, "mask_ratio": spec.mask_ratio,
+                        "steps": spec.steps, "fill": spec.fill, "temperature": spec.temperature,
+                        "top_p": spec.top_p, "max_tokens": spec.max_tokens,
+                        "max_new_tokens": spec.max_new_tokens, "min_words": spec.min_words,
+                        "max_retries": spec.max_retries, "template": template or "builtin",
+                        "chat": spec.chat, "batch_size": spec.batch_size, "bf16": spec.bf16}}
+    la = None
+    if spec.lookahead:
+        from popri.models.embed import model_meta
+
+        t0 = time.perf_counter()
+        emb = lookahead_means(res["texts"], spec.lookahead, embedder=spec.embedder)
+        la = (emb, [{"id": i, "text": t} for i, t in zip(ids, texts)],
+              {**model_meta(spec.embedder, True), "lookahead": spec.lookahead,
+               "method": res["method"], "variation_model": res["model"], "seed": seed,
+               "round": round_no,
+               "mean_of": "L2-normalised embeddings of variations 0..K-1 (not re-normalised)"})
+        stats["embed_seconds"] = round(time.perf_counter() - t0, 3)
+    stats["total_seconds"] = round(time.perf_counter() - t_start, 3)
+    with AtomicOutputs() as staged:
+        if out != STDIO:
+            with open(staged.path(out), "w", encoding="utf-8") as fh:
+                fh.writelines(dumps(r) + "\n" for r in rows)
+        if la is not None:
+            save_embedding_set(lookahead_out, *la, out=staged)
+        if stats_out:
+            with open(staged.path(stats_out), "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(stats, indent=2) + "\n")
+    if out == STDIO:
+        write_jsonl(rows, STDIO)
+    return stats

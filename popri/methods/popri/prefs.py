@@ -1,4 +1,5 @@
-"""Preference pairs from scored samples (POPri Algorithm 1, lines 21-26).
+"""Preference pairs from scored samples ("Private Federated Learning using Preference-Optimized
+Synthetic Data", POPri, arXiv:2504.16438, Algorithm 1, lines 21-26).
 
     popri prefs build --samples runs/r0/samples.jsonl --scores runs/r0/scores.npy --out runs/r0/pairs.jsonl
     popri prefs build --samples s.jsonl --scores s.npy --true-scores exact.npy --report-out rep.json
@@ -11,6 +12,8 @@ code's zero-based ``reject_rank: 4``) the "rejected" one.  Ties are broken by ``
 With exact (noise-free) scores the *recovery rate* (POPri Figure 6, right; reference code
 ``client_feedback.py``) is the share of pairs whose exact order agrees: true(chosen) >
 true(rejected), strictly.
+
+The setting (``rejected_rank``) is :class:`~popri.specs.training.PrefsSpec`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from popri.core.errors import InputError
+from popri.specs.training import PrefsSpec
 
 SAMPLE_FIELDS = ("id", "prompt_id", "sample_idx", "prompt", "text")
 
@@ -99,18 +103,18 @@ def check_samples(samples: Sequence[dict], path: str = "samples") -> None:
 
 
 def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
-                rejected_rank: int = 5, true_scores: np.ndarray | None = None,
-                true_ids: list[str] | None = None, *, scores_path: str = "scores",
-                true_scores_path: str = "true-scores") -> tuple[list[dict], dict]:
+                spec: PrefsSpec | None = None, *, true_scores: np.ndarray | None = None,
+                true_ids: list[str] | None = None, scores_path: str = "scores",
+                true_scores_path: str = "true-scores", **overrides) -> tuple[list[dict], dict]:
     """Pairs ``{"prompt", "chosen", "rejected", "prompt_id", "chosen_score", "rejected_score",
     "chosen_id", "rejected_id"}`` and a report (counts, skipped prompts, recovery rate).
 
-    ``ids``: the score sidecar's ids (None = scores row-aligned with ``samples``); likewise
-    ``true_ids`` for ``true_scores``.
+    ``spec``: the settings (default ``PrefsSpec()``; ``overrides``: field values on top, e.g.
+    ``rejected_rank=4``).  ``ids``: the score sidecar's ids (None = scores row-aligned with
+    ``samples``); likewise ``true_ids`` for ``true_scores``.
     """
-    if int(rejected_rank) < 2:
-        raise InputError(f"--rejected-rank must be >= 2 (rank 1 is the chosen sample), got {rejected_rank}")
-    rejected_rank = int(rejected_rank)
+    spec = PrefsSpec(**overrides) if spec is None else spec.replace(**overrides)
+    rejected_rank = spec.rejected_rank
     if not samples:
         raise InputError("no samples", path=scores_path)
     check_samples(samples)
@@ -185,3 +189,42 @@ def load_score_vector(path: str) -> tuple[np.ndarray, list[str] | None]:
         ids.append(str(r["id"]))
         vals.append(float(r["score"]))
     return np.asarray(vals, dtype=np.float64), ids
+
+
+def build_pairs_file(samples: str, scores: str, spec: PrefsSpec | None = None, *,
+                     out: str = "-", report_out: str | None = None,
+                     true_scores: str | None = None) -> dict:
+    """``popri prefs build``: read the samples and scores (and ``true_scores``), build the pairs
+    and write them as JSONL to ``out`` ('-': stdout) and the report to ``report_out`` (both
+    staged: a failing report leaves no pairs file either).  Returns the report."""
+    import json
+
+    from popri.core import io
+
+    spec = spec or PrefsSpec()
+    recs = read_samples(samples)
+    arr, ids = load_score_vector(scores)
+    t_arr = t_ids = None
+    if true_scores:
+        t_arr, t_ids = load_score_vector(true_scores)
+    pairs, report = build_pairs(recs, arr, ids, spec, true_scores=t_arr, true_ids=t_ids,
+                                scores_path=scores, true_scores_path=true_scores or "true-scores")
+    if not pairs:
+        raise InputError(f"no prompt has {spec.rejected_rank} samples: nothing to pair "
+                         f"(lower --rejected-rank or generate more samples per prompt)",
+                         path=samples)
+    report.update({"samples_path": samples, "scores_path": scores,
+                   "true_scores_path": true_scores})
+    if report_out:  # staged first: a failing report leaves no pairs file either
+        with io.AtomicOutputs() as staged:
+            with open(staged.path(report_out), "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(report, ensure_ascii=False, indent=2) + "\n")
+            if out != "-":
+                with open(staged.path(out), "w", encoding="utf-8") as fh:
+                    for p in pairs:
+                        fh.write(io.dumps(p) + "\n")
+        if out == "-":
+            io.write_jsonl(pairs, "-")
+    else:
+        io.write_jsonl(pairs, out)
+    return report

@@ -1,0 +1,66 @@
+"""The Python API: the same steps as the CLI, writing the same files and ledger entries.
+
+    import popri
+    r = popri.score("runs/priv.npy", "runs/r1/samples.jsonl", noise_multiplier=6.09,
+                    out="runs/r1/scores.npy", seed=1)          # == popri score ...
+    popri.account("runs/")                                      # == popri account ledger runs/
+    cfg = popri.load_config("examples/default.yaml", ["rounds=1"])
+    popri.run(cfg, dry_run=True)                                # == popri run --dry-run
+
+Each function is a thin entry to the library function the command calls; settings are the
+step's spec fields (``popri.specs``), given as a spec or as keywords.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+
+def score(private: str, synthetic: str, spec: Any = None, *, out: str | None = None,
+          seed: int = 0, round: int = 0, **settings: Any) -> dict:
+    """``popri score``: one round of DP client feedback (POPri cosine or PE nn-histogram) on
+    ``synthetic`` from the clients in ``private``; with ``out``, the scores, their sidecar and
+    the ledger entry are written exactly as the CLI writes them.  ``settings``: fields of
+    :class:`popri.specs.feedback.ScoreSpec` (``noise_multiplier``, ``clip``, ...)."""
+    from popri.feedback.release import release_scores
+
+    return release_scores(private, synthetic, spec, out=out, seed=seed, round_=round,
+                          **settings)
+
+
+def account(*paths: str, delta: float | None = None, accountant: str = "rdp"):
+    """``popri account ledger``: the total (epsilon, delta) of every ledger entry in ``paths``
+    (ledger files, directories -- every ledger.jsonl below --, or score sidecars); a release
+    recorded twice counts once.  Returns :class:`popri.privacy.accounting.Composition`."""
+    from popri.privacy import accounting as A
+    from popri.privacy.ledger import collect
+
+    entries = collect(paths)
+    if delta is None:
+        delta = A.common_delta(entries)
+    return A.compose(entries, delta, accountant)
+
+
+def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+            accountant: str = "rdp") -> float:
+    """``popri account epsilon``: epsilon of ``steps`` (subsampled) Gaussian releases."""
+    from popri.privacy import accounting as A
+
+    return A.compose([(noise_multiplier, sample_rate, steps)], delta, accountant).epsilon
+
+
+def load_config(path: str | None = None, overrides: Iterable[str] = ()):
+    """``popri run``'s config: defaults < YAML < ``key=value`` overrides, validated."""
+    from popri.pipeline.config import load
+
+    return load(path, list(overrides))
+
+
+def run(cfg, *, dry_run: bool = False) -> dict | str:
+    """``popri run``: every stage of the configured method (cached); returns the results dict,
+    or with ``dry_run`` the plan text (nothing runs, nothing is written)."""
+    from popri.pipeline.driver import Run
+
+    r = Run(cfg, dry_run=dry_run)
+    res = r.execute()
+    return r.plan_text() if dry_run else res

@@ -1,0 +1,118 @@
+"""Private Evolution / PrE-Text as stages of ``popri run`` (PrE-Text = "PrE-Text: Training
+Language Models on Private Federated Data in the Age of LLMs", arXiv:2406.02958, Algorithm 1).
+
+    popri run examples/pe.yaml --dry-run                 # lists exactly these stages
+
+``pe init`` draws S_1 from the public Omega; per round t: embed the population (or ``vary
+--lookahead``: the mean embedding of K variations, section 3), the clients' DP nearest-neighbour
+vote (``score --mode nn-histogram``, threshold H = z * M by default, D.2), ``pe draw`` survivors
+from P_t, and ``vary`` them into the next population; ``pe seeds`` unions the survivor sets
+(the DP seed set) and ``expand`` writes N samples from it with the untuned generator.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from popri.pipeline.driver import final_seed, round_seed, step_argv
+from popri.pipeline.stages import Stage
+
+
+def threshold(run, z: float | None) -> float | str:
+    """H (PrE-Text D.2: the noise std z * M unless pe.threshold); a placeholder while z is
+    unknown (dry run before the fetch)."""
+    from popri.methods.pe.draw import default_threshold
+
+    pe = run.cfg.pe
+    if pe.threshold is not None:
+        return float(pe.threshold)
+    if z is None:
+        return "<H = z * M: set after the fetch>"
+    return default_threshold(z, run.cfg.score.max_samples_per_client)
+
+
+def vary_args(run) -> list[str]:
+    """``popri vary``'s options: the pe section's variation settings and the generator's
+    sampling settings, as a :class:`~popri.specs.generation.VarySpec`."""
+    from popri.specs.generation import VarySpec, sampling_of
+
+    pe, g = run.cfg.pe, run.cfg.generator
+    model = pe.variation_model or (None if pe.variation == "mask-fill" else g.model)
+    vals = {**sampling_of(g), "method": pe.variation, "model": model,
+            "mask_ratio": pe.mask_ratio, "steps": pe.mask_steps, "fallback": pe.fallback,
+            **({"fallback_model": g.model} if pe.fallback else {})}
+    return step_argv(VarySpec, only=[k for k in vals if vals[k] is not None], **vals)
+
+
+def recipe(run) -> Iterator[Stage]:
+    """PrE-Text Algorithm 1: S_1 from public text; per round the DP nearest-neighbour vote
+    (with lookahead), survivors drawn from P_t, their variations as the next population; the
+    union of the survivor sets is the DP seed set, expanded to N samples."""
+    c, pe = run.cfg, run.cfg.pe
+    H = threshold(run, run.noise.get("noise_arg"))
+    pop = run.run / "round1" / "population.jsonl"
+    yield Stage("pe-init", [
+        "pe", "init", *run.omega, "--num", str(pe.num_syn), "--seed", str(c.seed),
+        "--out", str(pop)], outputs=[str(pop)], inputs=run.omega_inputs)
+    survivors = []
+    for t in range(1, c.rounds + 1):
+        R = run.run / f"round{t}"
+        seed = round_seed(c.seed, t)
+        if pe.lookahead > 0:
+            syn = R / "lookahead.npy"
+            yield Stage(f"round{t}-lookahead", [
+                "vary", str(pop), *vary_args(run), "--lookahead", str(pe.lookahead),
+                "--lookahead-out", str(syn), "--embedder", c.embedder, "--round", str(t),
+                "--seed", str(seed), "--out", str(R / "lookahead_variations.jsonl")],
+                outputs=[str(syn)], inputs=[str(pop)])
+        else:
+            syn = R / "population_emb.npy"
+            yield Stage(f"round{t}-embed", [
+                "embed", str(pop), "--out", str(syn), "--model", c.embedder],
+                outputs=[str(syn)], inputs=[str(pop)])
+        hist = R / "hist.npy"
+        yield run.score_stage(t, syn, hist, seed, mode="nn-histogram", threshold=H)
+        surv = R / "survivors.jsonl"
+        yield Stage(f"round{t}-draw", [
+            "pe", "draw", "--population", str(pop), "--scores", str(hist), "--num",
+            str(pe.num_syn), "--round", str(t), "--seed", str(seed), "--out", str(surv),
+            "--stats-out", str(R / "draw_stats.json"), *(["--release"] if run.release else [])],
+            outputs=[str(surv)], inputs=[str(pop), str(hist)])
+        survivors.append(str(surv))
+        if t < c.rounds:  # S_{T+1} is never voted on: no variation after the last round
+            nxt = run.run / f"round{t + 1}" / "population.jsonl"
+            yield Stage(f"round{t}-vary", [
+                "vary", str(surv), *vary_args(run), "--round", str(t + 1), "--seed",
+                str(seed), "--out", str(nxt)], outputs=[str(nxt)], inputs=[str(surv)])
+            pop = nxt
+    seeds = run.run / "pe_seeds.jsonl"
+    yield Stage("pe-seeds", ["pe", "seeds", *survivors, "--out", str(seeds)],
+                outputs=[str(seeds)], inputs=survivors)
+    g = c.generator
+    yield Stage("expand", [
+        "expand", str(seeds), "--num-samples", str(c.num_synthetic), "--out",
+        str(run.run / "expand"), "--merged-out", str(run.p["synthetic"]),
+        *run.gen_args(adapter=None, seed=final_seed(c.seed))],
+        outputs=[str(run.p["synthetic"])], inputs=[str(seeds)])
+
+
+def results(run, noise: dict) -> dict:
+    pe = run.cfg.pe
+    out = {"pe": {"num_syn": pe.num_syn, "variation": pe.variation, "lookahead": pe.lookahead,
+                  "threshold": threshold(run, noise.get("noise_arg"))},
+           "recovery_rate_per_round": []}
+    seeds = run.run / "pe_seeds.jsonl"
+    if seeds.exists():
+        with open(seeds, encoding="utf-8") as fh:
+            out["pe"]["seed_set"] = sum(1 for line in fh if line.strip())
+    return out
+
+
+def shape(r: dict) -> str:
+    from popri.pipeline.driver import _fmt
+
+    pe = r.get("pe", {})
+    return (f"PE on {r['run_dir']}: T={r['rounds']} rounds, N_syn={pe.get('num_syn')}, "
+            f"variation {pe.get('variation')}, lookahead {pe.get('lookahead')}, "
+            f"H={_fmt(pe.get('threshold'), 2)}, seed set {pe.get('seed_set', '-')} -> "
+            f"N={r['num_synthetic']} expanded")

@@ -1,0 +1,195 @@
+"""Checkpoint selection by FID ("Private Federated Learning using Preference-Optimized Synthetic
+Data", POPri, arXiv:2504.16438, appendix B.1): per round keep the DPO checkpoint whose generated
+samples have the lowest Frechet distance to the validation split.
+
+    popri dpo --pairs runs/r1/pairs.jsonl --adapter runs/r0/dpo/adapter --out runs/r1/dpo \\
+        --select-on data/sotu --select-prompts runs/r1/samples.jsonl
+    popri dpo --pairs p.jsonl --out o --select-on sel/val_stats.npz --select-prompts s.jsonl
+
+Two steps: :func:`prepare_selection` checks the inputs and fixes the target and the prompts
+before any training (a bad ``--select-on`` fails in seconds, not after the epochs); the
+:class:`Selection` it returns is called with the checkpoints afterwards (``popri.methods.popri
+.dpo.train_dpo(..., select=...)``), generates ``select_samples`` samples from each, embeds them
+and keeps the best (:func:`select_checkpoint`), copying its adapter to ``OUT/adapter`` and
+writing ``OUT/selection.json``.
+
+The target is the validation embeddings (a federated dataset's 'val' split, an embedding set
+.npy or JSONL texts; POPri reads them without noise) or the DP mean and covariance of ``popri
+fred stats`` (a STATS.npz), so that selection reads no private sample beyond that release.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from popri.core import log
+from popri.core.errors import InputError, PopriError
+
+SELECTION_FILE = "selection.json"
+
+
+def select_checkpoint(checkpoints: list[str], *, base_model: str,
+                      val_embeddings: np.ndarray | None = None,
+                      generate_fn: Callable[[str], list[str]],
+                      embed_fn: Callable[[list[str]], np.ndarray],
+                      val_stats: tuple[np.ndarray, np.ndarray] | None = None
+                      ) -> tuple[str, list[dict]]:
+    """POPri B.1: the checkpoint whose generated samples have the lowest Frechet distance (FID on
+    sentence embeddings) to the validation split.  Returns (best checkpoint, one result per
+    checkpoint ``{"checkpoint", "base_model", "fid", "samples"}``); ties go to the earlier one.
+
+    The target is the validation embeddings (``val_embeddings``; POPri reads them without noise)
+    or their (mean, covariance) given directly as ``val_stats``, e.g. the DP statistics of
+    ``popri fred stats`` (then selection costs no privacy beyond that release)."""
+    from popri.models.fid import frechet_distance, gaussian_stats
+
+    if not checkpoints:
+        raise PopriError("no checkpoints to select from")
+    if (val_embeddings is None) == (val_stats is None):
+        raise PopriError("select_checkpoint needs val_embeddings or val_stats (one of them)")
+    if val_stats is not None:
+        mu_v, c_v = (np.asarray(a, dtype=np.float64) for a in val_stats)
+    else:
+        mu_v, c_v = gaussian_stats(np.asarray(val_embeddings, dtype=np.float64))
+    dim = mu_v.shape[0]
+    results = []
+    for ck in checkpoints:
+        texts = list(generate_fn(ck))
+        if len(texts) < 2:
+            raise PopriError(f"checkpoint {ck}: need at least 2 generated samples for a Frechet "
+                             f"distance, got {len(texts)}")
+        emb = np.asarray(embed_fn(texts), dtype=np.float64)
+        if emb.ndim != 2 or emb.shape[1] != dim:
+            raise PopriError(f"checkpoint {ck}: embeddings of shape {emb.shape} do not match the "
+                             f"validation set's dimension {dim}")
+        d = frechet_distance(*gaussian_stats(emb), mu_v, c_v)
+        results.append({"checkpoint": str(ck), "base_model": base_model, "fid": float(d),
+                        "samples": len(texts)})
+        log.info(f"select: {ck}: FID {d:.4f} ({len(texts)} samples)")
+    best = min(range(len(results)), key=lambda i: (results[i]["fid"], i))
+    return results[best]["checkpoint"], results
+
+
+def selection_prompts(path: str, n: int, seed: int = 0) -> list[dict]:
+    """The prompts of the selection samples: JSONL with "prompt" (deduplicated by prompt_id, else
+    text), or Omega texts with "text", from which prompts are built as 'popri gen' does."""
+    from popri.core.io import read_jsonl
+    from popri.models.generation import build_prompts
+
+    recs = read_jsonl(path)
+    if not recs:
+        raise InputError("no prompts", path=path)
+    if all(isinstance(r.get("prompt"), str) for r in recs):
+        seen, prompts = set(), []
+        for r in recs:
+            key = r.get("prompt_id", r["prompt"])
+            if key not in seen:
+                seen.add(key)
+                prompts.append({"prompt_id": len(prompts), "prompt": r["prompt"]})
+        return prompts
+    if all(isinstance(r.get("text"), str) for r in recs):
+        return build_prompts([r["text"] for r in recs], min(n, len(recs)), seed=seed)
+    bad = next(i for i, r in enumerate(recs, 1)
+               if not isinstance(r.get("prompt", r.get("text")), str))
+    raise InputError("need 'prompt' (prompts) or 'text' (Omega texts) in every line",
+                     path=path, line=bad, field="prompt")
+
+
+def selection_target(select_on: str, embed_model: str | None) -> tuple[dict, str]:
+    """(``select_checkpoint`` target keyword, criterion sentence) for ``--select-on``: a FreD
+    STATS.npz (its mean and covariance; its embedder must be the selection's), else validation
+    embeddings (a dataset dir's 'val' split, an embedding set, JSONL texts)."""
+    from popri.models.embed import as_embedding_set, is_federated_dir
+
+    if str(select_on).endswith(".npz"):  # FreD statistics: a mean + covariance, no samples
+        from popri.methods.fred.stats import load_stats
+        from popri.models.embed import default_model, resolve_model
+
+        mean, cov, side = load_stats(select_on)
+        smodel = side.get("embedding_model")
+        if smodel and resolve_model(smodel) != resolve_model(embed_model or default_model()):
+            raise InputError(f"the statistics were computed on {smodel!r} embeddings but the "
+                             f"selection samples would be embedded with "
+                             f"{embed_model or default_model()!r}: pass --embed-model {smodel}",
+                             path=select_on, field="embedding_model")
+        criterion = ("lowest Frechet distance to the DP mean and covariance of the validation "
+                     "split ('popri fred stats')" if side.get("private") else
+                     "lowest Frechet distance to the EXACT (non-private) statistics in "
+                     f"{select_on}")
+        return {"val_stats": (mean, cov)}, criterion
+    split = "val" if Path(select_on).is_dir() and is_federated_dir(select_on) else "train"
+    val = as_embedding_set(select_on, model=embed_model, split=split, what="validation")
+    if len(val) < 2:
+        raise InputError("need at least 2 validation samples for a Frechet distance",
+                         path=select_on)
+    return {"val_embeddings": val.embeddings}, "lowest FID to the validation split (POPri B.1)"
+
+
+@dataclass
+class Selection:
+    """A prepared checkpoint selection: call it with the checkpoints and the run directory; it
+    returns the path of the selected adapter (OUT/adapter) and writes OUT/selection.json."""
+
+    select_on: str
+    select_prompts: str
+    samples: int
+    model: str
+    prompts: list[dict]
+    target: dict = field(repr=False)
+    criterion: str
+    seed: int = 0
+    bf16: bool = True
+    embed_model: str | None = None
+
+    def __call__(self, checkpoints: list[str], out_dir) -> str:
+        from popri.core.io import write_json
+        from popri.models import embed, generation
+        from popri.models.lora import ADAPTER_DIR
+
+        per_prompt = -(-self.samples // len(self.prompts))
+
+        def gen(ck: str) -> list[str]:
+            recs, _ = generation.generate(self.prompts, model=self.model, adapter=ck,
+                                          samples_per_prompt=per_prompt, num_samples=self.samples,
+                                          seed=self.seed, bf16=self.bf16)
+            return [r["text"] for r in recs]
+
+        def emb(texts: list[str]):
+            return embed.embed_texts(texts, self.embed_model, desc="embed selection")
+
+        best, results = select_checkpoint(checkpoints, base_model=self.model, generate_fn=gen,
+                                          embed_fn=emb, **self.target)
+        out_dir = Path(out_dir)
+        path = _copy_adapter(best, out_dir / ADAPTER_DIR)
+        write_json({"selected": best, "criterion": self.criterion,
+                    "validation": self.select_on, "prompts": self.select_prompts,
+                    "samples": self.samples, "results": results}, out_dir / SELECTION_FILE)
+        log.info(f"dpo: selected {best} (lowest FID)")
+        return path
+
+
+def _copy_adapter(checkpoint: str, dest: Path) -> str:
+    # looked up on popri.methods.popri.dpo, which re-exports popri.models.lora.save_adapter:
+    # tests/test_run_privacy.py replaces it there
+    from popri.methods.popri import dpo
+
+    return dpo.save_adapter(None, dest, source=checkpoint)
+
+
+def prepare_selection(select_on: str, select_prompts: str, spec=None, *, model: str,
+                      seed: int = 0, bf16: bool = True,
+                      embed_model: str | None = None) -> Selection:
+    """Check the selection inputs and fix prompts and target up front (before training);
+    ``spec``: a :class:`~popri.specs.training.SelectSpec` (samples per checkpoint)."""
+    from popri.specs.training import SelectSpec
+
+    spec = spec or SelectSpec()
+    prompts = selection_prompts(select_prompts, spec.select_samples, seed)
+    target, criterion = selection_target(select_on, embed_model)
+    return Selection(select_on=str(select_on), select_prompts=str(select_prompts),
+                     samples=spec.select_samples, model=model, prompts=prompts, target=target,
+                     criterion=criterion, seed=seed, bf16=bf16, embed_model=embed_model)

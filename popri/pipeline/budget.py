@@ -1,0 +1,256 @@
+"""The privacy side of ``popri run``: calibration of the noise multiplier to the budget, the
+budget of the whole run directory, and the guard in front of every DP stage.
+
+    popri run examples/default.yaml --set privacy.epsilon=1 --dry-run   # shows z and the budget
+
+Method-agnostic: the DP stages are those a method's recipe declares (``Stage.release``: the
+ledger entries it will record); every ``ledger.jsonl`` under the run directory counts.  The
+accountant (opacus RDP, as POPri D.1 / PrE-Text D.1, or dp-accounting PLD) is
+:mod:`popri.privacy.accounting`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from popri.core import log
+from popri.core.errors import ConfigError, InputError, PopriError
+from popri.core.io import atomic_write, read_json
+from popri.pipeline import config as C
+
+
+class BudgetError(ConfigError):
+    """A DP stage would take the run past its budget (privacy.epsilon): exit 2, before it runs."""
+
+
+#: relative slack of the budget guard (the calibration's own tolerance is far below it)
+BUDGET_RTOL = 1e-6
+
+
+class Budget:
+    """Mixed into :class:`popri.pipeline.driver.Run` (which provides ``cfg``, ``run``, ``p``,
+    ``release``, ``select``, ``dry_run``, ``runner``, ``noise``, ``plan()`` and ``method``)."""
+
+    def _clients(self) -> int | None:
+        """The private train split's client count N (None before the fetch)."""
+        man = self.p["private"] / "manifest.json"
+        if not man.exists():
+            return None
+        try:
+            return int(read_json(man)["counts"]["train"]["clients"])
+        except (KeyError, TypeError, ValueError):
+            raise InputError("no counts.train.clients: not a popri dataset manifest",
+                             path=str(man), field="counts") from None
+
+    def needs_clients(self) -> bool:
+        """Does z depend on N (q = clients_per_round / N, calibrated)?"""
+        sc = self.cfg.score
+        return bool(sc.clients_per_round) and not sc.sample_rate
+
+    def _snap(self) -> float:
+        """Release mode: the discretised Gaussian records z / (1 + SNAP_SHARE) at worst."""
+        if not self.release:
+            return 0.0
+        try:
+            from popri.privacy.noise import SNAP_SHARE
+        except ImportError:
+            return 0.0
+        return float(SNAP_SHARE)
+
+    def select_entries(self) -> list:
+        """The prospective ledger entries of the DP checkpoint selection (dpo.select_on: dp):
+        'popri fred stats' at user level, add/remove one client, analytic Gaussian: two q = 1
+        Gaussian releases (mean, covariance) at the noise multiplier of (select_epsilon,
+        select_delta) -- in release mode its lower bound after snapping."""
+        if self.select != "dp":
+            return []
+        from popri.methods.fred import stats as F
+        from popri.privacy.ledger import LedgerEntry
+
+        dp = self.cfg.dpo
+        z = F.noise_multiplier(dp.select_epsilon, C.select_delta(self.cfg), "analytic")
+        z /= 1.0 + self._snap()
+        design = F.Design("add-remove", "user", 1.0, None)
+        return [LedgerEntry(stage="fred", mechanism="gaussian", noise_multiplier=z,
+                            sample_rate=1.0, steps=1, delta=C.select_delta(self.cfg),
+                            sensitivity=sens, sampling="none", neighbouring=design.neighbouring,
+                            mode="release" if self.release else "research",
+                            params={"release": what})
+                for what, sens in (("mean", design.mean_sensitivity),
+                                   ("covariance", design.cov_sensitivity))]
+
+    def score_entry(self, t: int) -> list:
+        """The prospective ledger entry of round t's DP scores (z, q, sensitivity; steps 1)."""
+        from popri.privacy.ledger import LedgerEntry
+
+        sc, n = self.cfg.score, self.noise
+        if n.get("noise_multiplier") is None:
+            return []  # a dry run before the fetch: z is not known yet
+        q = float(n["sample_rate"])
+        nn = self.method.score_mode(self.cfg) == "nn-histogram"
+        sampling = ("poisson" if sc.sample_rate else "fixed" if sc.clients_per_round else "none")
+        return [LedgerEntry(stage="score", mechanism="subsampled_gaussian" if q < 1 else "gaussian",
+                            noise_multiplier=float(n["noise_multiplier"]), sample_rate=q, steps=1,
+                            delta=self.cfg.privacy.delta,
+                            sensitivity=float(sc.max_samples_per_client if nn else sc.clip),
+                            sampling=sampling, mode="release" if self.release else "research",
+                            params={"round": t})]
+
+    def _compose(self, entries: list):
+        from popri.privacy import accounting as A
+
+        pr = self.cfg.privacy
+        try:
+            return A.compose(entries, pr.delta, pr.accountant, alone=False)
+        except A.ParameterError as e:
+            raise BudgetError(f"cannot total the run's ledgers: {e.message}",
+                              path=str(self.run), field="privacy.epsilon") from None
+
+    def _calibrate(self, q: float, fixed: list) -> float:
+        """Smallest z (to 1e-4) with the composition of T releases at (z, q) and the ``fixed``
+        entries within privacy.epsilon."""
+        from popri.privacy import accounting as A
+
+        c, pr = self.cfg, self.cfg.privacy
+        try:
+            if not fixed:
+                return A.noise_multiplier(pr.epsilon, q, c.rounds, pr.delta, pr.accountant)
+            spent = self._compose(fixed).epsilon
+            if not spent < pr.epsilon:
+                raise ConfigError(f"the DP checkpoint selection alone spends epsilon={spent:.4g} "
+                                  f"of the budget privacy.epsilon={pr.epsilon:g} (at delta="
+                                  f"{pr.delta:g}): lower dpo.select_epsilon",
+                                  field="dpo.select_epsilon")
+            f = lambda z: self._compose([(z, q, c.rounds), *fixed]).epsilon  # noqa: E731
+            return A._bisect(f, pr.epsilon, *A._bracket(f, pr.epsilon), 1e-4)[1]
+        except A.ParameterError as e:
+            raise ConfigError(f"no noise multiplier meets the budget: {e.message}",
+                              field="privacy.epsilon") from None
+
+    def calibrate(self) -> dict:
+        """z and q of the score rounds.  Before the fetch, when q = clients_per_round / N needs
+        the client count: a dry run gets z = None ('set after the fetch'), a real run an error."""
+        c, pr, sc = self.cfg, self.cfg.privacy, self.cfg.score
+        n = self._clients()
+        if sc.sample_rate:
+            q = float(sc.sample_rate)
+        elif sc.clients_per_round:
+            if n is None:
+                if not self.dry_run:
+                    raise PopriError("internal: calibrate() before the fetch")
+                how = (f"z is set after the fetch: q = score.clients_per_round "
+                       f"({sc.clients_per_round}) / N, the private train split's client count")
+                return {"noise_multiplier": None, "noise_arg": None, "sample_rate": None,
+                        "clients": None, "how": how}
+            if sc.clients_per_round > n:
+                raise ConfigError(f"{sc.clients_per_round} exceeds the {n} clients of the private "
+                                  f"train split ({self.p['private']})",
+                                  field="score.clients_per_round")
+            q = sc.clients_per_round / n
+        else:
+            q = 1.0
+        snap = self._snap()
+        if pr.noise_multiplier is not None:
+            arg = float(pr.noise_multiplier)
+            z = arg / (1.0 + snap)
+            how = "given"
+        else:
+            z = self._calibrate(q, self.select_entries())
+            arg = z * (1.0 + snap)
+            how = f"calibrated to eps={pr.epsilon}, delta={pr.delta} over T={c.rounds} rounds"
+            if self.select == "dp":
+                how += " after the DP checkpoint-selection release"
+        if snap:
+            how += f"; passed as {arg!r} (release mode: the snapped mechanism keeps >= z)"
+        return {"noise_multiplier": z, "noise_arg": arg, "sample_rate": q, "clients": n,
+                "how": how}
+
+    def _noise_line(self) -> str:
+        n = self.noise
+        if n.get("noise_multiplier") is None:
+            return f"noise multiplier: {n.get('how')}"
+        return (f"noise multiplier z={n['noise_multiplier']:.4f} ({n['how']}; "
+                f"q={n['sample_rate']:.4g}"
+                + (f", {n['clients']} clients)" if n.get("clients") is not None else ")"))
+
+    # ------------------------------------------------------------------ budget guard
+    def dp_stages(self) -> list[tuple[str, list, Path, object]]:
+        """Every DP release of the plan, as its stages declare them (``Stage.release``): (stage
+        name, prospective entries, the ledger it appends to, a test for its entries)."""
+        return [(s.name, s.release.entries, Path(s.release.ledger), s.release.match)
+                for s in self.plan() if s.release is not None]
+
+    def existing_entries(self) -> list:
+        """Every release already recorded under the run directory (deduplicated)."""
+        from popri.privacy.ledger import LEDGER_NAME, dedupe, read_ledger
+
+        if not self.run.is_dir():
+            return []
+        out = []
+        for f in sorted(self.run.rglob(LEDGER_NAME)):
+            out += read_ledger(f)
+        return dedupe(out)
+
+    def _over(self, entries: list, what: str) -> None:
+        pr = self.cfg.privacy
+        total = self._compose(entries)
+        if total.epsilon > pr.epsilon * (1.0 + BUDGET_RTOL):
+            raise BudgetError(
+                f"{what} would take the run to epsilon={total.epsilon:.6g} > the budget "
+                f"privacy.epsilon={pr.epsilon:g} (delta={pr.delta:g}, {pr.accountant}; "
+                f"{total.entries} releases, those already in the ledgers under {self.run} "
+                "included): use a new run_dir, a larger budget, or more noise",
+                path=str(self.run), field="privacy.epsilon")
+
+    def check_plan(self) -> None:
+        """Before the first stage: the releases already in the run's ledgers plus those the plan
+        still has to make must fit the budget.  (A stage with a finished marker counts as done,
+        and in research mode one whose ledger already holds its entry as a seeded rerun, which
+        is not a new release: a lower bound; the guard before each DP stage is exact.)"""
+        pr = self.cfg.privacy
+        if pr.epsilon is None:
+            log.warn("run: no privacy.epsilon: the noise multiplier is given and no budget is "
+                     "enforced")
+            return
+        if self.noise.get("noise_multiplier") is None:
+            return  # z is set after the fetch; checked then
+        from popri.privacy.ledger import read_ledger
+
+        add = []
+        for name, entries, own, match in self.dp_stages():
+            if (self.runner.marker_dir / f"{name}.json").exists():
+                continue
+            if not self.release and own.is_file() and any(match(e) for e in read_ledger(own)):
+                continue
+            add += entries
+        if add:
+            self._over(self.existing_entries() + add, "the plan")
+
+    def guard(self, name: str, entries: list, own: Path, match):
+        """The budget guard of one DP stage (Stage.before): compose every release in the run's
+        ledgers with the stage's own; refuse to start it past the budget.  A research-mode
+        rerun of the same attempt (same stage key: same inputs and arguments, so the same
+        seeded release and release_id) is not counted twice."""
+        def before(key: str) -> None:
+            from popri.privacy.ledger import read_ledger
+
+            pending = self.runner.marker_dir / f"{name}.guard.json"
+            mine = [e for e in read_ledger(own) if match(e)] if own.is_file() else []
+            prev = {}
+            if pending.is_file():
+                try:
+                    prev = json.loads(pending.read_text(encoding="utf-8"))
+                except (OSError, ValueError):
+                    prev = {}
+            if self.cfg.privacy.epsilon is not None:
+                seen = set(prev.get("before", [])) if prev.get("key") == key else None
+                rerun = (not self.release and seen is not None
+                         and any(e.release_id not in seen for e in mine))
+                self._over(self.existing_entries() + ([] if rerun else entries), f"stage {name}")
+            if prev.get("key") != key:
+                with atomic_write(pending) as fh:
+                    json.dump({"key": key, "before": [e.release_id for e in mine]}, fh)
+
+        return before
+

@@ -1,0 +1,79 @@
+"""The methods ``popri run`` knows: one table, one entry per method.
+
+    popri run examples/default.yaml --set method=pe --dry-run
+
+A method is a *recipe* -- ``recipe(run) -> Iterator[Stage]``, a pure function of the config,
+the run directory's paths and the calibrated noise that yields the method's stages and ends by
+writing ``run.p["synthetic"]`` -- plus a few hooks the method-agnostic driver
+(:mod:`popri.pipeline.driver`) calls: which client feedback the DP rounds use (its
+sensitivity), the method's fields of ``results.json``, its line in the results table and its
+notes in a dry-run plan.  The driver does the rest for every method: data, calibration, the
+budget guard of every stage that declares a DP release (``Stage.release``), caching,
+evaluation against eps = 0 / eps = inf, and the ledger total.
+
+Adding a method: write ``popri/methods/NAME/`` (its steps, as ``popri`` subcommands, and
+``recipe.py``) and add one :class:`Method` entry below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from popri.core.errors import ConfigError
+
+
+def _no_results(run, noise) -> dict:
+    return {}
+
+
+def _no_notes(run) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str                                            # in the results table
+    recipe: Callable[..., Iterable]                       # recipe(run) -> Iterator[Stage]
+    # the client feedback of the DP rounds: "cosine" (POPri) | "nn-histogram" (PE); sets the
+    # sensitivity of the ledger entries (clip C, or M votes)
+    score_mode: Callable[..., str] = field(default=lambda cfg: cfg.score.mode)
+    results: Callable[..., dict] = _no_results            # results(run, noise) -> extra fields
+    plan_notes: Callable[..., list] = _no_notes           # plan_notes(run) -> dry-run lines
+    shape: Callable[[dict], str] | None = None            # shape(results) -> table title
+    summary: str = ""
+
+    def __post_init__(self):
+        if self.shape is None:
+            object.__setattr__(self, "shape", lambda r, label=self.label: (
+                f"{label} on {r['run_dir']}: T={r['rounds']} rounds, K={r['prompts']} x "
+                f"J={r['samples_per_prompt']}, N={r['num_synthetic']} synthetic"))
+
+
+def _methods() -> dict[str, Method]:
+    from popri.methods.pe import recipe as pe
+    from popri.methods.popri import recipe as popri
+
+    return {m.name: m for m in (
+        Method("popri", "POPri", popri.recipe, results=popri.results,
+               plan_notes=popri.plan_notes,
+               summary="POPri: T rounds of gen, DP scores, preference pairs, DPO; then N samples"),
+        Method("pe", "PE (PrE-Text)", pe.recipe, score_mode=lambda cfg: "nn-histogram",
+               results=pe.results, shape=pe.shape,
+               summary="PrE-Text: T rounds of DP nearest-neighbour votes, draws, variations; "
+                       "then Expand"),
+        Method("pe-sft", "PE+SFT", popri.recipe_sft, results=popri.results_sft,
+               summary="POPri's PE+SFT baseline: SFT on each prompt's top-scored sample"),
+    )}
+
+
+METHODS: dict[str, Method] = _methods()
+
+
+def get_method(name: str) -> Method:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ConfigError(f"must be one of {', '.join(METHODS)} (got {name!r})",
+                          field="method") from None

@@ -1,0 +1,313 @@
+"""The settings of the privacy steps: ``popri fred stats``, ``popri account``, ``popri audit``.
+
+    popri fred stats --private data/sotu --epsilon 0.6 --delta 2e-6 --clip 1 --out runs/fred/stats.npz
+    popri account sigma --epsilon 1 --sample-rate 0.1 --steps 20 --accountant pld
+    popri audit release --mechanism fred --epsilon 0.9 --delta 1e-5 --trials 10000
+    python -m pytest -q tests/test_specs_privacy.py
+
+Papers: POPri = "Private Federated Learning using Preference-Optimized Synthetic Data"
+(arXiv:2504.16438); PrE-Text = "PrE-Text: Training Language Models on Private Federated Data in
+the Age of LLMs" (arXiv:2406.02958); FreD = "Privately Customizing Prefinetuning to Better Match
+User Data in Federated Learning" (arXiv:2302.09042).
+
+Shared fields are declared once, in mixins: :class:`AccountantSpec` (rdp / pld),
+:class:`TargetDeltaSpec` (delta 3e-6), :class:`ReleasesSpec` (sample rate q and steps T of a
+composed Gaussian), :class:`FredDesignSpec` (FreD's neighbouring relation, level, clip c and
+per-client cap m; also what ``popri audit release --mechanism fred`` replays) and
+:class:`GaussianCalibrationSpec` (classic / analytic).
+
+FreD's private-release settings default to None and are resolved when the spec is built
+(relation replace-one, level sample, clip 1, calibration classic, no denoising, m = 8 at user
+level), as :class:`popri.specs.feedback.ScoreSpec` does per mode: the defaults are written once,
+here, and a setting given with ``--non-private`` is still an error naming its flag.  Paths,
+seeds, the embedding model and the dataset split are not settings: they are arguments of the
+library calls (:func:`popri.methods.fred.steps.release_stats`, :func:`popri.privacy.audit.run`).
+
+Pure Python: no numpy / torch import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from popri.core.errors import ConfigError
+from popri.core.spec import Spec, flag_of, param, spec_field
+from popri.core.validate import CLIP_MAX, EPSILON_MAX, Z_MAX
+
+#: the accountants of popri.privacy.accounting (opacus RDP, dp-accounting PLD)
+ACCOUNTANTS = ("rdp", "pld")
+#: FreD's neighbouring relations, levels and single-release calibrations
+RELATIONS = ("replace-one", "add-remove")
+LEVELS = ("sample", "user")
+CALIBRATIONS = ("classic", "analytic")
+#: samples kept per client at FreD --level user (PrE-Text's cap, popri's user-level M)
+DEFAULT_USER_CAP = 8
+#: what popri audit release replays, how it can be broken, on what data
+AUDIT_MECHANISMS = ("cosine", "nn-histogram", "fred")
+AUDIT_BREAKS = ("no-clip", "half-noise")
+AUDIT_DATASETS = ("random", "adversarial")
+#: the number of base records in an audit's D, per mechanism (fred is replayed once per trial)
+AUDIT_CLIENTS = {"cosine": 20, "nn-histogram": 20, "fred": 3}
+
+FIXED = ("Fixed-size sampling of L of N clients is accounted with the Poisson analysis at "
+         "q = L/N, as POPri did (appendix D.1, 'client sampling ratio'): the papers' convention, "
+         "not a proven bound for sampling without replacement.")
+
+
+# --------------------------------------------------------------------------- accounting
+@dataclass(frozen=True)
+class AccountantSpec(Spec):
+    """Which accountant turns a composition into (epsilon, delta)."""
+
+    accountant: str = param(
+        "rdp", "'rdp' (default; opacus RDP, as POPri D.1 and PrE-Text D.1) or 'pld' "
+               "(dp-accounting PLD, tighter).", cite="POPri D.1", short="-a", choices=ACCOUNTANTS)
+
+
+@dataclass(frozen=True)
+class TargetDeltaSpec(Spec):
+    """The delta of an (epsilon, delta) claim."""
+
+    delta: float = param(3e-6, "Target delta. Default 3e-6, as in POPri D.1 and PrE-Text D.1.",
+                         lo=0, lo_open=True, hi=1, hi_open=True)
+
+
+@dataclass(frozen=True)
+class ReleasesSpec(Spec):
+    """A Gaussian release composed T times on Poisson samples of clients at rate q (opacus'
+    history shape).  Both are required by the commands (None: not given)."""
+
+    sample_rate: float | None = param(
+        None, "Probability that a client takes part in a step (Poisson sampling); 1 = full "
+              "participation, a plain Gaussian mechanism (PrE-Text D.1: q = 1). POPri Table 3: "
+              "clients per round / total clients. " + FIXED, short="-q", lo=0, lo_open=True, hi=1)
+    steps: int | None = param(
+        None, "Number of releases composed (rounds): POPri D.1 uses 20, PrE-Text D.1 uses 11.",
+        short="-T", lo=1)
+
+    def check(self) -> None:
+        for k in ("sample_rate", "steps"):
+            if getattr(self, k) is None:
+                raise ConfigError("required", field=k)
+
+
+@dataclass(frozen=True)
+class EpsilonSpec(ReleasesSpec, TargetDeltaSpec, AccountantSpec):
+    """``popri account epsilon``: the epsilon of T releases with noise multiplier z at rate q."""
+
+    noise_multiplier: float | None = param(
+        None, "Noise std on the aggregate / L2 sensitivity. POPri Table 3 lists it as sigma; "
+              "PrE-Text D.1: sigma / (max samples per client). 0 gives epsilon = inf.",
+        short="-z", lo=0)
+
+    def check(self) -> None:
+        if self.noise_multiplier is None:
+            raise ConfigError("required", field="noise_multiplier")
+        super().check()
+
+
+@dataclass(frozen=True)
+class SigmaSpec(ReleasesSpec, TargetDeltaSpec, AccountantSpec):
+    """``popri account sigma``: the smallest noise multiplier whose epsilon meets a target."""
+
+    epsilon: float | None = param(
+        None, "Target epsilon: POPri uses 1 and 7, PrE-Text 1.29 and 7.58.", short="-e",
+        lo=0, lo_open=True)
+    tol: float = param(1e-4, "Bisection tolerance on z (default 1e-4).", lo=1e-12, hi=1)
+
+    def check(self) -> None:
+        if self.epsilon is None:
+            raise ConfigError("required", field="epsilon")
+        super().check()
+
+
+@dataclass(frozen=True)
+class LedgerTotalSpec(AccountantSpec):
+    """``popri account ledger``: how the recorded releases are totalled.  ``delta`` here
+    defaults to the entries' own (None), unlike :class:`TargetDeltaSpec`'s 3e-6."""
+
+    delta: float | None = param(
+        None, "Target delta. Default: the entries' delta when they all agree (POPri and PrE-Text "
+              "use 3e-6); otherwise required.", lo=0, lo_open=True, hi=1, hi_open=True)
+    max_epsilon: float | None = param(
+        None, "Budget guard: exit with status 4 (after printing the total) when the total epsilon "
+              "exceeds E. For scripts and CI: 'popri account ledger runs/x --max-epsilon 1'.",
+        lo=0, lo_open=True)
+
+
+# --------------------------------------------------------------------------- FreD
+@dataclass(frozen=True)
+class ReleaseModeSpec(Spec):
+    """Research mode (seeded noise) or release mode (secure randomness)."""
+
+    release: bool = param(
+        False, "Secure randomness (os.urandom) for noise and cap; the seed is then ignored.",
+        envvar="POPRI_RELEASE", negatable=False)
+
+
+@dataclass(frozen=True)
+class FredDesignSpec(Spec):
+    """What FreD's sensitivities depend on (FreD section 3; popri/methods/fred/stats.py):
+    the neighbouring relation, the level, the clip norm c and the per-client cap m."""
+
+    relation: str | None = param(
+        None, "replace-one (default: the relation the paper's tau1 = 2c/n assumes) or add-remove "
+              "(the paper's Definition 2.1).", cite="FreD Definition 2.1", choices=RELATIONS)
+    level: str | None = param(
+        None, "sample (default, as the paper) or user (one client's whole data).",
+        choices=LEVELS)
+    clip: float | None = param(
+        None, "Clip norm c of both passes (default 1.0: popri's embeddings are L2-normalised, so "
+              "pass 1 clips nothing; the paper leaves c open).", short="-c", lo=0, lo_open=True,
+        hi=CLIP_MAX)
+    max_samples_per_client: int | None = param(
+        None, f"--level user: samples kept per client, a seeded choice (default "
+              f"{DEFAULT_USER_CAP}, PrE-Text's cap).", cite="PrE-Text 3", short="-M", lo=1)
+
+
+@dataclass(frozen=True)
+class GaussianCalibrationSpec(Spec):
+    """How one Gaussian release's noise multiplier follows from (epsilon, delta)."""
+
+    calibration: str | None = param(
+        None, "classic (default; the paper: sqrt(2 ln(1.25/delta))/eps, eps < 1) or analytic "
+              "(Balle & Wang 2018, exact, less noise).", cite="FreD Algorithm 1",
+        choices=CALIBRATIONS)
+
+
+@dataclass(frozen=True)
+class FredStatsSpec(ReleaseModeSpec, GaussianCalibrationSpec, FredDesignSpec):
+    """``popri fred stats``: FreD's two Gaussian releases (mean, covariance; FreD Algorithm 1,
+    Proposition 3.1), or the exact statistics with ``non_private``."""
+
+    epsilon: float | None = param(
+        None, "Epsilon of EACH of the two releases; the pair costs 2 eps (Proposition 3.1). The "
+              "paper's Figure 2 uses 0.6.", cite="FreD Proposition 3.1", short="-e", lo=0,
+        lo_open=True, hi=EPSILON_MAX)
+    delta: float | None = param(
+        None, "Delta of each release (Figure 2: 2e-6); the pair costs 2 delta.",
+        cite="FreD Figure 2", lo=0, lo_open=True, hi=1, hi_open=True)
+    denoise: bool | None = param(
+        None, "Covariance: eigenvalues below the noise edge 2 tau2 sqrt(d) set to 0, those above "
+              "debiased (spiked Wigner model), instead of the paper's nearest-PSD projection "
+              "(default). Post-processing of the same release: no privacy cost.")
+    non_private: bool = param(
+        False, "Write the exact statistics (no clipping, no noise, NO privacy) for reference.",
+        negatable=False)
+
+    #: the settings of the private release (an error with --non-private), and their defaults
+    PRIVATE = ("epsilon", "delta", "clip", "relation", "level", "max_samples_per_client",
+               "calibration", "denoise")
+    DEFAULTS = {"relation": RELATIONS[0], "level": LEVELS[0], "clip": 1.0,
+                "calibration": CALIBRATIONS[0], "denoise": False}
+
+    def __post_init__(self) -> None:
+        given = frozenset(k for k in self.PRIVATE if getattr(self, k) is not None)
+        object.__setattr__(self, "_given", given)
+        if not self.non_private:  # resolve the defaults (a non-private spec keeps them None)
+            for k, v in self.DEFAULTS.items():
+                if getattr(self, k) is None:
+                    object.__setattr__(self, k, v)
+            if self.level == "user" and self.max_samples_per_client is None:
+                object.__setattr__(self, "max_samples_per_client", DEFAULT_USER_CAP)
+        super().__post_init__()
+
+    def check(self) -> None:
+        if self.non_private:
+            for k in self.PRIVATE:
+                if k in self._given:
+                    flag = flag_of(spec_field(type(self), k))
+                    raise ConfigError(f"--non-private writes the exact statistics; {flag} "
+                                      "applies to the private release only", field=k)
+            if self.release:
+                raise ConfigError("--non-private writes the exact statistics; --release does "
+                                  "not apply", field="release")
+            return
+        for k in ("epsilon", "delta"):
+            if getattr(self, k) is None:
+                raise ConfigError("required for a private release (or give --non-private)",
+                                  field=k)
+        if self.level == "sample" and "max_samples_per_client" in self._given:
+            raise ConfigError("applies to --level user only (at sample level every sample is "
+                              "its own record)", field="max_samples_per_client")
+
+
+# --------------------------------------------------------------------------- audit
+@dataclass(frozen=True)
+class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, AccountantSpec):
+    """``popri audit release``: which release is replayed, on what, and the claim it is held to
+    (Jagielski, Ullman, Oprea, "Auditing differentially private machine learning", NeurIPS
+    2020, arXiv:2006.07709; Nasr et al., "Tight auditing of differentially private machine
+    learning", USENIX Security 2023, arXiv:2302.07956).  ``mechanism`` and ``trials`` are
+    required (None: not given)."""
+
+    mechanism: str | None = param(
+        None, "cosine (popri score), nn-histogram (popri score --mode nn-histogram) or fred "
+              "(popri fred stats).", short="-m", choices=AUDIT_MECHANISMS)
+    trials: int | None = param(
+        None, "Releases per world (D and D'); half pick the threshold, half measure it. 10,000 "
+              "runs in seconds.", short="-T", lo=100, hi=10_000_000)
+    noise_multiplier: float | None = param(
+        None, "Claimed noise multiplier z (noise std / sensitivity). Exclusive with --epsilon.",
+        short="-z", lo=0, lo_open=True, hi=Z_MAX)
+    epsilon: float | None = param(
+        None, "Claimed epsilon of the release: z is calibrated to it (fred: its --epsilon per "
+              "release, via --calibration; others: the smallest z the accountant accepts).",
+        short="-e", lo=0, lo_open=True)
+    clients: int | None = param(
+        None, "Records / clients in D besides the canary (default 20; fred 3: it is replayed "
+              "once per trial).", short="-N", lo=1, hi=10_000)
+    synthetic: int = param(100, "cosine / nn-histogram: synthetic samples (default 100: the "
+                                "canary's unclipped cosine vector is then 10 C).", short="-n",
+                           lo=2, hi=10_000)
+    dim: int = param(16, "Embedding dimension (default 16).", short="-d", lo=1, hi=1024)
+    dataset: str = param(
+        "random", "random (default): seeded Gaussian records; adversarial: every other record "
+                  "mirrors the canary (the adversary also picks D, Nasr et al. 2021).",
+        choices=AUDIT_DATASETS)
+    confidence: float = param(0.95, "Joint confidence of the bounds (default 0.95).", lo=0.5,
+                              hi=1, hi_open=True)
+    brk: str | None = param(
+        None, "Audit a deliberately broken mechanism: no-clip or half-noise.", flag="--break",
+        choices=AUDIT_BREAKS)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_given", frozenset(
+            k for k in ("clip", "relation", "level", "calibration", "max_samples_per_client")
+            if getattr(self, k) is not None))
+        if self.calibration is None:
+            object.__setattr__(self, "calibration", CALIBRATIONS[0])
+        if self.mechanism != "nn-histogram" and self.clip is None:
+            object.__setattr__(self, "clip", 1.0)
+        if self.mechanism == "fred":
+            for k, v in (("relation", RELATIONS[0]), ("level", LEVELS[0])):
+                if getattr(self, k) is None:
+                    object.__setattr__(self, k, v)
+        super().__post_init__()
+
+    def check(self) -> None:
+        for k in ("mechanism", "trials"):
+            if getattr(self, k) is None:
+                raise ConfigError("required", field=k)
+        if self.max_samples_per_client is not None and self.max_samples_per_client > 1000:
+            raise ConfigError(f"must be in [1, 1000] (got {self.max_samples_per_client})",
+                              field="max_samples_per_client")
+        if self.mechanism == "nn-histogram" and "clip" in self._given:
+            raise ConfigError("applies to cosine and fred; nn-histogram's sensitivity is "
+                              "--max-samples-per-client", field="clip")
+        if self.mechanism == "fred":
+            if "max_samples_per_client" in self._given and self.level != "user":
+                raise ConfigError("applies to fred --level user only",
+                                  field="max_samples_per_client")
+        else:
+            for k in ("relation", "level"):
+                if k in self._given:
+                    raise ConfigError("applies to --mechanism fred only", field=k)
+        if (self.noise_multiplier is None) == (self.epsilon is None):
+            raise ConfigError("give exactly one of --noise-multiplier and --epsilon",
+                              field="noise_multiplier")
+
+    @property
+    def n_clients(self) -> int:
+        """Records in D besides the canary (``clients``, or the mechanism's default)."""
+        return int(self.clients or AUDIT_CLIENTS[self.mechanism])
