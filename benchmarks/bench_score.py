@@ -9,7 +9,7 @@ Default run, same random normalised embeddings for all three:
       synthetic set with the client's embeddings), summed, z-scored, clipped: how the POPri
       reference code scores;
   (b) a plain numpy product of the round's shape, [L, d] @ [d, n_syn] (float32 BLAS);
-  (c) popri: scoring.cosine_round from private rows to the noisy sum (client means, covariance
+  (c) popri: feedback.cosine.cosine_round from private rows to the noisy sum (client means, covariance
       standardise/clip coefficients, one [n_syn, d] @ [d] product); the same from the client means
       (the numpy baseline's input); and the round with every client's row materialised (what
       --per-client-out writes).
@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from popri.feedback import scoring  # noqa: E402
+from popri.federated.participation import sample_clients  # noqa: E402
+from popri.feedback.cosine import cosine_coefficients, cosine_round, normalize_rows  # noqa: E402
 from popri.privacy.noise import make_rng  # noqa: E402
 
 D, N_SYN = 384, 18_000
@@ -85,17 +86,17 @@ def reference_loop(syn, emb, starts):
 
 
 def popri_round(emb, codes, n_clients, syn, rows=False):
-    sample = scoring.sample_clients(n_clients, make_rng(0, stream="sampling"))
+    sample = sample_clients(n_clients, make_rng(0, stream="sampling"))
     out = np.empty((n_clients, len(syn)), np.float32) if rows else None
-    return scoring.cosine_round(emb, codes, sample, syn, noise_multiplier=0.0, clip=1.0,
+    return cosine_round(emb, codes, sample, syn, noise_multiplier=0.0, clip=1.0,
                                 standardize=True, noise_rng=make_rng(0, stream="noise"),
                                 rows_out=out)
 
 
 def from_means(means, syn):
     """popri's step after the client means: the same [L, d] input as the numpy baseline."""
-    Y = scoring.normalize_rows(syn)
-    a, b = scoring.cosine_coefficients(means.astype(np.float64), Y, 1.0, True)
+    Y = normalize_rows(syn)
+    a, b = cosine_coefficients(means.astype(np.float64), Y, 1.0, True)
     return Y @ (a @ means) - b.sum()
 
 
@@ -234,7 +235,7 @@ def main() -> None:
     print(f"cosine scoring, {r['clients']} clients x {r['samples_per_client']} samples, "
           f"{N_SYN} synthetic x {D}-d (Z=0, standardise, clip 1)")
     print(f"{'method':46s} {'seconds':>9s} {'x popri':>9s}")
-    for name, key in (("popri scoring.cosine_round", "popri"),
+    for name, key in (("popri cosine_round", "popri"),
                       ("popri, per-client rows materialised", "popri_per_client_rows"),
                       ("popri from client means (same input as numpy)", "popri_from_client_means"),
                       ("numpy [L,d] @ [d,n_syn] product only", "numpy_matmul"),

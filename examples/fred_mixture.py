@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from popri.methods.fred import stats as F
+from popri.privacy.calibration import CALIBRATIONS, gaussian_multiplier
 from popri.core import log, runtime
 from popri.models.embed import embed_texts
 from popri.models.fid import frechet_distance, gaussian_stats
@@ -62,7 +63,7 @@ def main() -> None:
     ap.add_argument("--delta", type=float, default=2e-6, help="per release (Figure 2: 2e-6)")
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--relation", default="replace-one", choices=F.RELATIONS)
-    ap.add_argument("--calibration", default="classic", choices=F.CALIBRATIONS)
+    ap.add_argument("--calibration", default="classic", choices=CALIBRATIONS)
     ap.add_argument("--json", help="also write every seed's numbers here")
     a = ap.parse_args()
     runtime.set_threads(runtime.threads())  # POPRI_THREADS for torch and BLAS
@@ -85,7 +86,7 @@ def main() -> None:
     e_pool = embed_texts([r["text"] for r in pool], desc=f"embed {a.other}")
 
     design = F.Design(a.relation, "sample", a.clip)
-    z = F.noise_multiplier(a.epsilon, a.delta, a.calibration)
+    z = gaussian_multiplier(a.epsilon, a.delta, a.calibration)
     keys = [r["client_id"] for r in priv]
     exact = F.exact_stats(e_priv)
     kinds = ("exact", "psd", "denoised")

@@ -32,13 +32,9 @@ def account(*paths: str, delta: float | None = None, accountant: str = "rdp"):
     """``popri account ledger``: the total (epsilon, delta) of every ledger entry in ``paths``
     (ledger files, directories -- every ledger.jsonl below --, or score sidecars); a release
     recorded twice counts once.  Returns :class:`popri.privacy.accounting.Composition`."""
-    from popri.privacy import accounting as A
-    from popri.privacy.ledger import collect
+    from popri.privacy.ledger import total
 
-    entries = collect(paths)
-    if delta is None:
-        delta = A.common_delta(entries)
-    return A.compose(entries, delta, accountant)
+    return total(paths, delta=delta, accountant=accountant).composition
 
 
 def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,

@@ -108,6 +108,19 @@ def emb_set(path, emb, client_ids=None, model="test-model") -> str:
     return str(path)
 
 
+def click_command(*path: str):
+    """The real click command of ``popri PATH...`` (e.g. ``click_command("bench", "fetch")``),
+    for parsing an argv the way the CLI does without running it."""
+    import typer
+
+    from popri.cli.app import app
+
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return cmd
+
+
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path

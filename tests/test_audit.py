@@ -12,7 +12,8 @@ from scipy.stats import beta
 
 from popri.privacy import audit as A
 from popri.methods.fred import stats as fred
-from popri.feedback import scoring
+from popri.federated import participation
+from popri.feedback import cosine
 from popri.privacy.accounting import epsilon
 
 DELTA = 3e-6
@@ -92,10 +93,10 @@ def test_broken_mechanism_is_flagged(mechanism, trials, brk):
 
 
 def test_breaks_leave_the_library_untouched():
-    before = (scoring.cosine_coefficients, scoring.cap_per_client, fred.clip_rows)
+    before = (cosine.cosine_coefficients, participation.cap_per_client, fred.clip_rows)
     for mechanism in ("cosine", "nn-histogram", "fred"):
         _audit(mechanism, 200, brk="no-clip")
-    assert (scoring.cosine_coefficients, scoring.cap_per_client, fred.clip_rows) == before
+    assert (cosine.cosine_coefficients, participation.cap_per_client, fred.clip_rows) == before
     x = np.array([[3.0, 4.0]])
     assert np.allclose(fred.clip_rows(x, 1.0), [[0.6, 0.8]])
 

@@ -16,21 +16,16 @@ import json
 from dataclasses import fields
 
 import pytest
-import typer
 
 from popri.cli.options import build
 from popri.core.errors import ConfigError, InputError
 from popri.core.spec import default, to_argv
 from popri.specs.data import EMBEDDER, EmbedSpec, FetchSpec
 
+from conftest import click_command
 
-def _command(*path: str):
-    from popri.cli.app import app
 
-    cmd = typer.main.get_command(app)
-    for name in path:
-        cmd = cmd.commands[name]
-    return cmd
+_command = click_command
 
 
 def _parse(spec_cls, path: tuple[str, ...], argv: list[str]):

@@ -11,11 +11,10 @@ import dataclasses
 
 import numpy as np
 import pytest
-import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import emb_set
+from conftest import click_command, emb_set
 from popri.cli.options import build
 from popri.core.errors import ConfigError, InputError
 from popri.core.spec import to_argv
@@ -137,10 +136,7 @@ def test_aggregate_cli_bad_setting_is_one_line_exit_2(tmp_path, run_popri):
 
 
 # --------------------------------------------------------------------------- spec -> argv -> spec
-def _command(name):
-    import popri.cli.app
-
-    return typer.main.get_command(popri.cli.app.app).commands[name]
+_command = click_command
 
 
 def _parse(spec_cls, name, argv):

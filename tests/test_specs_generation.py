@@ -7,7 +7,6 @@ round trip spec -> to_argv -> the real click command of popri gen / vary / expan
 import dataclasses
 
 import pytest
-import typer
 
 from popri.core.errors import ConfigError
 from popri.core.spec import spec_field, to_argv
@@ -20,6 +19,8 @@ from popri.specs.generation import (
     VarySpec,
     settle,
 )
+
+from conftest import click_command
 
 # (spec class, field, bad value, words the message must hold)
 BAD = [
@@ -112,10 +113,7 @@ def test_settle_takes_a_spec_or_its_fields_as_keywords():
 
 
 # --------------------------------------------------------------------------- round trip
-def _command(name):
-    import popri.cli.app
-
-    return typer.main.get_command(popri.cli.app.app).commands[name]
+_command = click_command
 
 
 def _parse(cls, command, argv):

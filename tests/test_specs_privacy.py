@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-import typer
 
 from popri.cli.options import build
 from popri.core.errors import ConfigError, InputError
@@ -19,15 +18,10 @@ from popri.core.spec import to_argv
 from popri.specs.privacy import (AuditSpec, EpsilonSpec, FredStatsSpec, LedgerTotalSpec,
                                  SigmaSpec)
 
+from conftest import click_command
 
-def _command(*path: str):
-    """The click command of ``popri PATH...`` (the real app)."""
-    from popri.cli.app import app
 
-    cmd = typer.main.get_command(app)
-    for name in path:
-        cmd = cmd.commands[name]
-    return cmd
+_command = click_command
 
 
 def _parse(path: tuple[str, ...], argv: list[str]) -> dict:

@@ -17,7 +17,6 @@ import json
 from dataclasses import fields
 
 import pytest
-import typer
 
 from popri.cli.options import build
 from popri.core.errors import ConfigError
@@ -25,14 +24,10 @@ from popri.core.spec import default, to_argv
 from popri.specs.training import (DownstreamSpec, DPOSpec, EvalSpec, GapSpec, LoraSpec,
                                   PrefsSpec, SelectSpec, SFTSpec, TrainSpec)
 
+from conftest import click_command
 
-def _command(*path: str):
-    from popri.cli.app import app
 
-    cmd = typer.main.get_command(app)
-    for name in path:
-        cmd = cmd.commands[name]
-    return cmd
+_command = click_command
 
 
 def _parse(spec_cls, path: tuple[str, ...], argv: list[str]):

@@ -10,7 +10,7 @@ What counts as written / read besides the paths themselves:
 
 - **Companion files** written next to an output: an embedding set ``NAME.npy`` also writes
   ``NAME.jsonl`` and ``NAME.meta.json`` (:func:`io.sidecar_path`, :func:`io.meta_path`), a
-  score vector ``NAME.npy`` writes ``NAME.json`` (:func:`io.score_sidecar_path`), FreD
+  score vector ``NAME.npy`` writes ``NAME.json`` (:func:`artifacts.json_sidecar`), FreD
   statistics ``NAME.npz`` write ``NAME.json`` (:func:`fred.sidecar_path`).  The
   ``ledger.jsonl`` next to a DP stage's output is appended to, never overwritten: not counted.
 - **Companion files** next to an input ``NAME.npy`` (``.jsonl``, ``.meta.json``, ``.json``) or
@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Iterable, Literal
 
 from popri.core.errors import InputError
-from popri.core.io import STDIO, meta_path, score_sidecar_path, sidecar_path
+from popri.core.artifacts import json_sidecar
+from popri.core.io import STDIO, meta_path, sidecar_path
 
 #: the files a reader takes from a federated dataset directory (besides ``--split NAME.jsonl``)
 DATASET_FILES = ("train.jsonl", "val.jsonl", "test.jsonl", "manifest.json")
@@ -42,12 +43,6 @@ DATASET_FILES = ("train.jsonl", "val.jsonl", "test.jsonl", "manifest.json")
 def _given(paths: Iterable[str | os.PathLike | None]) -> list[str]:
     """The real paths of ``paths``: None, '' and '-' (stdin / stdout) dropped."""
     return [os.fspath(p) for p in paths if p is not None and os.fspath(p) not in ("", STDIO)]
-
-
-def _fred_sidecar(npz: str) -> str:
-    from popri.methods.fred.stats import sidecar_path as fred_sidecar_path
-
-    return fred_sidecar_path(npz)
 
 
 def companion_files(path: str, kind: bool | str = True) -> list[str]:
@@ -61,10 +56,10 @@ def companion_files(path: str, kind: bool | str = True) -> list[str]:
         if kind in (True, "embeddings"):
             out += [sidecar_path(path), meta_path(path)]
         if kind in (True, "scores"):
-            out.append(score_sidecar_path(path))
+            out.append(json_sidecar(path))
         return out
     if path.endswith(".npz"):
-        return [_fred_sidecar(path)]
+        return [json_sidecar(path)]
     return []
 
 

@@ -66,10 +66,11 @@ class Budget:
         if self.select != "dp":
             return []
         from popri.methods.fred import stats as F
+        from popri.privacy.calibration import gaussian_multiplier
         from popri.privacy.ledger import LedgerEntry
 
         dp = self.cfg.dpo
-        z = F.noise_multiplier(dp.select_epsilon, C.select_delta(self.cfg), "analytic")
+        z = gaussian_multiplier(dp.select_epsilon, C.select_delta(self.cfg), "analytic")
         z /= 1.0 + self._snap()
         design = F.Design("add-remove", "user", 1.0, None)
         return [LedgerEntry(stage="fred", mechanism="gaussian", noise_multiplier=z,
@@ -111,19 +112,19 @@ class Budget:
         """Smallest z (to 1e-4) with the composition of T releases at (z, q) and the ``fixed``
         entries within privacy.epsilon."""
         from popri.privacy import accounting as A
+        from popri.privacy.calibration import noise_multiplier
 
         c, pr = self.cfg, self.cfg.privacy
         try:
-            if not fixed:
-                return A.noise_multiplier(pr.epsilon, q, c.rounds, pr.delta, pr.accountant)
-            spent = self._compose(fixed).epsilon
-            if not spent < pr.epsilon:
-                raise ConfigError(f"the DP checkpoint selection alone spends epsilon={spent:.4g} "
-                                  f"of the budget privacy.epsilon={pr.epsilon:g} (at delta="
-                                  f"{pr.delta:g}): lower dpo.select_epsilon",
-                                  field="dpo.select_epsilon")
-            f = lambda z: self._compose([(z, q, c.rounds), *fixed]).epsilon  # noqa: E731
-            return A._bisect(f, pr.epsilon, *A._bracket(f, pr.epsilon), 1e-4)[1]
+            if fixed:
+                spent = self._compose(fixed).epsilon
+                if not spent < pr.epsilon:
+                    raise ConfigError(f"the DP checkpoint selection alone spends epsilon="
+                                      f"{spent:.4g} of the budget privacy.epsilon={pr.epsilon:g} "
+                                      f"(at delta={pr.delta:g}): lower dpo.select_epsilon",
+                                      field="dpo.select_epsilon")
+            return noise_multiplier(pr.epsilon, q, c.rounds, pr.delta, pr.accountant,
+                                    also=fixed)
         except A.ParameterError as e:
             raise ConfigError(f"no noise multiplier meets the budget: {e.message}",
                               field="privacy.epsilon") from None

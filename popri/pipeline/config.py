@@ -279,7 +279,7 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError(f"dpo.select_checkpoint: false turns selection off, but dpo.select_on "
                           f"is {dp.select_on!r}: set one of them", field="dpo.select_on")
     if select_on(cfg) == "dp":
-        from popri.methods.fred.stats import noise_multiplier as fred_z
+        from popri.privacy.calibration import gaussian_multiplier as fred_z
         from popri.privacy.accounting import ParameterError
 
         try:

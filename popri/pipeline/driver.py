@@ -38,7 +38,7 @@ from popri.core import log
 from popri.core.errors import ConfigError, PopriError
 from popri.core.io import atomic_write, read_json
 from popri.pipeline import config as C
-from popri.pipeline.budget import BUDGET_RTOL, Budget, BudgetError  # noqa: F401 (re-exported)
+from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError re-exported)
 from popri.pipeline.config import RunConfig, to_dict
 from popri.pipeline.stages import DPRelease, Stage, StageRunner
 from popri.core.spec import to_argv

@@ -106,6 +106,7 @@ class StageRunner:
         self.dry_run = dry_run
         self.commands: list[str] = []      # this run's commands, in order (commands.sh)
         self.keys: dict[str, str] = {}     # output path -> its content hash (or a plan tag)
+        self._digests: dict[str, str] = {}  # other input path -> its content hash (memo)
         self.timings: dict[str, float] = {}
         self.ran: list[str] = []
         self.skipped: list[str] = []
@@ -113,9 +114,14 @@ class StageRunner:
 
     # ------------------------------------------------------------------ keys
     def _input_key(self, path: str) -> str:
+        """An earlier stage's output: the hash it was recorded with; any other input: its
+        content hash, computed once per runner (a dataset directory is an input of many
+        stages, and no stage writes outside its own outputs)."""
         if path in self.keys:
             return self.keys[path]
-        return path_digest(path)
+        if path not in self._digests:
+            self._digests[path] = path_digest(path)
+        return self._digests[path]
 
     def key(self, stage: Stage) -> str:
         h = hashlib.sha256()

@@ -27,12 +27,12 @@ Carlini, "Adversary instantiation: lower bounds for differentially private machi
 IEEE S&P 2021, arXiv:2101.04535: the canary is the record whose contribution after clipping is
 largest):
 
-- cosine (:func:`popri.feedback.scoring.cosine_round` + :func:`~popri.feedback.scoring.finish`, the
+- cosine (:func:`popri.feedback.cosine.cosine_round` + :func:`~popri.federated.aggregation.finish`, the
   mean): the canary client's private embeddings equal synthetic sample 0, so its standardised
   score vector has norm sqrt(n) (10 C at n = 100, C = 1) and the clip must cut it to C.
-- nn-histogram (:func:`popri.feedback.scoring.histogram_round`, sum, threshold 0): the canary client
+- nn-histogram (:func:`popri.feedback.histogram.histogram_round`, sum, threshold 0): the canary client
   holds 10 M copies of a synthetic sample placed far from every other one; the per-client cap
-  (:func:`popri.feedback.scoring.cap_per_client`) must keep M of its votes.
+  (:func:`popri.federated.participation.cap_per_client`) must keep M of its votes.
 - fred (:func:`popri.methods.fred.stats.release`, release 1 = the noisy sum behind the mean, whose
   epsilon is the ``--epsilon`` each release claims): a canary record (one sample, or at
   ``--level user`` a client with 10 m identical samples) at norm 10 c along e_1; replace-one:
@@ -266,18 +266,19 @@ def broken(mechanism: str, brk: str | None) -> Iterator[None]:
         return
     from unittest import mock
 
+    from popri.federated import participation
+    from popri.feedback import cosine
     from popri.methods.fred import stats as fred
-    from popri.feedback import scoring
 
     if mechanism == "cosine":
-        orig = scoring.cosine_coefficients
+        orig = cosine.cosine_coefficients
 
         def unclipped(means, syn_unit, clip, standardize):
             return orig(means, syn_unit, np.finfo(np.float64).max, standardize)
 
-        patch = mock.patch.object(scoring, "cosine_coefficients", unclipped)
+        patch = mock.patch.object(cosine, "cosine_coefficients", unclipped)
     elif mechanism == "nn-histogram":
-        patch = mock.patch.object(scoring, "cap_per_client", lambda codes, m, rng: None)
+        patch = mock.patch.object(participation, "cap_per_client", lambda codes, m, rng: None)
     else:
         patch = mock.patch.object(fred, "clip_rows",
                                   lambda x, c: np.array(x, dtype=np.float64, ndmin=2))
@@ -341,7 +342,8 @@ def _base_rows(rng, n_clients: int, dim: int, max_rows: int):
 
 def _score_worlds(s: Setup):
     """cosine / nn-histogram: (stat0, stat1, canary description)."""
-    from popri.feedback import scoring
+    from popri.federated import aggregation, participation
+    from popri.feedback import cosine, histogram
     from popri.privacy.noise import make_rng
 
     rng = make_rng(s.seed, stream="audit-data")
@@ -369,19 +371,19 @@ def _score_worlds(s: Setup):
 
     def release(world, z, noise):
         e, who = worlds[world]
-        codes, clients = scoring.factorize(who)
-        sample = scoring.sample_clients(len(clients), make_rng(s.seed, stream="sampling"))
-        keep = scoring.cap_per_client(codes, M, make_rng(s.seed, stream="cap"))
+        codes, clients = participation.factorize(who)
+        sample = participation.sample_clients(len(clients), make_rng(s.seed, stream="sampling"))
+        keep = participation.cap_per_client(codes, M, make_rng(s.seed, stream="cap"))
         if cos:
-            total = scoring.cosine_round(e, codes, sample, syn, noise_multiplier=z, clip=s.clip,
-                                         standardize=True, noise_rng=noise, keep=keep)
+            total = cosine.cosine_round(e, codes, sample, syn, noise_multiplier=z, clip=s.clip,
+                                        standardize=True, noise_rng=noise, keep=keep)
             # the release's own rule: only a public count divides (score_release)
             reduce, denom = public_denominator("cosine", sample.sampling, sample.sample_rate,
                                                len(sample.members), None)
-            return scoring.finish(total, reduce=reduce, denominator=denom or 1.0, threshold=None)
-        total = scoring.histogram_round(e, codes, sample, syn, noise_multiplier=z,
-                                        max_per_client=M, keep=keep, noise_rng=noise)
-        return scoring.finish(total, reduce="sum", denominator=sample.denominator, threshold=0.0)
+            return aggregation.finish(total, reduce=reduce, denominator=denom or 1.0, threshold=None)
+        total = histogram.histogram_round(e, codes, sample, syn, noise_multiplier=z,
+                                          max_per_client=M, keep=keep, noise_rng=noise)
+        return aggregation.finish(total, reduce="sum", denominator=sample.denominator, threshold=0.0)
 
     z = run_z(s.z, s.brk)
     with broken(s.mechanism, s.brk):
@@ -396,7 +398,7 @@ def _score_worlds(s: Setup):
 
 def _fred_worlds(s: Setup):
     from popri.methods.fred import stats as fred
-    from popri.feedback import scoring
+    from popri.federated import participation
     from popri.privacy.noise import make_rng
 
     rng = make_rng(s.seed, stream="audit-data")
@@ -422,8 +424,8 @@ def _fred_worlds(s: Setup):
 
     def expected(world, z):
         e, who = worlds[world]
-        codes, _ = scoring.factorize(who)
-        keep = (scoring.cap_per_client(codes, m, make_rng(s.seed, stream="fred-cap"))
+        codes, _ = participation.factorize(who)
+        keep = (participation.cap_per_client(codes, m, make_rng(s.seed, stream="fred-cap"))
                 if user else None)
         clients = [np.asarray(e[g], dtype=np.float64) for g in fred.group_clients(codes, keep)]
         return fred.private_stats(clients, design, z, ZeroNoise()).sum1

@@ -78,7 +78,7 @@ from popri.specs.privacy import DEFAULT_USER_CAP, LEVELS, RELATIONS  # noqa: F40
 
 # --------------------------------------------------------------------------- calibration
 # One Gaussian release's noise multiplier: popri.privacy.calibration.gaussian_multiplier.
-# ``noise_multiplier`` is its deprecated alias (popri.pipeline still calls it).
+# ``noise_multiplier`` is its deprecated alias, kept for one release.
 noise_multiplier = gaussian_multiplier
 
 
@@ -293,12 +293,12 @@ def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, s
     """What `popri fred stats` runs: rows grouped by client key, at most m rows per client at
     user level (a seeded choice, stream "fred-cap"), then :func:`private_stats` (stream
     "fred-noise"); ``secure`` draws both from os.urandom instead."""
-    from popri.federated import participation as scoring  # (was popri.feedback.scoring)
+    from popri.federated import participation
     from popri.privacy.noise import make_rng
 
-    codes, _ = scoring.factorize(list(keys))
-    keep = (scoring.cap_per_client(codes, design.m, make_rng(seed, secure=secure, stream="fred-cap"))
-            if design.level == "user" else None)
+    codes, _ = participation.factorize(list(keys))
+    rng = make_rng(seed, secure=secure, stream="fred-cap")
+    keep = participation.cap_per_client(codes, design.m, rng) if design.level == "user" else None
     clients = [np.asarray(emb[g], dtype=np.float64) for g in group_clients(codes, keep)]
     return private_stats(clients, design, z, make_rng(seed, secure=secure, stream="fred-noise"),
                          denoise=denoise)

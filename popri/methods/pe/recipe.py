@@ -88,7 +88,6 @@ def recipe(run) -> Iterator[Stage]:
     seeds = run.run / "pe_seeds.jsonl"
     yield Stage("pe-seeds", ["pe", "seeds", *survivors, "--out", str(seeds)],
                 outputs=[str(seeds)], inputs=survivors)
-    g = c.generator
     yield Stage("expand", [
         "expand", str(seeds), "--num-samples", str(c.num_synthetic), "--out",
         str(run.run / "expand"), "--merged-out", str(run.p["synthetic"]),
