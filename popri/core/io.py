@@ -21,7 +21,6 @@ an earlier good one.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import math
@@ -42,10 +41,11 @@ os.umask(_UMASK)
 
 
 # --------------------------------------------------------------------------- atomic writes
-def _tmp_in(dest: Path) -> Path:
+def _tmp_in(dest: Path, suffix: str = "") -> Path:
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp" + suffix,
+                                   dir=dest.parent)
     except OSError as e:  # read-only directory, no permission, ...: name the output
         _annotate_write_error(e, dest)
         raise
@@ -146,11 +146,9 @@ class AtomicOutputs:
         if is_special_file(dest):
             raise InputError("is a device or pipe, not a file: this output is written by renaming "
                              "a finished file into place", path=str(dest))
-        tmp = _tmp_in(dest)
-        if suffix:  # numpy appends .npy to names without it; give it the suffix up front
-            new = tmp.with_name(tmp.name + suffix)
-            tmp.rename(new)
-            tmp = new
+        # numpy appends .npy to names without it: the name has the suffix from the start (no
+        # rename after mkstemp, so a SIGTERM cannot leave an untracked temporary file there)
+        tmp = _tmp_in(dest, suffix)
         self._staged.append((tmp, dest))
         return tmp
 
