@@ -209,7 +209,9 @@ def _adapter_base(path: Path) -> str:
                 return str(base)
         except json.JSONDecodeError:
             pass
-    cfg = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+    from popri.models.lora import ADAPTER_CONFIG
+
+    cfg = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     return cfg["base_model_name_or_path"]
 
 
@@ -218,7 +220,9 @@ def load_model(name: str, adapter: str | None = None, *, device: str | None = No
     """(model, tokenizer); a directory holding a PEFT adapter (e.g. a LoRA train-downstream
     checkpoint) loads its base model (recorded in its metrics.json) with the adapter on top."""
     p = Path(name).expanduser()
-    if adapter is None and p.is_dir() and (p / "adapter_config.json").exists():
+    from popri.models.lora import ADAPTER_CONFIG
+
+    if adapter is None and p.is_dir() and (p / ADAPTER_CONFIG).exists():
         adapter, name = str(p), _adapter_base(p)
     model, tok = llm.load_causal_lm(name, adapter, device=device, trainable_adapter=trainable_adapter)
     if adapter and (Path(adapter) / "tokenizer_config.json").exists():

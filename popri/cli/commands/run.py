@@ -74,12 +74,9 @@ def run(
         typer.echo(results_table(results))
 
 
-def _unwrap(text: str) -> str:
-    """One line per paragraph, so the terminal (rich) does the wrapping."""
+def register(app: typer.Typer) -> None:
     import inspect
 
-    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+    from popri.cli.options import unwrap
 
-
-def register(app: typer.Typer) -> None:
-    app.command("run", help=_unwrap(run.__doc__))(run)
+    app.command("run", help=unwrap(inspect.cleandoc(run.__doc__)))(run)
