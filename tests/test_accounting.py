@@ -417,7 +417,12 @@ def test_account_ledger_totals_a_registered_mechanism(toy, tmp_path):
     from popri.cli.app import app
 
     (tmp_path / "ledger.jsonl").write_text(json.dumps(_toy_entry()) + "\n")
-    r = CliRunner().invoke(app, ["account", "ledger", str(tmp_path), "--json"])
+    import inspect
+
+    # click < 8.2 mixes stderr (the research-mode warning) into stdout unless told not to
+    sep = "mix_stderr" in inspect.signature(CliRunner.__init__).parameters
+    r = CliRunner(**({"mix_stderr": False} if sep else {})).invoke(
+        app, ["account", "ledger", str(tmp_path), "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["groups"][0]["mechanism"] == "toy_gaussian" and d["entries"] == 1
