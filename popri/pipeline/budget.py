@@ -45,8 +45,8 @@ class Budget:
 
     def needs_clients(self) -> bool:
         """Does z depend on N (q = clients_per_round / N, calibrated)?"""
-        sc = self.cfg.score
-        return bool(sc.clients_per_round) and not sc.sample_rate
+        cpr, rate, _ = self.method.participation(self.cfg)
+        return bool(cpr) and not rate
 
     def _snap(self) -> float:
         """Release mode: the discretised Gaussian records z / (1 + SNAP_SHARE) at worst."""
@@ -133,6 +133,14 @@ class Budget:
                                       f"(at delta={pr.delta:g}): lower dpo.select_epsilon",
                                       field="dpo.select_epsilon")
             sc = c.score
+            if self.method.round_entries is not None:
+                from popri.privacy.calibration import calibrate
+
+                def entries_at(z):
+                    return [e for t in range(1, c.rounds + 1)
+                            for e in self.method.round_entries(self, t, z, q)] + list(fixed)
+
+                return calibrate(pr.epsilon, pr.delta, entries_at, pr.accountant)
             if sc.engine == "flower" and sc.secagg_mechanism == "ddg":
                 return self._calibrate_ddg(q, fixed)
             return noise_multiplier(pr.epsilon, q, c.rounds, pr.delta, pr.accountant,
@@ -164,23 +172,24 @@ class Budget:
     def calibrate(self) -> dict:
         """z and q of the score rounds.  Before the fetch, when q = clients_per_round / N needs
         the client count: a dry run gets z = None ('set after the fetch'), a real run an error."""
-        c, pr, sc = self.cfg, self.cfg.privacy, self.cfg.score
+        c, pr = self.cfg, self.cfg.privacy
+        cpr, rate, sec = self.method.participation(c)
         n = self._clients()
-        if sc.sample_rate:
-            q = float(sc.sample_rate)
-        elif sc.clients_per_round:
+        if rate:
+            q = float(rate)
+        elif cpr:
             if n is None:
                 if not self.dry_run:
                     raise PopriError("internal: calibrate() before the fetch")
-                how = (f"z is set after the fetch: q = score.clients_per_round "
-                       f"({sc.clients_per_round}) / N, the private train split's client count")
+                how = (f"z is set after the fetch: q = {sec}.clients_per_round "
+                       f"({cpr}) / N, the private train split's client count")
                 return {"noise_multiplier": None, "noise_arg": None, "sample_rate": None,
                         "clients": None, "how": how}
-            if sc.clients_per_round > n:
-                raise ConfigError(f"{sc.clients_per_round} exceeds the {n} clients of the private "
+            if cpr > n:
+                raise ConfigError(f"{cpr} exceeds the {n} clients of the private "
                                   f"train split ({self.p['private']})",
-                                  field="score.clients_per_round")
-            q = sc.clients_per_round / n
+                                  field=f"{sec}.clients_per_round")
+            q = cpr / n
         else:
             q = 1.0
         snap = self._snap()

@@ -25,6 +25,7 @@ from popri.specs.feedback import (
     HISTOGRAM_THRESHOLD,
     ScoreSpec,
 )
+from popri.specs.fl import FLSpec
 from popri.specs.generation import DEFAULT_LM, GenSpec, GeneratorSpec, VarySpec
 from popri.specs.training import BootstrapSpec, DownstreamSpec, DPOSpec, PrefsSpec, SelectSpec
 
@@ -148,10 +149,45 @@ class DownstreamConfig(Spec):
 
 
 @dataclass(frozen=True)
+class FLConfig(Spec):
+    """DP federated learning of the downstream model (``method: dp-fedavg | dp-ftrl``, POPri
+    appendix C.1 / C.2): ``rounds`` rounds of ``popri fl round`` (FLSpec's settings), the noise
+    multiplier calibrated to privacy.epsilon over them.  CPU default: SmolLM2-135M with a LoRA
+    adapter (r = 4 on every projection: ~1.2M numbers per update), a handful of clients per
+    round; examples/dpfl-gpu.yaml is the paper's setting (full fine-tuning)."""
+    model: str | None = param(None, "The model trained (default: downstream.model).")
+    clients_per_round: int | None = same(FLSpec, "clients_per_round", 10)
+    sample_rate: float | None = same(FLSpec, "sample_rate")
+    clip: float = same(FLSpec, "clip")
+    client_lr: float = same(FLSpec, "client_lr")
+    local_epochs: int = same(FLSpec, "local_epochs")
+    client_batch_size: int = same(FLSpec, "client_batch_size")
+    server_lr: float | None = same(FLSpec, "server_lr")
+    momentum: float | None = same(FLSpec, "momentum")
+    lora: bool = same(FLSpec, "lora")
+    lora_r: int = same(FLSpec, "lora_r")
+    lora_alpha: int = same(FLSpec, "lora_alpha")
+    max_samples_per_client: int | None = same(FLSpec, "max_samples_per_client")
+    max_length: int = same(FLSpec, "max_length")
+    bf16: bool = same(FLSpec, "bf16")
+    engine: str = same(FLSpec, "engine")
+    supernodes: int | None = same(FLSpec, "supernodes")
+    secagg_mechanism: str = same(FLSpec, "secagg_mechanism")
+    max_dropout: float = same(FLSpec, "max_dropout")
+    flower_timeout: float = same(FLSpec, "flower_timeout")
+
+    def check(self) -> None:
+        if self.clients_per_round is not None and self.sample_rate is not None:
+            raise ConfigError("give fl.clients_per_round or fl.sample_rate, not both",
+                              field="sample_rate")
+
+
+@dataclass(frozen=True)
 class RunConfig(Spec):
     run_dir: str = param("runs/default", "The run directory.", nonempty=True)
-    method: str = param("popri", "popri | pe (PrE-Text) | pe-sft (POPri's PE+SFT baseline); "
-                        "the table of methods is popri.pipeline.recipes.METHODS.")
+    method: str = param("popri", "popri | pe (PrE-Text) | pe-sft (POPri's PE+SFT baseline) | "
+                        "dp-fedavg | dp-ftrl (DP federated learning, POPri C.1 / C.2); the "
+                        "table of methods is popri.pipeline.recipes.METHODS.")
     seed: int = param(0, "Seed of every stage (named rules in popri.pipeline.driver).", lo=0)
     rounds: int = param(2, "POPri T (paper: 10 / 20).", lo=1, hi=10_000)
     prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
@@ -170,6 +206,7 @@ class RunConfig(Spec):
     dpo: DPOConfig = param(default_factory=DPOConfig)
     pe: PEConfig = param(default_factory=PEConfig)
     downstream: DownstreamConfig = param(default_factory=DownstreamConfig)
+    fl: FLConfig = param(default_factory=FLConfig)
 
     def check(self) -> None:
         from popri.pipeline.recipes import METHODS
@@ -274,7 +311,7 @@ def check(cfg: RunConfig) -> None:
     if sc.clients_per_round is not None and sc.sample_rate is not None:
         raise ConfigError("give score.clients_per_round or score.sample_rate, not both",
                           field="score.sample_rate")
-    if cfg.method != "pe" and dp.rejected_rank > cfg.samples_per_prompt:
+    if cfg.method in ("popri", "pe-sft") and dp.rejected_rank > cfg.samples_per_prompt:
         raise ConfigError(f"must be <= samples_per_prompt ({cfg.samples_per_prompt}): the "
                           f"rejected sample is the l-th best of J per prompt (got "
                           f"{dp.rejected_rank})", field="dpo.rejected_rank")

@@ -166,7 +166,7 @@ class Run(Budget):
         if not d.public_source:
             raise ConfigError("is needed (the initial population Omega)",
                               field="data.public_source")
-        if not is_file_source(d.public_source):
+        if not is_file_source(d.public_source) and self.method.embeds:
             yield Stage("fetch-public", [
                 "bench", "fetch", d.public_source, "--out", str(self.p["public"]), *common,
                 *opt("--date-to", d.public_date_to),
@@ -175,6 +175,8 @@ class Run(Budget):
 
     def embed_stages(self) -> Iterable[Stage]:
         c = self.cfg
+        if not self.method.embeds:
+            return
         for split, key in (("train", "emb_private"), ("val", "emb_val")):
             yield Stage(f"embed-{split}", [
                 "embed", str(self.p["private"]), "--split", split, "--out", str(self.p[key]),
@@ -260,10 +262,11 @@ class Run(Budget):
         priv = str(self.p["private"])
         syn = str(self.p["synthetic"])
         E = self.p["eval"]
-        yield Stage("fid-synthetic", [
-            "eval", "fid", syn, str(self.p["emb_val"]), "--model", c.embedder, "--json"],
-            outputs=[str(E / "fid.json")], inputs=[syn, str(self.p["emb_val"])],
-            stdout_to=str(E / "fid.json"))
+        if self.method.model_out is None:
+            yield Stage("fid-synthetic", [
+                "eval", "fid", syn, str(self.p["emb_val"]), "--model", c.embedder, "--json"],
+                outputs=[str(E / "fid.json")], inputs=[syn, str(self.p["emb_val"])],
+                stdout_to=str(E / "fid.json"))
 
         def train(name: str, data: list[str], inputs: list[str], max_samples: int | None = None):
             out = self.run / "downstream" / name
@@ -288,10 +291,15 @@ class Run(Budget):
             return st, str(per)
 
         per = {}
-        st, ckpt = train(name, [syn], [syn])
-        yield st
-        st, per[name] = evaluate(name, ["--model", ckpt], [ckpt])
-        yield st
+        if self.method.model_out is not None:  # DP-FL: the method trained the model itself
+            ckpt = str(self.method.model_out(self))
+            st, per[name] = evaluate(name, ["--model", ckpt], [str(Path(ckpt).parent)])
+            yield st
+        else:
+            st, ckpt = train(name, [syn], [syn])
+            yield st
+            st, per[name] = evaluate(name, ["--model", ckpt], [ckpt])
+            yield st
         if c.baselines:
             st, per["eps0"] = evaluate("eps0", ["--model", ds.model], [])
             yield st

@@ -43,6 +43,20 @@ class Method:
     plan_notes: Callable[..., list] = _no_notes           # plan_notes(run) -> dry-run lines
     shape: Callable[[dict], str] | None = None            # shape(results) -> table title
     summary: str = ""
+    # who takes part in a DP round: participation(cfg) -> (clients_per_round, sample_rate,
+    # the config section that sets them)
+    participation: Callable[..., tuple] = field(
+        default=lambda cfg: (cfg.score.clients_per_round, cfg.score.sample_rate, "score"))
+    # the prospective ledger entries of round t at noise multiplier z and rate q, when the
+    # rounds are not 'popri score' releases: round_entries(run, t, z, q) -> [LedgerEntry]
+    # (the calibration composes them over the rounds)
+    round_entries: Callable[..., list] | None = None
+    # a method that trains the downstream model itself (DP-FL) instead of writing a synthetic
+    # set: model_out(run) -> the model directory the evaluation reads
+    model_out: Callable[..., object] | None = None
+    # whether the data stages fetch the public Omega and embed the private train / val splits
+    # (the synthetic-data methods; DP-FL reads the private texts only)
+    embeds: bool = True
 
     def __post_init__(self):
         if self.shape is None:
@@ -52,6 +66,7 @@ class Method:
 
 
 def _methods() -> dict[str, Method]:
+    from popri.methods.dpfl import recipe as dpfl
     from popri.methods.pe import recipe as pe
     from popri.methods.popri import recipe as popri
 
@@ -65,6 +80,15 @@ def _methods() -> dict[str, Method]:
                        "then Expand"),
         Method("pe-sft", "PE+SFT", popri.recipe_sft, results=popri.results_sft,
                summary="POPri's PE+SFT baseline: SFT on each prompt's top-scored sample"),
+        *(Method(f"dp-{a}", label, dpfl.recipe, results=dpfl.results, shape=dpfl.shape,
+                 plan_notes=dpfl.plan_notes, participation=dpfl.participation,
+                 round_entries=dpfl.round_entries, model_out=dpfl.model_out, embeds=False,
+                 summary=summary)
+          for a, label, summary in (
+              ("fedavg", "DP-FedAvg", "DP-FedAvg (POPri C.1): T rounds of clipped client "
+                                      "updates of the downstream model + Gaussian noise"),
+              ("ftrl", "DP-FTRL", "DP-FTRL (POPri C.2): T rounds, tree-aggregation noise "
+                                  "restarted every round, server momentum 0.9"))),
     )}
 
 

@@ -409,6 +409,61 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
         return ddg.rdp(orders, eps, key[1]) * int(steps)
 
 
+@register_mechanism
+class TreeAggregationMechanism(GaussianMechanism):
+    """Tree-aggregation noise of DP-FTRL (Kairouz, McMahan, Song, Thakkar, Thakurta, Xu,
+    "Practical and Private (Deep) Learning without Sampling or Shuffling", arXiv:2103.00039,
+    section 3 and appendix D; noise in :mod:`popri.privacy.tree`).  An entry is ``steps`` trees
+    (restarts), each over ``params.leaves`` rounds, every node N(0, (z C)^2) with z =
+    ``noise_multiplier``, and each client contributing (norm <= C) to at most ONE leaf per tree
+    -- the caller guarantees this.  With ``leaves = 1`` (a restart every round) it holds even
+    when every client takes part in every round: the DP-FTRL setting popri uses, where each
+    round is one Gaussian release.  A leaf lies in at most d = :func:`popri.privacy.tree.depth`
+    (leaves) = floor(log2(leaves)) + 1 released nodes, so a tree is the Gaussian mechanism at
+    multiplier z / sqrt(d): RDP = steps alpha d / (2 z^2), equal to dp-accounting's
+    ``SelfComposedDpEvent(SingleEpochTreeAggregationDpEvent(z, leaves), steps)`` under
+    ``NeighboringRelation.REPLACE_SPECIAL`` (the relation dp-accounting requires for trees: a
+    client's data replaced by the zero record; popri's add/remove of a client whose absence
+    leaves the others' leaves unchanged moves the nodes the same way); PLD:
+    ``SelfComposedDpEvent(GaussianDpEvent(z / sqrt(d)), steps)``.  ``sample_rate`` < 1 is
+    accounted at q = 1, with a note: no amplification by sampling is claimed for trees."""
+
+    name = "tree_aggregation"
+    summary = "tree-aggregation Gaussian noise of DP-FTRL (restarts every params.leaves rounds)"
+    params_fields = ("leaves",)
+
+    def check(self, d: dict) -> None:
+        super().check(d)
+        v = d["params"]["leaves"]
+        if v != int(v) or v < 1:
+            raise ParameterError("params.leaves", f"must be an integer >= 1 (got {v!r})")
+
+    def key(self, d: dict, who: str, notes: list) -> tuple:
+        if float(d["sample_rate"]) < 1:
+            notes.append(f"{who}: {self.name} with sample_rate {d['sample_rate']:g} is accounted "
+                         f"at q = 1 (no amplification by sampling for tree aggregation)")
+        return (float(d["noise_multiplier"]), 1.0, int(d["params"]["leaves"]))
+
+    def describe(self, key: tuple) -> dict:
+        return {"noise_multiplier": key[0], "sample_rate": key[1], "leaves": key[2]}
+
+    @staticmethod
+    def _gauss(key: tuple) -> tuple:
+        """The key of the equivalent Gaussian: (z / sqrt(depth), 1)."""
+        from popri.privacy.tree import depth
+
+        return (float(key[0]) / math.sqrt(depth(int(key[2]))), 1.0)
+
+    def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
+        return super().rdp(self._gauss(key), steps, orders)
+
+    def event(self, key: tuple, steps: int):
+        return super().event(self._gauss(key), steps)
+
+    def loss_range(self, key: tuple, steps: int) -> float:
+        return super().loss_range(self._gauss(key), steps)
+
+
 GAUSSIAN = MECHANISMS["gaussian"]
 SUBSAMPLED_GAUSSIAN = MECHANISMS["subsampled_gaussian"]
 

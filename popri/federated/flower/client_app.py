@@ -83,6 +83,22 @@ def load_data(context, settings: dict):
     return np.asarray(es.embeddings, dtype=np.float32), es.client_ids()
 
 
+def load_texts(context, settings: dict):
+    """(texts, client ids) of this node's clients in a DP-FL round: a deployed node's
+    ``data-path`` (JSONL with ``text``: ONE client, the device) or the engine's
+    ``node-<partition-id>.jsonl`` (rows with ``client_id``)."""
+    from popri.models.embed import text_records
+
+    path = context.node_config.get("data-path")
+    if path:
+        recs, _ = text_records(str(path), settings.get("split", "train"))
+        return [r["text"] for r in recs], ["supernode"] * len(recs)
+    job = os.environ.get(JOB_ENV) or settings.get("job")
+    recs, _ = text_records(str(Path(job) / f"node-{node_index(context)}.jsonl"), "train",
+                           require_client=True)
+    return [r["text"] for r in recs], [str(r["client_id"]) for r in recs]
+
+
 class FeedbackClient(NumPyClient):
     def __init__(self, context) -> None:
         self.context = context
@@ -95,7 +111,10 @@ class FeedbackClient(NumPyClient):
         syn = np.asarray(parameters[0], dtype=np.float32)
         if settings.get("payload_only"):  # benchmarks/bench_flower.py: SecAgg+ alone
             return [np.zeros(len(syn))], 1, {}
-        emb, ids = load_data(self.context, settings)
+        if settings["mode"] == "fl":  # DP-FL: the node's clients' texts
+            emb, ids = load_texts(self.context, settings)
+        else:
+            emb, ids = load_data(self.context, settings)
         idx = node_index(self.context)
         vec = node.upload(settings, syn, emb, ids, node_rng(settings, idx))
         return [vec], 1, {"clients": len(set(ids))}

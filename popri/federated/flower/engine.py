@@ -123,15 +123,10 @@ def plan_ddg(mode: str, z: float, sensitivity: float, dim: int, clients: int, n_
     return dataclasses.replace(p, local_sigma=z * p.delta2 / n_min ** 0.5)
 
 
-def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.ndarray,
-              spec, noise_multiplier: float, sensitivity: float, seed: int, round_: int,
-              job: Path, meta: dict | None = None, release: bool = False) -> FlowerRound:
-    """Run the round's secure sum on Flower's simulation runtime; see the module docstring."""
-    require_flower()
-    deployed = spec.federation is not None
-    L, n = len(part.members), len(syn)
-    # a deployment: every SuperNode takes part, one client each (their data stay there)
-    nodes = L if deployed else min(spec.supernodes or DEFAULT_SUPERNODES, L)
+def plans(*, mode: str, L: int, nodes: int, per_node: list[float], dim: int, z: float,
+          sensitivity: float, spec, release: bool):
+    """(SecAgg+ plan, discrete Gaussian plan or None) of a round whose ``nodes`` SuperNodes
+    hold ``L`` participants and upload at most ``per_node[k]`` (L2 / votes) before noise."""
     if L < 3 or nodes < 3:
         raise InputError(f"--engine flower: secure aggregation needs at least 3 SuperNodes "
                          f"(this round has {L} participating clients"
@@ -142,58 +137,27 @@ def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.
         raise InputError("release mode needs --secagg-mechanism ddg: Flower's float path "
                          "quantises with numpy's global (non-cryptographic) generator",
                          field="--secagg-mechanism")
-    groups = assign(L, nodes)
-    if mode == "nn-histogram":
-        per_node = [int(len(g)) * spec.max_samples_per_client for g in groups]
-    else:
-        per_node = [int(len(g)) * float(spec.clip) for g in groups]
     bound = float(max(per_node))
-    z = float(noise_multiplier)
     ddg_plan = None
     try:
         if mech == "ddg":
-            from popri.privacy import ddg
-
             n_min = secagg.min_survivors(nodes, spec.max_dropout)
-            ddg_plan = plan_ddg(mode, z, float(sensitivity), n, L, n_min)
-            plan = secagg.plan(nodes=nodes, max_dropout=spec.max_dropout, dim=n,
+            ddg_plan = plan_ddg(mode, z, float(sensitivity), dim, L, n_min)
+            plan = secagg.plan(nodes=nodes, max_dropout=spec.max_dropout, dim=dim,
                                value_bound=bound, mechanism="ddg", ddg_bits=ddg_plan.bits)
         else:
-            plan = secagg.plan(nodes=nodes, max_dropout=spec.max_dropout, dim=n,
+            plan = secagg.plan(nodes=nodes, max_dropout=spec.max_dropout, dim=dim,
                                value_bound=bound, noise_std=z * float(sensitivity))
     except ValueError as e:
         raise InputError(f"--engine flower: {e}", field="--supernodes") from None
+    return plan, ddg_plan
 
-    # ---- the job directory
-    if job.exists():
-        shutil.rmtree(job)
-    job.mkdir(parents=True)
-    if not deployed:  # simulation: the engine hands each virtual node its clients' rows
-        members = np.asarray(part.members)
-        mrows = keep if keep is not None else np.ones(len(codes), dtype=bool)
-        for k, g in enumerate(groups):
-            sel = np.flatnonzero(np.isin(codes, members[g]) & mrows)
-            rows = [{"id": f"r{int(i)}", "client_id": clients[int(codes[i])]} for i in sel]
-            x = np.asarray(emb[sel], dtype=np.float32) if len(sel) else \
-                np.zeros((0, syn.shape[1]), np.float32)
-            io.save_embedding_set(job / f"node-{k}.npy", x, rows, meta=dict(meta or {}))
-    np.save(job / "syn.npy", np.ascontiguousarray(syn, dtype=np.float32))
-    settings = {
-        "mode": mode, "clip": float(spec.clip) if mode == "cosine" else None,
-        "standardize": bool(spec.standardize) if mode == "cosine" else None,
-        # simulation: the engine already applied the round's cap (as in-process); a deployed
-        # node caps its own rows at M (nn-histogram)
-        "node_cap": int(spec.max_samples_per_client) if deployed and mode == "nn-histogram"
-        else None,
-        "deployed": deployed, "model": (meta or {}).get("model"),
-        "seed": int(seed), "round": int(round_), "release": bool(release),
-        "secagg": plan.to_dict(), "ddg": ddg_plan.to_dict() if ddg_plan else None,
-        "workers": int(os.environ.get("POPRI_THREADS") or os.cpu_count() or 1),
-        "timeout": float(spec.flower_timeout),
-    }
-    io.write_json(settings, job / "settings.json")
 
-    # ---- the simulation, in its own process group; or the deployment's SuperLink
+def execute(job: Path, spec, *, plan, ddg_plan, L: int, z: float, deployed: bool
+            ) -> FlowerRound:
+    """Run the job directory's round (simulation, or the deployment ``spec.federation``) and
+    decode the survivors' sum: the common tail of every Flower round."""
+    nodes, mech = plan.nodes, spec.secagg_mechanism
     if deployed:
         seconds = submit(job, spec)
     else:
@@ -223,14 +187,67 @@ def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.
                      "--secagg-mechanism ddg for a formal one)")
     if survivors < nodes:
         notes.append(f"{nodes - survivors} of {nodes} SuperNodes dropped out: their clients' "
-                     f"feedback is missing from the sum; the noise of the {survivors} survivors "
-                     f"gives noise multiplier {z_ok:.4g} (planned {z:g} for at least "
+                     f"contributions are missing from the sum; the noise of the {survivors} "
+                     f"survivors gives noise multiplier {z_ok:.4g} (planned {z:g} for at least "
                      f"{plan.min_survivors})")
     if os.environ.get(KEEP_ENV) != "1":
         shutil.rmtree(job, ignore_errors=True)
     return FlowerRound(np.asarray(total, dtype=np.float64), nodes, survivors, plan,
                        ddg_plan.to_dict() if ddg_plan else None, seconds,
                        float(res.get("seconds") or 0.0), float(qbound), float(z_ok), notes)
+
+
+def new_job(job: Path) -> None:
+    if job.exists():
+        shutil.rmtree(job)
+    job.mkdir(parents=True)
+
+
+def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.ndarray,
+              spec, noise_multiplier: float, sensitivity: float, seed: int, round_: int,
+              job: Path, meta: dict | None = None, release: bool = False) -> FlowerRound:
+    """Run the round's secure sum on Flower's simulation runtime; see the module docstring."""
+    require_flower()
+    deployed = spec.federation is not None
+    L, n = len(part.members), len(syn)
+    # a deployment: every SuperNode takes part, one client each (their data stay there)
+    nodes = L if deployed else min(spec.supernodes or DEFAULT_SUPERNODES, L)
+    groups = assign(L, nodes)
+    if mode == "nn-histogram":
+        per_node = [int(len(g)) * spec.max_samples_per_client for g in groups]
+    else:
+        per_node = [int(len(g)) * float(spec.clip) for g in groups]
+    z = float(noise_multiplier)
+    plan, ddg_plan = plans(mode=mode, L=L, nodes=nodes, per_node=per_node, dim=n, z=z,
+                           sensitivity=sensitivity, spec=spec, release=release)
+
+    # ---- the job directory
+    new_job(job)
+    if not deployed:  # simulation: the engine hands each virtual node its clients' rows
+        members = np.asarray(part.members)
+        mrows = keep if keep is not None else np.ones(len(codes), dtype=bool)
+        for k, g in enumerate(groups):
+            sel = np.flatnonzero(np.isin(codes, members[g]) & mrows)
+            rows = [{"id": f"r{int(i)}", "client_id": clients[int(codes[i])]} for i in sel]
+            x = np.asarray(emb[sel], dtype=np.float32) if len(sel) else \
+                np.zeros((0, syn.shape[1]), np.float32)
+            io.save_embedding_set(job / f"node-{k}.npy", x, rows, meta=dict(meta or {}))
+    np.save(job / "syn.npy", np.ascontiguousarray(syn, dtype=np.float32))
+    settings = {
+        "mode": mode, "clip": float(spec.clip) if mode == "cosine" else None,
+        "standardize": bool(spec.standardize) if mode == "cosine" else None,
+        # simulation: the engine already applied the round's cap (as in-process); a deployed
+        # node caps its own rows at M (nn-histogram)
+        "node_cap": int(spec.max_samples_per_client) if deployed and mode == "nn-histogram"
+        else None,
+        "deployed": deployed, "model": (meta or {}).get("model"),
+        "seed": int(seed), "round": int(round_), "release": bool(release),
+        "secagg": plan.to_dict(), "ddg": ddg_plan.to_dict() if ddg_plan else None,
+        "workers": int(os.environ.get("POPRI_THREADS") or os.cpu_count() or 1),
+        "timeout": float(spec.flower_timeout),
+    }
+    io.write_json(settings, job / "settings.json")
+    return execute(job, spec, plan=plan, ddg_plan=ddg_plan, L=L, z=z, deployed=deployed)
 
 
 def submit(job: Path, spec) -> float:

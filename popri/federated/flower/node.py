@@ -8,7 +8,9 @@ node).  For each of its clients it computes exactly the per-client vector of ``p
 Federated Learning using Preference-Optimized Synthetic Data", arXiv:2504.16438, section 4.1:
 mean cosine, standardised, clipped to C) or :func:`popri.feedback.histogram.client_vector`
 (PrE-Text, "PrE-Text: Training Language Models on Private Federated Data in the Age of LLMs",
-arXiv:2406.02958, section 3: at most M votes).  It sums them and adds its share of the noise:
+arXiv:2406.02958, section 3: at most M votes); in a DP-FL round each client's clipped model
+update (:mod:`popri.methods.dpfl.rounds`, DP-FedAvg / DP-FTRL).  It sums them and adds its
+share of the noise:
 
 - ``gaussian``: N(0, s^2) per coordinate, s = z C / sqrt(n_min) (:mod:`popri.federated.secagg`);
   Flower's SecAgg+ then quantises the float vector;
@@ -28,11 +30,17 @@ from popri.feedback import cosine, histogram
 from popri.federated.participation import factorize
 
 
-def client_vectors(settings: dict, syn: np.ndarray, emb: np.ndarray, client_ids,
-                   rng) -> list[np.ndarray]:
-    """Every client's clipped feedback vector (float64 [n_syn]) in first-appearance order."""
-    codes, clients = factorize(list(client_ids))
+def client_vectors(settings: dict, syn: np.ndarray, emb, client_ids, rng):
+    """Every client's clipped vector (float64 [n]) in first-appearance order: its feedback on
+    the synthetic embeddings ``syn``; or, in a DP-FL round (mode ``fl``), its model update from
+    the global weights ``syn`` on its texts ``emb``, clipped to C -- yielded one at a time
+    (:func:`popri.methods.dpfl.rounds.node_updates`: a full-model update is large)."""
     mode = settings["mode"]
+    if mode == "fl":
+        from popri.methods.dpfl.rounds import node_updates
+
+        return node_updates(settings, syn, emb, client_ids, rng)
+    codes, clients = factorize(list(client_ids))
     cap = settings.get("node_cap")  # deployment: the node caps its own rows (M)
     index = histogram.nn_index(syn) if mode == "nn-histogram" else None
     out = []
@@ -64,7 +72,9 @@ def upload(settings: dict, syn: np.ndarray, emb: np.ndarray, client_ids, rng) ->
             ints += ddg.round_client(v, p, rng)
         ints += ddg.noise_share(p, rng)
         return ddg.encode(ints, p).astype(np.float64)
-    total = np.sum(vecs, axis=0) if vecs else np.zeros(n)
+    total = np.zeros(n)
+    for v in vecs:  # streaming: one client's vector at a time
+        total += v
     s = float(secagg["node_std"])
     if s > 0:
         total = total + np.asarray(rng.normal(0.0, s, size=n), dtype=np.float64)

@@ -5,7 +5,8 @@
 
 Reads the job directory the engine (:mod:`popri.federated.flower.engine`) wrote --
 ``settings.json`` (mode, clip, noise plan, the SecAgg+ plan of :mod:`popri.federated.secagg`)
-and ``syn.npy`` (the synthetic embeddings) -- from ``$POPRI_FLOWER_JOB`` or the run config key
+and ``syn.npy`` (the synthetic embeddings; a DP-FL round: ``theta.npy``, the global weights,
+named by ``settings["payload"]``) -- from ``$POPRI_FLOWER_JOB`` or the run config key
 ``job``.  Runs Flower's legacy workflow with SecAgg+ (``DefaultWorkflow(fit_workflow=
 SecAggPlusWorkflow(...))`` on a ``LegacyContext``) for one round: every SuperNode gets the
 synthetic embeddings as the fit parameters and the settings in the fit config, and uploads its
@@ -82,7 +83,7 @@ def main(grid, context) -> None:
     job = job_dir(context)
     settings = io.read_json(job / "settings.json", expect=dict)
     plan = SecAggPlan.from_dict(settings["secagg"])
-    syn = np.load(job / "syn.npy")
+    syn = np.load(job / settings.get("payload", "syn.npy"))  # what every node gets
     strategy = RoundCapture(settings, syn, plan.nodes)
     legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1),
                            strategy=strategy)

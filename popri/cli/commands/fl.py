@@ -1,0 +1,115 @@
+"""popri fl: DP federated learning of the downstream model, DP-FedAvg and DP-FTRL, one round per
+call (library: popri/methods/dpfl/rounds.py; settings: popri/specs/fl.py FLSpec; accounting:
+popri/privacy/accounting.py, mechanisms subsampled_gaussian and tree_aggregation).
+
+    popri fl round --data runs/x/data/private --round 1 -z 1.2 -L 8 --seed 0 --out runs/x/fl/round1
+    popri fl round --data runs/x/data/private --round 2 --init runs/x/fl/round1 -z 1.2 -L 8 \
+        --seed 0 --out runs/x/fl/round2
+    popri eval accuracy --model runs/x/fl/round2/model --data runs/x/data/private --split test
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from popri.cli.options import build, option, unwrap
+from popri.specs.fl import FLSpec
+
+HELP = """DP federated learning, one round: the DP-FL baselines of POPri (section 4, appendix C.1
+DP-FedAvg, C.2 DP-FTRL). Clients are sampled (--clients-per-round L of N, --sample-rate q, or
+all); each sampled client trains the global model (a LoRA adapter by default, --full for the
+whole model) for --local-epochs of SGD at --client-lr, batch 2, 64-token sequences, and uploads
+its update clipped to L2 norm --clip C. The server sums the updates as they arrive (never all in
+memory), adds noise -- fedavg: N(0, z^2 C^2); ftrl: tree-aggregation noise, the tree restarted
+every round -- divides by the expected number of clients and takes a server step with momentum (0 for fedavg,
+0.9 for ftrl) at --server-lr (default 1 - momentum: the same long-run step for both).
+
+Output: the directory --out (atomic): theta.npy (the global weights), server.npz (the server's
+momentum), round.json (clients, update norms, clipped share, local loss) and model/ (loadable by
+'popri eval accuracy --model OUT/model'). One ledger entry per round in OUT/../ledger.jsonl
+(subsampled_gaussian, or tree_aggregation for ftrl, which gets no amplification by sampling);
+'popri account ledger' totals them. Round t > 1 continues from --init, round t-1's directory.
+Research mode seeds everything (--seed with the round); --release draws the sampling and the
+noise from the OS CSPRNG and adds discrete-Gaussian noise on a grid.
+
+--engine flower runs the round on Flower's simulation runtime with SecAgg+ (pip install
+'popri[flower]'): participant i goes to virtual SuperNode i mod --supernodes, every node trains
+its clients from the global weights and uploads the sum of their clipped updates plus its share
+of the noise (--secagg-mechanism ddg: the distributed discrete Gaussian, ledgered as such;
+gaussian: Flower's float path); the server only sees the sum. A client trains exactly as
+in-process (its data order depends on the seed, round and client id)."""
+
+
+def round_cmd(
+    data: str = typer.Option(..., "--data", "-d", help="Private data: a federated dataset "
+                             "directory (its --split) or JSONL with 'client_id' and 'text'."),
+    out: str = typer.Option(..., "--out", "-o", help="Output directory of this round."),
+    round_: int = typer.Option(..., "--round", min=1, help="Round number t (1 = start from the "
+                               "base model)."),
+    init: Optional[str] = typer.Option(None, "--init", help="Round t-1's output directory "
+                                       "(required for t > 1)."),
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help="The downstream model in "
+                              "round 1 (alias, checkpoint dir or hub id); later rounds use "
+                              "--init's."),
+    split: str = typer.Option("train", "--split", help="Split of --data the clients hold."),
+    seed: int = typer.Option(0, "--seed", help="The run's seed: LoRA init, tree noise keys; with "
+                             "the round: sampling, data order, noise."),
+    algorithm: str = option(FLSpec, "algorithm"),
+    noise_multiplier: float = option(FLSpec, "noise_multiplier", "--noise-multiplier", "-z"),
+    clip: float = option(FLSpec, "clip"),
+    client_lr: float = option(FLSpec, "client_lr"),
+    local_epochs: int = option(FLSpec, "local_epochs"),
+    client_batch_size: int = option(FLSpec, "client_batch_size"),
+    server_lr: Optional[float] = option(FLSpec, "server_lr"),
+    momentum: Optional[float] = option(FLSpec, "momentum"),
+    clients_per_round: Optional[int] = option(FLSpec, "clients_per_round", "--clients-per-round",
+                                              "-L"),
+    sample_rate: Optional[float] = option(FLSpec, "sample_rate"),
+    max_samples_per_client: Optional[int] = option(FLSpec, "max_samples_per_client"),
+    lora: bool = typer.Option(True, "--lora/--full", help="LoRA adapter (default) or the whole "
+                              "model."),
+    lora_r: int = option(FLSpec, "lora_r"),
+    lora_alpha: int = option(FLSpec, "lora_alpha"),
+    target_modules: Optional[str] = option(FLSpec, "target_modules"),
+    max_length: int = option(FLSpec, "max_length"),
+    bf16: bool = option(FLSpec, "bf16"),
+    delta: float = option(FLSpec, "delta"),
+    release: bool = option(FLSpec, "release"),
+    engine: str = option(FLSpec, "engine"),
+    supernodes: Optional[int] = option(FLSpec, "supernodes"),
+    secagg_mechanism: str = option(FLSpec, "secagg_mechanism"),
+    max_dropout: float = option(FLSpec, "max_dropout"),
+    flower_timeout: float = option(FLSpec, "flower_timeout"),
+) -> None:
+    from pathlib import Path
+
+    from popri.core.errors import InputError
+    from popri.core.guard import check_outputs
+    from popri.methods.dpfl import rounds as lib
+
+    if noise_multiplier is None:
+        raise InputError("is required (popri run calibrates it to the budget; 'popri account "
+                         "calibrate' finds one)", field="--noise-multiplier")
+    spec = build(FLSpec, algorithm=algorithm, noise_multiplier=noise_multiplier, clip=clip,
+                 client_lr=client_lr, local_epochs=local_epochs,
+                 client_batch_size=client_batch_size, server_lr=server_lr, momentum=momentum,
+                 clients_per_round=clients_per_round, sample_rate=sample_rate,
+                 max_samples_per_client=max_samples_per_client, lora=lora, lora_r=lora_r,
+                 lora_alpha=lora_alpha, target_modules=target_modules, max_length=max_length,
+                 bf16=bf16, delta=delta, release=release, engine=engine, supernodes=supernodes,
+                 secagg_mechanism=secagg_mechanism, max_dropout=max_dropout,
+                 flower_timeout=flower_timeout)
+    check_outputs([out], [data, init, model if Path(model).exists() else None])
+    lib.run_round(data, out, spec, round_=round_, noise_multiplier=noise_multiplier,
+                  model=model, init=init, clients_per_round=clients_per_round,
+                  sample_rate=sample_rate, delta=delta, seed=seed, release=release, split=split)
+    print(out, flush=True)
+
+
+def register(app: typer.Typer) -> None:
+    fl = typer.Typer(help="DP federated learning of the downstream model: DP-FedAvg, DP-FTRL "
+                     "(POPri's DP-FL baselines).", no_args_is_help=True)
+    fl.command("round", help=unwrap(HELP))(round_cmd)
+    app.add_typer(fl, name="fl")

@@ -1,0 +1,495 @@
+"""DP-FedAvg and DP-FTRL: one federated round of the downstream model on the clients' private
+texts, the DP federated-learning baselines of "Private Federated Learning using
+Preference-Optimized Synthetic Data" (POPri, arXiv:2504.16438, section 4, appendix C.1, C.2).
+
+    popri fl round --data runs/x/data/private --round 1 --algorithm fedavg -z 1.2 \
+        --clients-per-round 8 --seed 0 --out runs/x/fl/round1
+    popri fl round --data runs/x/data/private --round 2 --init runs/x/fl/round1 ... --out runs/x/fl/round2
+
+One round t (McMahan et al., "Learning Differentially Private Recurrent Language Models",
+arXiv:1710.06963, Algorithm 1; Kairouz et al., "Practical and Private (Deep) Learning without
+Sampling or Shuffling", arXiv:2103.00039, section 3, DP-FTRLM):
+
+1. sample the clients (``sampling`` stream: L of N without replacement, Poisson at q, or all);
+2. each sampled client, in turn, loads the global weights theta_{t-1}, runs ``local_epochs`` of
+   SGD (batch 2, sequences of 64 tokens, POPri C.1) on its texts and uploads
+   Delta_k = theta_k - theta_{t-1} clipped to L2 norm C; the server keeps only the running sum
+   (streaming: one client's update in memory at a time, never all of them -- a full-model
+   update of a 135M model is 538 MB);
+3. noise on the sum: ``fedavg`` adds N(0, z^2 C^2) (release mode: the discretised Gaussian of
+   :func:`popri.privacy.noise.discrete_gaussian_release`); ``ftrl`` adds the tree-aggregation
+   noise of the prefix sum within the current tree (:class:`popri.privacy.tree.TreeNoise`),
+   the tree restarted every round -- the setting whose accounting is valid when every client
+   takes part in every round (each client in at most one leaf per tree);
+4. the server step on avg = noisy sum / D (D: L, or q N under Poisson sampling, or N):
+   v_t = mu v_{t-1} + avg, theta_t = theta_{t-1} + eta_s v_t (FedAvg: mu = 0, eta_s = 1;
+   DP-FTRLM: mu = 0.9, POPri C.2; eta_s = 1 - mu by default, the same long-run step; within a
+   tree this is Kairouz et al.'s theta_0 - eta m_t on the noisy prefix sums, and the velocity
+   carries over the restarts).
+
+The round's release -- one ledger entry, ``subsampled_gaussian`` (or ``gaussian`` at q = 1) for
+fedavg, ``tree_aggregation`` (one tree of one leaf) for ftrl -- goes through the release
+protocol (:mod:`popri.privacy.release`): the ledger append, then the output directory renamed
+into place, all or nothing.  The output directory holds ``theta.npy`` (the global weights),
+``server.npz`` (velocity), ``round.json`` (what happened: clients, update norms, clipped share,
+local loss, timings) and ``model/`` (the adapter or full model with its tokenizer and
+``metrics.json``: ``popri eval accuracy --model OUT/model`` reads it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from popri.core import log, runtime
+from popri.core.errors import InputError
+from popri.specs.fl import FLSpec
+
+THETA = "theta.npy"
+SERVER = "server.npz"
+ROUND = "round.json"
+MODEL = "model"
+LEDGER_STAGE = "fl"
+
+
+# --------------------------------------------------------------------------- data
+def client_texts(data: str, split: str = "train") -> tuple[list[str], dict[str, list[str]], str]:
+    """(sorted client ids, client -> texts, source) of a federated dataset directory / JSONL."""
+    from popri.models.embed import text_records
+
+    recs, src = text_records(data, split, require_client=True)
+    by: dict[str, list[str]] = {}
+    for r in recs:
+        by.setdefault(str(r["client_id"]), []).append(r["text"])
+    if not by:
+        raise InputError("no records", path=src)
+    return sorted(by), by, src
+
+
+# --------------------------------------------------------------------------- the model
+def trainable(model) -> list:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def flat(params) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in params]).numpy()
+
+
+def set_flat(params, vec: np.ndarray) -> None:
+    import torch
+
+    with torch.no_grad():
+        i = 0
+        for p in params:
+            n = p.numel()
+            p.copy_(torch.from_numpy(np.asarray(vec[i:i + n], dtype=np.float32))
+                    .reshape(p.shape).to(p.device, p.dtype))
+            i += n
+    if i != len(vec):
+        raise InputError(f"the global weights have {len(vec)} numbers, the model {i}",
+                         field="init")
+
+
+def build_model(model: str, spec: FLSpec, seed: int, device: str):
+    """(model, tokenizer, trainable params): the base model, with a LoRA adapter initialised
+    from ``seed`` (A random, B = 0: theta_0 is the base model) unless ``spec.lora`` is off."""
+    torch = runtime.configure_torch()
+    from popri.eval.downstream import load_model
+
+    torch.manual_seed(seed)
+    m, tok = load_model(model, device=device)
+    if getattr(m, "peft_config", None):
+        m = m.merge_and_unload()
+    if spec.lora:
+        from peft import get_peft_model
+
+        from popri.models.lora import lora_config
+
+        torch.manual_seed(seed)
+        m = get_peft_model(m, lora_config(m, spec))
+    else:
+        for p in m.parameters():
+            p.requires_grad_(True)
+    return m, tok, trainable(m)
+
+
+def client_rng(seed: int, round_: int, client_id: str) -> np.random.Generator:
+    """The data order (and cap) of one client's local training in round t: a function of the
+    run's seed, the round and the client id alone, so a client trains the same way in-process
+    and on any Flower node (not a privacy-relevant choice: the noise and the sampling have
+    their own streams)."""
+    import zlib
+
+    return np.random.default_rng([int(seed), int(round_), zlib.crc32(str(client_id).encode()),
+                                  0x464C])
+
+
+def cap_texts(texts: list[str], spec: FLSpec, rng) -> list[str]:
+    """At most ``spec.max_samples_per_client`` of a client's texts (seeded choice)."""
+    m = spec.max_samples_per_client
+    if m and len(texts) > m:
+        keep = rng.choice(len(texts), m, replace=False)
+        return [texts[i] for i in sorted(keep)]
+    return list(texts)
+
+
+def prepare_tokenizer(tok, spec: FLSpec) -> int:
+    """Frame texts as the downstream evaluation does (START / EOS of
+    :func:`popri.eval.downstream.special_ids`), recorded in the tokenizer; returns the pad id."""
+    from popri.eval.downstream import _pad_id, special_ids
+
+    start, eos = special_ids(tok, spec.bos_token, spec.eos_token)
+    pad = _pad_id(tok)
+    tok.bos_token = tok.convert_ids_to_tokens(start)
+    if eos is not None:
+        tok.eos_token = tok.convert_ids_to_tokens(eos)
+    return pad
+
+
+def node_updates(settings: dict, theta, texts, client_ids, rng):
+    """A Flower node's side of a DP-FL round (:mod:`popri.federated.flower.node`): for each of
+    its clients (first-appearance order) the update from the global weights ``theta`` on its
+    ``texts``, clipped to C, as float64 -- one at a time.  ``rng`` (the node's noise stream) is
+    not used: the data order is :func:`client_rng`'s, as in-process."""
+    from popri.federated.participation import factorize
+    from popri.models import llm
+
+    spec = FLSpec.from_dict(settings["fl"])
+    device = llm.default_device()
+    m, tok, params = build_model(settings["base"], spec, int(settings["seed"]), device)
+    pad = prepare_tokenizer(tok, spec)
+    theta = np.asarray(theta, dtype=np.float32)
+    codes, clients = factorize(list(client_ids))
+    rseed = int(settings["seed"]) * 1000 + int(settings["round"])
+    for c, cid in enumerate(clients):
+        ts = [texts[i] for i in np.flatnonzero(codes == c)]
+        d, _ = local_update(m, params, theta, encode_client(tok, ts, spec), spec,
+                            client_rng(rseed, int(settings["round"]), cid), pad, device)
+        d, _ = clip(d, spec.clip)
+        yield d.astype(np.float64)
+
+
+def encode_client(tok, texts, spec: FLSpec):
+    from popri.eval.downstream import encode
+
+    return encode(tok, texts, spec.max_length, bos_token=spec.bos_token, eos_token=spec.eos_token)
+
+
+def local_update(model, params, theta: np.ndarray, seqs, spec: FLSpec, rng, pad: int,
+                 device: str) -> tuple[np.ndarray, dict]:
+    """Client k's update theta_k - theta from ``local_epochs`` of SGD on its sequences."""
+    import torch
+
+    from popri.eval.downstream import count_targets, make_batch, token_stats
+
+    set_flat(params, theta)
+    opt = torch.optim.SGD(params, lr=spec.client_lr)
+    model.train()
+    loss_sum, n_tok, steps = 0.0, 0, 0
+    for _ in range(spec.local_epochs):
+        perm = rng.permutation(len(seqs))
+        for s in range(0, len(perm), spec.client_batch_size):
+            chunk = [seqs[i] for i in perm[s:s + spec.client_batch_size]]
+            n = count_targets(chunk, spec.count_eos)
+            if n == 0:
+                continue
+            opt.zero_grad(set_to_none=True)
+            _, _, ce, loss = token_stats(model, *make_batch(chunk, pad, spec.count_eos),
+                                         bf16=spec.bf16, device=device)
+            (loss / n).backward()
+            opt.step()
+            loss_sum += float(ce.sum())
+            n_tok += n
+            steps += 1
+    model.eval()
+    delta = flat(params) - theta
+    return delta, {"loss": loss_sum / n_tok if n_tok else None, "steps": steps, "tokens": n_tok}
+
+
+def clip(delta: np.ndarray, c: float) -> tuple[np.ndarray, float]:
+    """(Delta * min(1, C / ||Delta||), ||Delta||): the L2 clip that bounds a client's share."""
+    norm = float(np.linalg.norm(delta.astype(np.float64)))
+    if norm > c:
+        delta = delta * np.float32(c / norm)
+    return delta, norm
+
+
+# --------------------------------------------------------------------------- noise
+def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int
+              ) -> tuple[np.ndarray, float]:
+    """(sum + noise, the noise multiplier guaranteed): fedavg's Gaussian, or ftrl's tree noise
+    of round t's tree (one leaf: restarted every round).  Release mode snaps the sum to a grid
+    and adds discrete-Gaussian integers on it (safe in floating point)."""
+    from popri.privacy import noise as N
+
+    C, d = float(spec.clip), total.size
+    std = z * C
+    if z == 0:
+        return total.copy(), 0.0
+    if spec.algorithm == "fedavg":
+        if rel.secure:
+            noisy, z_eff, _ = N.discrete_gaussian_release(total, std, C, rel.rng("noise"))
+            return noisy, z_eff
+        return total + rel.rng("noise").standard_normal(d) * std, z
+    from popri.privacy.tree import TreeNoise
+
+    if rel.secure:
+        g = N.snap_grid(C, d)
+        tree = TreeNoise(d, std, 1, seed=None, secure=True, grid=g)
+        return g * (np.rint(total / g) + tree.prefix_units(t)), N.effective_multiplier(z, C, d)
+    tree = TreeNoise(d, std, 1, seed=seed, secure=False)
+    return total + tree.prefix(t), z
+
+
+# --------------------------------------------------------------------------- Flower
+def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLSpec, *,
+                base: str, seed: int, round_: int, z: float, release: bool, where: Path):
+    """The round's noisy sum on Flower's simulation runtime with SecAgg+
+    (:mod:`popri.federated.flower.engine`): participant i's texts go to virtual SuperNode
+    i mod N (``node-K.jsonl``), every node gets theta, trains its clients, uploads the sum of
+    their clipped updates plus its noise share; the survivors' sum is decoded here."""
+    import tempfile
+
+    from popri.core import io
+    from popri.federated.flower import engine as E
+
+    E.require_flower()
+    L = len(members)
+    nodes = min(spec.supernodes or E.DEFAULT_SUPERNODES, L)
+    groups = E.assign(L, nodes)
+    plan, ddg_plan = E.plans(mode="fl", L=L, nodes=nodes,
+                             per_node=[len(g) * float(spec.clip) for g in groups],
+                             dim=int(theta.size), z=z, sensitivity=float(spec.clip), spec=spec,
+                             release=release)
+    where.mkdir(parents=True, exist_ok=True)
+    job = Path(tempfile.mkdtemp(prefix=f".popri-flower-fl{round_}-", dir=where))
+    ok = False
+    try:
+        for k, g in enumerate(groups):
+            rows = [{"client_id": members[i], "text": t} for i in g for t in texts_of[members[i]]]
+            with io.atomic_write(job / f"node-{k}.jsonl") as fh:
+                fh.write("".join(json.dumps(r) + "\n" for r in rows))
+        np.save(job / "theta.npy", np.ascontiguousarray(theta, dtype=np.float32))
+        settings = {
+            "mode": "fl", "payload": "theta.npy", "fl": spec.to_dict(), "base": str(base),
+            "deployed": False, "seed": int(seed), "round": int(round_),
+            "release": bool(release), "secagg": plan.to_dict(),
+            "ddg": ddg_plan.to_dict() if ddg_plan else None,
+            "workers": int(os.environ.get("POPRI_THREADS") or os.cpu_count() or 1),
+            "timeout": float(spec.flower_timeout)}
+        io.write_json(settings, job / "settings.json")
+        r = E.execute(job, spec, plan=plan, ddg_plan=ddg_plan, L=L, z=z, deployed=False)
+        ok = True
+        return r
+    finally:
+        if ok and os.environ.get(E.KEEP_ENV) != "1":
+            shutil.rmtree(job, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- one round
+def _sweep_stale(out: Path) -> None:
+    """Remove the staging directories ``.OUT.tmpPID`` of earlier attempts whose process is
+    gone (a SIGKILL leaves one behind; nothing in it was ever committed)."""
+    for d in out.parent.glob(f".{out.name}.tmp*"):
+        pid = d.name.rsplit(".tmp", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+class _DirOutput:
+    """The release protocol's outputs for one directory: renamed into place on commit."""
+
+    def __init__(self, tmp: Path, dest: Path):
+        self.tmp, self.dest = tmp, dest
+
+    def commit(self) -> None:
+        from popri.models.lora import replace_dir
+
+        replace_dir(self.tmp, self.dest)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplier: float,
+              model: str = "smollm2-135m", init: str | None = None,
+              clients_per_round: int | None = None, sample_rate: float | None = None,
+              delta: float = 3e-6, seed: int = 0, release: bool = False, split: str = "train",
+              device: str | None = None) -> dict:
+    """One DP round (module docstring): reads ``init`` (the previous round's directory; None in
+    round 1: theta_0 from ``seed``), writes ``out`` and one ledger entry in
+    ``OUT/../ledger.jsonl``.  ``seed`` is the run's seed: the LoRA initialisation, the tree's
+    keyed noise (resumable from seed and round) and -- with the round -- the sampling, the
+    clients' data order and the Gaussian noise."""
+    from popri.core.artifacts import path_digest
+    from popri.federated.participation import sample_clients
+    from popri.models import llm
+    from popri.privacy.ledger import LedgerEntry
+    from popri.privacy.release import Release
+
+    t0 = time.perf_counter()
+    torch = runtime.configure_torch()
+    device = device or llm.default_device()
+    out_p = Path(out)
+    if round_ > 1 and init is None:
+        raise InputError("round > 1 needs --init, the previous round's directory", field="init")
+    clients, by, src = client_texts(data, split)
+    n = len(clients)
+    if clients_per_round is not None and clients_per_round > n:
+        raise InputError(f"{clients_per_round} clients per round, but {src} has {n} clients",
+                         field="clients_per_round")
+    base = model
+    if init is not None:
+        ip = Path(init)
+        for f in (THETA, SERVER, ROUND):
+            if not (ip / f).is_file():
+                raise InputError(f"not a 'popri fl round' output (no {f})", path=init)
+        prev = json.loads((ip / ROUND).read_text(encoding="utf-8"))
+        if prev.get("round") != round_ - 1:
+            raise InputError(f"holds round {prev.get('round')}, expected {round_ - 1}",
+                             path=init, field="round")
+        for k in ("algorithm", "lora", "lora_r", "lora_alpha"):
+            if prev["spec"].get(k) != getattr(spec, k):
+                raise InputError(f"was made with {k}={prev['spec'].get(k)!r}, this round has "
+                                 f"{getattr(spec, k)!r}", path=init, field=k)
+        base = prev["model"]
+    m, tok, params = build_model(base, spec, seed, device)
+    theta = flat(params) if init is None else np.load(Path(init) / THETA).astype(np.float32)
+    vel = (np.zeros_like(theta) if init is None
+           else np.load(Path(init) / SERVER)["velocity"].astype(np.float32))
+    if theta.shape != vel.shape or theta.size != sum(p.numel() for p in params):
+        raise InputError("the saved weights do not fit the model", path=init)
+    pad = prepare_tokenizer(tok, spec)
+    rseed = seed * 1000 + round_
+    ledger = out_p.parent / "ledger.jsonl"
+    with Release(LEDGER_STAGE, rseed, secure=release, ledgers=[ledger]) as rel:
+        rel.check_ledgers()
+        part = sample_clients(n, rel.rng("sampling"), sample_rate=sample_rate,
+                              clients_per_round=clients_per_round)
+        log.info(f"fl round {round_}: {len(part.members)} of {n} clients ({part.sampling}), "
+                 f"{spec.algorithm}, {theta.size:,} numbers per update, clip {spec.clip:g}, "
+                 f"z {noise_multiplier:g}, engine {spec.engine}")
+        members = [clients[k] for k in part.members]
+        texts_of = {cid: cap_texts(by[cid], spec, client_rng(rseed, round_, cid))
+                    for cid in members}
+        flower = None
+        norms, losses = [], []
+        if spec.engine == "flower":
+            flower = _flower_sum(members, texts_of, theta, spec, base=base, seed=seed,
+                                 round_=round_, z=float(noise_multiplier), release=release,
+                                 where=out_p.parent)
+            noisy, z_eff = flower.total, flower.noise_multiplier
+            for note in flower.notes:
+                log.warn(f"fl: {note}")
+        else:
+            total = np.zeros(theta.size, dtype=np.float64)
+            with log.progress() as prog:
+                task = prog.add_task(f"round {round_} clients", total=len(members))
+                for cid in members:
+                    d, st = local_update(m, params, theta,
+                                         encode_client(tok, texts_of[cid], spec), spec,
+                                         client_rng(rseed, round_, cid), pad, device)
+                    d, nrm = clip(d, spec.clip)
+                    total += d
+                    norms.append(nrm)
+                    if st["loss"] is not None:
+                        losses.append(st["loss"])
+                    prog.advance(task)
+            noisy, z_eff = add_noise(total, spec, float(noise_multiplier), round_, rel, seed)
+        denom = part.denominator or 1.0
+        mu = spec.momentum_value()
+        vel = (mu * vel.astype(np.float64) + noisy / max(denom, 1e-12)).astype(np.float32)
+        theta = (theta.astype(np.float64) + spec.server_lr_value() * vel).astype(np.float32)
+        rid = rel.release_id(path_digest(data), split, round_, spec.to_dict(),
+                             float(noise_multiplier), clients_per_round, sample_rate,
+                             init and path_digest(Path(init) / THETA), base)
+        q = float(part.sample_rate)
+        sampling = part.sampling
+        common = dict(noise_multiplier=float(z_eff), sample_rate=q, steps=1, delta=delta,
+                      sensitivity=float(spec.clip), sampling=sampling, release_id=rid,
+                      mode=rel.mode)
+        info = {"round": round_, "algorithm": f"dp-{spec.algorithm}", "dim": int(theta.size)}
+        if flower is not None:
+            info["engine"] = flower.params()
+            if spec.algorithm == "ftrl":  # a one-leaf tree is one Gaussian release, and tree
+                # aggregation takes no amplification by sampling: accounted at q = 1
+                common.update(sample_rate=1.0, sampling="none")
+        if flower is not None and spec.secagg_mechanism == "ddg":
+            from popri.privacy import ddg
+
+            info |= ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg), flower.survivors)
+            entry = LedgerEntry(stage=LEDGER_STAGE, mechanism="distributed_discrete_gaussian",
+                                params=info, **common)
+        elif spec.algorithm == "fedavg" or flower is not None:
+            entry = LedgerEntry(stage=LEDGER_STAGE, mechanism="subsampled_gaussian"
+                                if common["sample_rate"] < 1 else "gaussian", params=info,
+                                **common)
+        else:
+            entry = LedgerEntry(stage=LEDGER_STAGE, mechanism="tree_aggregation",
+                                params={**info, "leaves": 1}, **common)
+        # stage everything in a temporary directory next to OUT
+        out_p.parent.mkdir(parents=True, exist_ok=True)
+        _sweep_stale(out_p)
+        tmp = out_p.with_name(f".{out_p.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        rel.outputs = _DirOutput(tmp, out_p)
+        np.save(tmp / THETA, theta)
+        np.savez(tmp / SERVER, velocity=vel)
+        set_flat(params, theta)
+        base_model = str(base) if str(base) in llm.ALIASES else llm.resolve(str(base))
+        m.save_pretrained(tmp / MODEL)
+        tok.save_pretrained(tmp / MODEL)
+        arr = np.asarray(norms, dtype=np.float64)
+        summary = {
+            "round": round_, "model": str(base), "base_model": base_model,
+            "spec": spec.to_dict(), "algorithm": f"dp-{spec.algorithm}", "seed": seed,
+            "clients": n, "participants": int(len(part.members)), "sampling": sampling,
+            "sample_rate": q, "denominator": float(denom), "dim": int(theta.size),
+            "noise_multiplier": float(noise_multiplier), "noise_multiplier_guaranteed": z_eff,
+            "noise_std": float(noise_multiplier) * spec.clip, "momentum": mu,
+            "server_lr": spec.server_lr_value(),
+            "update_norm_mean": float(arr.mean()) if arr.size else None,
+            "update_norm_max": float(arr.max()) if arr.size else None,
+            "clipped_share": float((arr > spec.clip).mean()) if arr.size else None,
+            "local_loss": float(np.mean(losses)) if losses else None,
+            "mode": rel.mode, "release_id": rid, "source": src, "engine": spec.engine,
+            **({"flower": {"supernodes": flower.nodes, "survivors": flower.survivors,
+                           "secagg_mechanism": spec.secagg_mechanism,
+                           "quantisation_bound": flower.quantisation_bound,
+                           "round_seconds": round(flower.round_seconds, 2)}}
+               if flower is not None else {}),
+        }
+        (tmp / ROUND).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        meta = {"model": str(base), "base_model": base_model, "lora": spec.lora,
+                "trainable_parameters": int(theta.size), "bos_token": tok.bos_token,
+                "eos_token": tok.eos_token, "fl_round": round_, "algorithm": spec.algorithm}
+        (tmp / MODEL / "metrics.json").write_text(json.dumps(meta, indent=2) + "\n",
+                                                  encoding="utf-8")
+        rel.commit([entry])
+    summary["seconds"] = round(time.perf_counter() - t0, 2)
+    if flower is not None:
+        how = (f"Flower SecAgg+ over {flower.nodes} SuperNodes, {flower.survivors} survived "
+               "(update norms stay on the nodes)")
+    else:
+        how = (f"mean update norm {summary['update_norm_mean']:.4g} (clipped "
+               f"{summary['clipped_share'] * 100:.0f}%), local loss "
+               f"{summary['local_loss'] if summary['local_loss'] is not None else float('nan'):.4f}")
+    log.info(f"fl round {round_}: {summary['participants']} clients, {how}, "
+             f"{summary['seconds']:.1f}s -> {out}")
+    return summary

@@ -1,0 +1,102 @@
+"""The settings of one DP federated-learning round (``popri fl round``): DP-FedAvg and DP-FTRL,
+the DP federated-learning baselines that "Private Federated Learning using
+Preference-Optimized Synthetic Data" (POPri, arXiv:2504.16438) compares against (section 4,
+appendix C.1 DP-FedAvg, C.2 DP-FTRL, D.1 the noise multipliers).
+
+    popri fl round --data runs/x/data/private --round 1 --algorithm fedavg -z 1.2 --out runs/x/fl/round1
+
+- DP-FedAvg: McMahan, Ramage, Talwar, Zhang, "Learning Differentially Private Recurrent
+  Language Models" (ICLR 2018, arXiv:1710.06963), Algorithm 1: clients sampled per round, each
+  trains locally from the global weights, its update clipped to L2 norm C, the server adds
+  N(0, z^2 C^2) to the sum and divides by the expected number of clients.
+- DP-FTRL: Kairouz, McMahan, Song, Thakkar, Thakurta, Xu, "Practical and Private (Deep)
+  Learning without Sampling or Shuffling" (ICML 2021, arXiv:2103.00039), section 3 and
+  appendix (DP-FTRLM): tree-aggregation noise on the prefix sums of the clipped updates, heavy
+  ball server momentum 0.9 (POPri C.2), the tree restarted every round.
+
+Pure Python (no torch / numpy import).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from popri.core.errors import ConfigError
+from popri.core.spec import param, same
+from popri.specs.feedback import ScoreSpec
+from popri.specs.training import LoraSpec, PrecisionSpec, SequenceSpec
+
+ALGORITHMS = ("fedavg", "ftrl")
+
+
+@dataclass(frozen=True)
+class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
+    """One round of DP-FedAvg / DP-FTRL on a LoRA adapter (CPU default) or the full model."""
+
+    algorithm: str = param("fedavg", "fedavg (DP-FedAvg, Gaussian noise) | ftrl (DP-FTRL, "
+                           "tree-aggregation noise restarted every round, server momentum).",
+                           cite="POPri C.1, C.2", choices=ALGORITHMS)
+    clip: float = param(0.1, "L2 clip C of a client's model update (POPri C.1 searches "
+                        "[0.01, 0.4]).", cite="POPri C.1", lo=0, lo_open=True, hi=1e6)
+    client_lr: float = param(0.05, "Client SGD learning rate (POPri C.1 searches [0.01, 0.06]).",
+                             cite="POPri C.1", lo=0, lo_open=True, hi=10)
+    local_epochs: int = param(1, "Local epochs over the client's texts per round.", lo=1,
+                              hi=1000)
+    client_batch_size: int = param(2, "Client batch size.", cite="POPri C.1", lo=1)
+    server_lr: float | None = param(None, "Server learning rate on the averaged noisy update "
+                                    "(default: 1 - momentum, so that every method takes the same "
+                                    "long-run step: 1 for FedAvg, 0.1 for DP-FTRLM's momentum "
+                                    "0.9).", lo=0, lo_open=True, hi=100)
+    momentum: float | None = param(None, "Server heavy-ball momentum (default: 0 for fedavg, "
+                                   "0.9 for ftrl, POPri C.2).", cite="POPri C.2", lo=0, hi=1,
+                                   hi_open=True)
+    lora: bool = param(True, "Train a LoRA adapter (the CPU default: ~1.2M numbers per update "
+                       "for SmolLM2-135M at r = 4) or the full model (the paper's DistilGPT2 "
+                       "setting: --full).", negatable=False)
+    max_samples_per_client: int | None = param(None, "Use at most this many of a client's "
+                                               "texts per round (seeded).", lo=1)
+    noise_multiplier: float | None = param(None, "z: the noise std is z C (a tree node's, for "
+                                           "ftrl); popri run calibrates it to the budget.",
+                                           lo=0, hi=1e6, short="-z")
+    clients_per_round: int | None = same(ScoreSpec, "clients_per_round")
+    sample_rate: float | None = same(ScoreSpec, "sample_rate")
+    delta: float = same(ScoreSpec, "delta")
+    release: bool = same(ScoreSpec, "release")
+    # where the round's sum is computed: in-process, or Flower's simulation runtime with SecAgg+
+    # (each virtual SuperNode trains its clients and uploads their clipped updates' sum + its
+    # noise share; popri/federated/flower/engine.py)
+    engine: str = same(ScoreSpec, "engine")
+    supernodes: int | None = same(ScoreSpec, "supernodes")
+    secagg_mechanism: str = same(ScoreSpec, "secagg_mechanism")
+    max_dropout: float = same(ScoreSpec, "max_dropout")
+    flower_timeout: float = same(ScoreSpec, "flower_timeout")
+
+    @property
+    def federation(self) -> None:
+        """A deployed federation is not supported for DP-FL rounds (simulation only)."""
+        return None
+
+    def server_lr_value(self) -> float:
+        if self.server_lr is not None:
+            return float(self.server_lr)
+        return 1.0 - self.momentum_value()
+
+    def momentum_value(self) -> float:
+        if self.momentum is not None:
+            return float(self.momentum)
+        return 0.9 if self.algorithm == "ftrl" else 0.0
+
+    def check(self) -> None:
+        super().check()
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(f"must be one of {', '.join(ALGORITHMS)} (got {self.algorithm!r})",
+                              field="algorithm")
+        if self.clients_per_round is not None and self.sample_rate is not None:
+            raise ConfigError("give clients_per_round or sample_rate, not both",
+                              field="sample_rate")
+        if self.engine == "flower" and self.release and self.secagg_mechanism != "ddg":
+            raise ConfigError("release mode on Flower needs the distributed discrete Gaussian "
+                              "(--secagg-mechanism ddg)", field="secagg_mechanism")
+        if self.release and self.noise_multiplier == 0:
+            raise ConfigError("0 with --release would publish the exact sum of the updates",
+                              field="noise_multiplier")
