@@ -134,7 +134,7 @@ def test_round_writes_the_ledger_and_a_model_eval_accuracy_reads(tiny_lm, tmp_pa
     assert p.stdout.strip() == str(out)  # stdout: data only
     (e,) = read_ledger(tmp_path / "r" / "ledger.jsonl")
     assert (e.stage, e.mechanism, e.noise_multiplier, e.sample_rate, e.sensitivity, e.sampling) \
-        == ("fl", "subsampled_gaussian", 1.5, 0.5, 0.1, "fixed")
+        == ("fl", "subsampled_gaussian", 1.5, 0.5, 0.01, "fixed")
     assert e.params["round"] == 1 and e.params["dim"] == np.load(out / R.THETA).size
     r = json.loads((out / R.ROUND).read_text())
     assert r["participants"] == 3 and r["update_norm_mean"] > 0
