@@ -24,22 +24,11 @@ import argparse
 import itertools
 import json
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
+from compare import popri  # noqa: E402  (examples/compare.py: runs one popri command)
+
 HERE = Path(__file__).resolve().parent
-
-
-def popri(*args: str, capture: bool = False) -> str:
-    exe = shutil.which("popri") or sys.executable
-    cmd = [exe] + ([] if exe.endswith("popri") else ["-m", "popri"]) + list(args)
-    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    p = subprocess.run(cmd, stdout=subprocess.PIPE if capture else sys.stderr, text=True)
-    if p.returncode != 0:
-        sys.exit(f"dpfl_search: command failed ({p.returncode}): {' '.join(cmd)}")
-    return p.stdout if capture else ""
 
 
 def main() -> None:

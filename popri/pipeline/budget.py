@@ -92,14 +92,15 @@ class Budget:
         nn = self.method.score_mode(self.cfg) == "nn-histogram"
         sampling = ("poisson" if sc.sample_rate else "fixed" if sc.clients_per_round else "none")
         if sc.engine == "flower" and sc.secagg_mechanism == "ddg":
+            from popri.privacy import ddg
+
             z = float(n["noise_multiplier"])  # see _calibrate_ddg
             return [LedgerEntry(stage="score", mechanism="distributed_discrete_gaussian",
                                 noise_multiplier=z, sample_rate=q, steps=1,
                                 delta=self.cfg.privacy.delta,
                                 sensitivity=float(sc.max_samples_per_client if nn else sc.clip),
                                 sampling=sampling, mode="release" if self.release else "research",
-                                params={"round": t, "dim": 1, "noisy": 1, "local_sigma": z * 1e6,
-                                        "delta2": 1e6})]
+                                params={"round": t, **ddg.nominal_params(z)})]
         return [LedgerEntry(stage="score", mechanism="subsampled_gaussian" if q < 1 else "gaussian",
                             noise_multiplier=float(n["noise_multiplier"]), sample_rate=q, steps=1,
                             delta=self.cfg.privacy.delta,
@@ -160,11 +161,13 @@ class Budget:
         c, pr = self.cfg, self.cfg.privacy
         sampling = "none" if q >= 1 else ("poisson" if c.score.sample_rate else "fixed")
 
+        from popri.privacy import ddg
+
         def entries_at(z):
             return [{"stage": "score", "mechanism": "distributed_discrete_gaussian",
                      "noise_multiplier": z, "sample_rate": q, "steps": c.rounds,
                      "sampling": sampling, "delta": pr.delta,
-                     "params": {"dim": 1, "noisy": 1, "local_sigma": z * 1e6, "delta2": 1e6}},
+                     "params": ddg.nominal_params(z)},
                     *fixed]
 
         return calibrate(pr.epsilon, pr.delta, entries_at, pr.accountant)

@@ -440,6 +440,14 @@ def effective_noise_multiplier(p: DDGPlan, noisy: int) -> float:
     return math.sqrt(max(int(noisy), 0)) * p.local_sigma / p.delta2
 
 
+def nominal_params(z: float) -> dict:
+    """Ledger ``params`` of a prospective distributed-discrete-Gaussian release at the asked
+    noise multiplier ``z`` (what ``popri run`` calibrates and budgets with): the Flower engine
+    scales the noise shares to the rounded sensitivity, so the recorded z is the asked one, with
+    a negligible tau (the shares are many integer units wide)."""
+    return {"dim": 1, "noisy": 1, "local_sigma": z * 1e6, "delta2": 1e6}
+
+
 def ledger_params(p: DDGPlan, noisy: int) -> dict:
     """The ``params`` of a ledger entry for mechanism ``distributed_discrete_gaussian``: the plan
     (:meth:`DDGPlan.to_dict`) plus ``noisy`` (noise shares guaranteed in the sum) and, for

@@ -67,11 +67,10 @@ def round_entries(run, t: int, z: float | None, q: float | None) -> list:
         if algorithm(c) == "ftrl":  # a one-leaf tree, no amplification by sampling
             common.update(sample_rate=1.0, sampling="none")
         if fl.secagg_mechanism == "ddg":
-            # the engine scales the noise shares to the rounded sensitivity, so the recorded z
-            # is the asked one, with a negligible tau (as popri.pipeline.budget._calibrate_ddg)
+            from popri.privacy import ddg
+
             return [LedgerEntry(mechanism="distributed_discrete_gaussian",
-                                params={**info, "dim": 1, "noisy": 1, "local_sigma": z * 1e6,
-                                        "delta2": 1e6}, **common)]
+                                params={**info, **ddg.nominal_params(z)}, **common)]
     if algorithm(c) == "fedavg" or fl.engine == "flower":
         return [LedgerEntry(mechanism="subsampled_gaussian" if common["sample_rate"] < 1
                             else "gaussian", params=info, **common)]

@@ -39,7 +39,6 @@ local loss, timings) and ``model/`` (the adapter or full model with its tokenize
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
@@ -49,6 +48,7 @@ import numpy as np
 
 from popri.core import log, runtime
 from popri.core.errors import InputError
+from popri.pipeline.driver import round_seed
 from popri.specs.fl import FLSpec
 
 THETA = "theta.npy"
@@ -169,7 +169,7 @@ def node_updates(settings: dict, theta, texts, client_ids, rng):
     pad = prepare_tokenizer(tok, spec)
     theta = np.asarray(theta, dtype=np.float32)
     codes, clients = factorize(list(client_ids))
-    rseed = int(settings["seed"]) * 1000 + int(settings["round"])
+    rseed = round_seed(int(settings["seed"]), int(settings["round"]))
     for c, cid in enumerate(clients):
         ts = [texts[i] for i in np.flatnonzero(codes == c)]
         d, _ = local_update(m, params, theta, encode_client(tok, ts, spec), spec,
@@ -343,7 +343,6 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
     from popri.privacy.release import Release
 
     t0 = time.perf_counter()
-    torch = runtime.configure_torch()
     device = device or llm.default_device()
     out_p = Path(out)
     if round_ > 1 and init is None:
@@ -375,7 +374,7 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
     if theta.shape != vel.shape or theta.size != sum(p.numel() for p in params):
         raise InputError("the saved weights do not fit the model", path=init)
     pad = prepare_tokenizer(tok, spec)
-    rseed = seed * 1000 + round_
+    rseed = round_seed(seed, round_)
     ledger = out_p.parent / "ledger.jsonl"
     with Release(LEDGER_STAGE, rseed, secure=release, ledgers=[ledger]) as rel:
         rel.check_ledgers()
