@@ -4,6 +4,8 @@
     python examples/compare.py --seeds 0 1 2 --runs runs/compare --set rounds=1
     python examples/compare.py --methods popri pe --set privacy.epsilon=7
     python examples/compare.py --methods popri dp-fedavg dp-ftrl --seeds 0 1 2
+    python examples/compare.py --set popri,pe,pe-sft:rounds=1 --set popri,pe,pe-sft:num_synthetic=96
+    python examples/compare.py --methods fewfedpit fedit --seeds 0 1 2   # debian instruction data
 
 Each method is a `popri run` of its config in examples/ (default.yaml, pe.yaml, pe-sft.yaml,
 dpfl.yaml for DP-FedAvg and DP-FTRL, optionally popri-nn-histogram.yaml) at the same (eps,
@@ -20,8 +22,21 @@ of the synthetic set to the private validation split, with standard errors: the 
 over test clients of each seed combined as sqrt(sum se^2) / n_seeds (within-seed sampling
 error), and the spread over seeds (sd / sqrt(n_seeds)) shown beside it; and the total epsilon
 from each run's ledger; and the minutes a run of the method took on this machine (its stages'
-recorded times, data stages included, baselines excluded).  Runs are cached stage by stage:
-rerunning the script resumes.
+recorded times, data stages included, baselines excluded; for eps = 0 / eps = inf, their own
+stages in the carrier's run).  Runs are cached stage by stage: rerunning the script resumes.
+
+Leakage (``--leakage``, on by default): every text-data method's model, eps = 0 and eps = inf
+get ``popri audit extract`` on their run's private train split (discoverable memorisation: the
+same training examples, one per client, for every model of a seed), a column of the table.
+
+FewFedPIT / FedIT / FedMIT (``--methods fewfedpit fedit``) run on debian instruction data
+(examples/fewfedpit.yaml, no DP guarantee) and get their own table (RUNS/compare-instruct.md):
+response-token accuracy, Rouge-L to the reference, the gap closed on the token accuracy,
+extraction Rouge-L, minutes per run; eps = 0 is the base model, eps = inf centralised tuning.
+
+`--set KEY=VALUE` applies to every run; `--set M1,M2:KEY=VALUE` only to the runs of the listed
+methods (DP-FedAvg / DP-FTRL read `rounds` as their T, so shrink the synthetic-data methods'
+rounds with `--set popri,pe,pe-sft:rounds=1`).
 """
 
 from __future__ import annotations
@@ -39,16 +54,57 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CONFIGS = {"popri": "default.yaml", "pe": "pe.yaml", "pe-sft": "pe-sft.yaml",
            "popri-nn": "popri-nn-histogram.yaml", "dp-fedavg": "dpfl.yaml",
-           "dp-ftrl": "dpfl.yaml"}
+           "dp-ftrl": "dpfl.yaml", "fewfedpit": "fewfedpit.yaml", "fedit": "fewfedpit.yaml",
+           "fedmit": "fewfedpit.yaml"}
 LABELS = {"popri": "POPri", "pe": "PE (PrE-Text)", "pe-sft": "PE+SFT",
           "popri-nn": "POPri, nn-histogram votes", "dp-fedavg": "DP-FedAvg",
-          "dp-ftrl": "DP-FTRL"}
+          "dp-ftrl": "DP-FTRL", "fewfedpit": "FewFedPIT", "fedit": "FedIT (beta = 1)",
+          "fedmit": "FedMIT"}
 RUN_METHOD = {"popri": "popri", "pe": "pe", "pe-sft": "pe-sft", "popri-nn": "popri",
-              "dp-fedavg": "dp-fedavg", "dp-ftrl": "dp-ftrl"}
+              "dp-fedavg": "dp-fedavg", "dp-ftrl": "dp-ftrl", "fewfedpit": "fewfedpit",
+              "fedit": "fedit", "fedmit": "fedmit"}
 #: extra overrides of a method that shares another's config file
-EXTRA = {"dp-ftrl": ["--set=method=dp-ftrl"]}
+EXTRA = {"dp-ftrl": ["--set=method=dp-ftrl"], "fedit": ["--set=method=fedit"],
+         "fedmit": ["--set=method=fedmit"]}
+#: the methods on instruction data (examples/fewfedpit.yaml: debian): their own table
+INSTRUCT = ("fewfedpit", "fedit", "fedmit")
 #: stages that are the baselines' (eps = 0 / eps = inf), the gap and the total: not a method's time
-BASELINE_STAGES = ("eval-eps0", "downstream-epsinf", "eval-epsinf", "gap-closed", "account")
+BASELINE_STAGES = ("eval-eps0", "downstream-epsinf", "eval-epsinf", "gap-closed", "account",
+                   "ffp-centralized", "extract-eps0", "extract-epsinf")
+#: the stages of each baseline's own work in the carrier's run
+BASELINE_OWN = {"eps0": ("eval-eps0", "extract-eps0"),
+                "epsinf": ("downstream-epsinf", "eval-epsinf", "ffp-centralized",
+                           "extract-epsinf")}
+
+
+def stage_seconds(run: Path, stages) -> float:
+    """Recorded seconds of the named stages of a run (0 for a stage that has no marker)."""
+    total = 0.0
+    for name in stages:
+        try:
+            total += float(json.loads((run / ".stages" / f"{name}.json").read_text()).get("seconds") or 0.0)
+        except (OSError, ValueError):
+            pass
+    return total
+
+
+def scoped_sets(sets: list[str], method: str) -> list[str]:
+    """The `--set` overrides that apply to `method`: unscoped ones, and `M1,M2:KEY=VALUE` ones
+    whose list names it (an unknown method name in a scope is an error)."""
+    out = []
+    for s in sets:
+        key = s.split("=", 1)[0]
+        if ":" in key:
+            scope, rest = s.split(":", 1)
+            names = [n.strip() for n in scope.split(",") if n.strip()]
+            bad = [n for n in names if n not in CONFIGS]
+            if bad:
+                sys.exit(f"compare: --set {s}: unknown method {bad[0]!r} (one of {', '.join(sorted(CONFIGS))})")
+            if method in names:
+                out.append(rest)
+        else:
+            out.append(s)
+    return out
 
 
 def method_seconds(run: Path) -> float:
@@ -89,31 +145,57 @@ def fmt(x: float | None, nd: int = 4) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", default="runs/compare", help="Directory of the runs.")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--methods", nargs="+", default=["popri", "pe", "pe-sft", "dp-fedavg", "dp-ftrl"],
-                    choices=sorted(CONFIGS))
-    ap.add_argument("--set", dest="sets", action="append", default=[],
-                    help="Config override for every run (popri run --set).")
-    a = ap.parse_args()
+def model_of(run: Path, name: str) -> str | None:
+    """The downstream model a text-data run evaluated: train-downstream's directory, or the
+    last DP-FL round's model/."""
+    d = run / "downstream" / name
+    if d.is_dir():
+        return str(d)
+    rounds = sorted((run / "fl").glob("round*/model"), key=lambda p: int(p.parent.name[5:]))
+    return str(rounds[-1]) if rounds else None
+
+
+def leakage(model: str, data: Path, seed: int, out: Path, n: int) -> dict:
+    """popri audit extract of ``model`` on the run's private train split (cached in ``out``)."""
+    if not out.is_file():
+        txt = popri("audit", "extract", "--model", model, "--data", str(data), "--split",
+                    "train", "-n", str(n), "--seed", str(seed), "--json", capture=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(txt)
+        os.replace(tmp, out)
+    return json.loads(out.read_text())
+
+
+def write_out(runs: Path, stem: str, table: dict, text: str) -> None:
+    runs.mkdir(parents=True, exist_ok=True)
+    for suffix, body in ((".json", json.dumps(table, indent=2) + "\n"), (".md", text + "\n")):
+        tmp = runs / f"{stem}{suffix}.tmp"
+        tmp.write_text(body)
+        os.replace(tmp, runs / f"{stem}{suffix}")
+
+
+def run_method(a, runs: Path, m: str, seed: int, carrier: str) -> Path:
+    d = runs / f"{m}-s{seed}"
+    over = (EXTRA.get(m, []) + [f"--set={s}" for s in scoped_sets(a.sets, m)]
+            + [f"--set=seed={seed}", f"--set=run_dir={d}"])
+    if m != carrier:
+        over.append("--set=baselines=false")
+    popri("run", str(HERE / CONFIGS[m]), *over)
+    return d
+
+
+def text_table(a, methods: list[str], runs: Path) -> str:
     # the first method's runs carry the baselines (POPri's when it is in the list): every run of
     # a seed has the same private data and test records, so they are paired for all methods
-    methods = (["popri"] if "popri" in a.methods else []) + \
-        [m for m in dict.fromkeys(a.methods) if m != "popri"]
     carrier = methods[0]
-    runs = Path(a.runs)
     res: dict = {m: [] for m in methods}
     base: dict = {"eps0": [], "epsinf": []}
+    base_seconds: dict = {"eps0": [], "epsinf": []}
+    base_leak: dict = {"eps0": [], "epsinf": []}
     for seed in a.seeds:
         for m in methods:
-            d = runs / f"{m}-s{seed}"
-            over = (EXTRA.get(m, []) + [f"--set={s}" for s in a.sets]
-                    + [f"--set=seed={seed}", f"--set=run_dir={d}"])
-            if m != carrier:
-                over.append("--set=baselines=false")
-            popri("run", str(HERE / CONFIGS[m]), *over)
+            d = run_method(a, runs, m, seed, carrier)
             r = json.loads((d / "results.json").read_text())
             name = RUN_METHOD[m]
             ref = runs / f"{carrier}-s{seed}" / "eval"
@@ -121,20 +203,33 @@ def main() -> None:
                                    "--eps0", str(ref / "eps0.clients.jsonl"), "--epsinf",
                                    str(ref / "epsinf.clients.jsonl"), "--seed", str(seed), "--json",
                                    capture=True))
-            res[m].append({"seed": seed, "accuracy": r["methods"][name]["accuracy"],
-                           "accuracy_se": r["methods"][name]["accuracy_se"],
-                           "gap_closed": gap["gap_closed"], "gap_closed_se": gap["gap_closed_se"],
-                           "fid": r.get("fid_to_val"), "epsilon": r["epsilon"], "delta": r["delta"],
-                           "seconds": method_seconds(d)})
+            row = {"seed": seed, "accuracy": r["methods"][name]["accuracy"],
+                   "accuracy_se": r["methods"][name]["accuracy_se"],
+                   "gap_closed": gap["gap_closed"], "gap_closed_se": gap["gap_closed_se"],
+                   "fid": r.get("fid_to_val"), "epsilon": r["epsilon"], "delta": r["delta"],
+                   "seconds": method_seconds(d)}
+            if a.leakage and model_of(d, name):
+                x = leakage(model_of(d, name), d / "data" / "private", seed,
+                            d / "eval" / f"{name}.extract.json", a.extract_examples)
+                row["leakage"], row["leakage_se"] = x["rouge_l"], x["rouge_l_se"]
+            res[m].append(row)
             if m == carrier:
                 for b in ("eps0", "epsinf"):
                     base[b].append(r["methods"][b])
+                    base_seconds[b].append(stage_seconds(d, BASELINE_OWN[b]))
+                    if a.leakage:
+                        mdl = (json.loads((d / "config.resolved.json").read_text())["downstream"]
+                               ["model"] if b == "eps0" else model_of(d, "epsinf"))
+                        x = leakage(mdl, d / "data" / "private", seed,
+                                    d / "eval" / f"{b}.extract.json", a.extract_examples)
+                        base_leak[b].append((x["rouge_l"], x["rouge_l_se"]))
     setting = "the embedded default" + (f" with {' '.join(a.sets)}" if a.sets else "")
+    leak_h = " extraction Rouge-L |" if a.leakage else ""
     lines = [f"Methods on {setting}, seeds {' '.join(map(str, a.seeds))} "
              f"({len(a.seeds)} seeds; SE within = bootstrap over test clients, between = over seeds)",
              "", "| method | epsilon (ledger) | accuracy | SE within / between | gap closed | "
-             "SE within / between | FID to val | minutes per run |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"SE within / between | FID to val |{leak_h} minutes per run (per seed) |",
+             "|---|---|---|---|---|---|---|" + ("---|" if a.leakage else "") + "---|"]
     table = {}
     for m in methods:
         rows = res[m]
@@ -143,26 +238,120 @@ def main() -> None:
         fids = [x["fid"] for x in rows if x["fid"] is not None]
         fid = sum(fids) / len(fids) if fids else None
         eps = max(x["epsilon"] for x in rows)
-        minutes = sum(x["seconds"] for x in rows) / len(rows) / 60
+        mins = [x["seconds"] / 60 for x in rows]
+        minutes = sum(mins) / len(mins)
+        leak = (mean_se([x["leakage"] for x in rows], [x["leakage_se"] for x in rows])
+                if a.leakage and all("leakage" in x for x in rows) else None)
         table[m] = {"accuracy": acc, "gap_closed": gap, "fid": fid, "epsilon": eps,
-                    "minutes": minutes, "runs": rows}
+                    "minutes": minutes, "minutes_per_seed": mins, "leakage": leak, "runs": rows}
+        leak_c = (f" {fmt(leak[0])} |" if leak else " - |") if a.leakage else ""
         lines.append(f"| {LABELS[m]} | {fmt(eps, 3)} | {fmt(acc[0])} | {fmt(acc[1])} / {fmt(acc[2])} | "
-                     f"{fmt(gap[0], 3)} | {fmt(gap[1], 3)} / {fmt(gap[2], 3)} | {fmt(fid, 3)} | "
-                     f"{minutes:.1f} |")
+                     f"{fmt(gap[0], 3)} | {fmt(gap[1], 3)} / {fmt(gap[2], 3)} | {fmt(fid, 3)} |"
+                     f"{leak_c} {minutes:.1f} ({', '.join(f'{x:.1f}' for x in mins)}) |")
     for b, label, eps in (("eps0", "eps=0 (public model)", "0"), ("epsinf", "eps=inf (private data)", "inf")):
         acc = mean_se([x["accuracy"] for x in base[b]], [x["accuracy_se"] for x in base[b]])
-        table[b] = {"accuracy": acc}
+        mins = [x / 60 for x in base_seconds[b]]
+        minutes = sum(mins) / len(mins)
+        leak = mean_se([x[0] for x in base_leak[b]], [x[1] for x in base_leak[b]]) \
+            if base_leak[b] else None
+        table[b] = {"accuracy": acc, "minutes": minutes, "minutes_per_seed": mins, "leakage": leak}
+        leak_c = (f" {fmt(leak[0])} |" if leak else " - |") if a.leakage else ""
         lines.append(f"| {label} | {eps} | {fmt(acc[0])} | {fmt(acc[1])} / {fmt(acc[2])} | "
-                     f"{'0' if b == 'eps0' else '1'} | - | - | - |")
+                     f"{'0' if b == 'eps0' else '1'} | - | - |{leak_c} {minutes:.1f} "
+                     f"({', '.join(f'{x:.1f}' for x in mins)}) |")
     out = "\n".join(lines)
-    runs.mkdir(parents=True, exist_ok=True)
-    tmp = runs / "compare.json.tmp"
-    tmp.write_text(json.dumps(table, indent=2) + "\n")
-    os.replace(tmp, runs / "compare.json")
-    tmp = runs / "compare.md.tmp"
-    tmp.write_text(out + "\n")
-    os.replace(tmp, runs / "compare.md")
-    print(out)
+    write_out(runs, "compare", table, out)
+    return out
+
+
+def instruct_table(a, methods: list[str], runs: Path) -> str:
+    """FewFedPIT / FedIT / FedMIT on instruction data (examples/fewfedpit.yaml), the first
+    method's runs carrying eps = 0 (base model) and eps = inf (centralised tuning)."""
+    carrier = methods[0]
+    res: dict = {m: [] for m in methods}
+    base: dict = {"eps0": [], "epsinf": []}
+    for seed in a.seeds:
+        for m in methods:
+            d = run_method(a, runs, m, seed, carrier)
+            r = json.loads((d / "results.json").read_text())
+            name = RUN_METHOD[m]
+            ref = runs / f"{carrier}-s{seed}" / "eval"
+            gap = json.loads(popri("eval", "gap", "--method", str(d / "eval" / f"{name}.clients.jsonl"),
+                                   "--eps0", str(ref / "eps0.clients.jsonl"), "--epsinf",
+                                   str(ref / "epsinf.clients.jsonl"), "--allow-undefined",
+                                   "--seed", str(seed), "--json", capture=True))
+            mi, lk = r["methods_instruct"][name], r["leakage"][name]
+            res[m].append({"seed": seed, **{k: mi[k] for k in ("accuracy", "accuracy_se", "rouge_l",
+                                                              "rouge_l_se")},
+                           "leakage": lk["rouge_l"], "leakage_se": lk["rouge_l_se"],
+                           "gap_closed": gap["gap_closed"], "gap_closed_se": gap["gap_closed_se"],
+                           "seconds": method_seconds(d)})
+            if m == carrier:
+                for b in ("eps0", "epsinf"):
+                    mb, lb = r["methods_instruct"][b], r["leakage"][b]
+                    base[b].append({**{k: mb[k] for k in ("accuracy", "accuracy_se", "rouge_l",
+                                                           "rouge_l_se")},
+                                    "leakage": lb["rouge_l"], "leakage_se": lb["rouge_l_se"],
+                                    "seconds": stage_seconds(d, BASELINE_OWN[b])})
+    lines = [f"Instruction tuning on debian (examples/fewfedpit.yaml), seeds "
+             f"{' '.join(map(str, a.seeds))}; no method here has a DP guarantee (eps = inf); "
+             "utility without a GPT-4 judge: response-token accuracy and Rouge-L to the reference",
+             "", "| method | response-token accuracy | SE within / between | Rouge-L | SE within / "
+             "between | gap closed (token acc.) | extraction Rouge-L | SE within / between | "
+             "minutes per run |", "|---|---|---|---|---|---|---|---|---|"]
+    table = {}
+
+    def row(label, rows, gap=True):
+        acc = mean_se([x["accuracy"] for x in rows], [x["accuracy_se"] for x in rows])
+        rl = mean_se([x["rouge_l"] for x in rows], [x["rouge_l_se"] for x in rows])
+        lk = mean_se([x["leakage"] for x in rows], [x["leakage_se"] for x in rows])
+        ok = [x for x in rows if x["gap_closed"] is not None]
+        g = mean_se([x["gap_closed"] for x in ok], [x["gap_closed_se"] for x in ok]) \
+            if gap and ok else None
+        minutes = sum(x["seconds"] for x in rows) / len(rows) / 60
+        lines.append(f"| {label} | {fmt(acc[0])} | {fmt(acc[1])} / {fmt(acc[2])} | {fmt(rl[0])} | "
+                     f"{fmt(rl[1])} / {fmt(rl[2])} | {fmt(g[0], 3) if g else '-'} | "
+                     f"{fmt(lk[0])} | {fmt(lk[1])} / {fmt(lk[2])} | {minutes:.1f} |")
+        return {"accuracy": acc, "rouge_l": rl, "leakage": lk, "gap_closed": g,
+                "minutes": minutes, "runs": rows}
+
+    for m in methods:
+        table[m] = row(LABELS[m], res[m])
+    table["eps0"] = row("eps=0 (base model)", base["eps0"], gap=False)
+    table["epsinf"] = row("eps=inf (centralised)", base["epsinf"], gap=False)
+    out = "\n".join(lines)
+    write_out(runs, "compare-instruct", table, out)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", default="runs/compare", help="Directory of the runs.")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--methods", nargs="+", default=["popri", "pe", "pe-sft", "dp-fedavg", "dp-ftrl"],
+                    choices=sorted(CONFIGS))
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="Config override (popri run --set) for every run, or METHODS:KEY=VALUE "
+                         "for the runs of a comma-separated list of methods.")
+    ap.add_argument("--leakage", action=argparse.BooleanOptionalAction, default=True,
+                    help="Text-data methods: the extraction audit's column (popri audit extract "
+                         "of every method's model, eps = 0 and eps = inf; cached).")
+    ap.add_argument("--extract-examples", type=int, default=100,
+                    help="Training examples (one per client) the extraction audit attacks.")
+    a = ap.parse_args()
+    for m in CONFIGS:  # validate the scopes before any run starts
+        scoped_sets(a.sets, m)
+    runs = Path(a.runs)
+    chosen = list(dict.fromkeys(a.methods))
+    text = (["popri"] if "popri" in chosen else []) + \
+        [m for m in chosen if m != "popri" and m not in INSTRUCT]
+    instruct = [m for m in chosen if m in INSTRUCT]
+    outs = []
+    if text:
+        outs.append(text_table(a, text, runs))
+    if instruct:
+        outs.append(instruct_table(a, instruct, runs))
+    print("\n\n".join(outs))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ PY=${PYTHON:-python3}
 VENV=${VENV_MIN:-.venv-min}
 TESTS=(tests/test_compat.py tests/test_dpo.py tests/test_downstream.py tests/test_gen.py
        tests/test_cli.py tests/test_account_cli.py tests/test_accounting.py tests/test_embed.py
-       tests/test_fred.py tests/test_tree.py tests/test_dpfl.py)
+       tests/test_fred.py tests/test_tree.py tests/test_dpfl.py tests/test_fewfedpit_filters.py
+       tests/test_instruct.py)
 
 # the pins must really be what is installed (a venv someone pip-installed into is rebuilt)
 pins_installed() {
@@ -104,7 +105,8 @@ print('test-min (flower): ' + ', '.join(f'{n} {v(n)}' for n in ('flwr', 'ray', '
 #   .venv-min/bin/python -m pytest -m slow tests/test_flower.py tests/test_flower_deploy.py
 POPRI_THREADS=${POPRI_THREADS:-2} "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
   -m "not slow" "$@" tests/test_flower.py tests/test_flower_deploy.py \
-  "tests/test_dpfl.py::test_flower_round_equals_in_process_at_z0_and_ledgers_the_ddg"
+  "tests/test_dpfl.py::test_flower_round_equals_in_process_at_z0_and_ledgers_the_ddg" \
+  "tests/test_dpfl.py::test_popri_run_dp_fedavg_on_flower_spends_the_budget_through_the_ddg"
 rc=$?
 [ "$rc" -eq 5 ] && { echo "test-min: pytest collected no Flower tests" >&2; exit 1; }
 [ "$rc" -eq 0 ] || exit "$rc"

@@ -261,6 +261,25 @@ def test_flower_round_equals_in_process_at_z0_and_ledgers_the_ddg(tiny_lm, tmp_p
     assert np.std(moved) > 10 * np.std(b - a) + 1e-4  # the noise is in the weights
 
 
+def test_popri_run_dp_fedavg_on_flower_spends_the_budget_through_the_ddg(tmp_path, dataset,
+                                                                         tiny_lm, run_popri):
+    """`method: dp-fedavg` with `fl.engine: flower`: the round runs on Flower's simulation
+    runtime with SecAgg+ inside `popri run`, its ledger entry is the distributed discrete
+    Gaussian and the run's total is the budget."""
+    pytest.importorskip("flwr")
+    from popri.privacy.ledger import read_ledger
+
+    run = tmp_path / "fl-flower"
+    args = [a if a != "rounds=2" else "rounds=1" for a in _run_args(run, dataset, tiny_lm, "dp-fedavg")]
+    run_popri([*args, "--set", "fl.engine=flower", "--set", "fl.supernodes=3"], check=True)
+    res = json.loads((run / "results.json").read_text())
+    (e,) = read_ledger(run / "fl" / "ledger.jsonl")
+    assert e.mechanism == "distributed_discrete_gaussian" and e.params["round"] == 1
+    assert res["epsilon"] <= 1.0 * (1 + 1e-6) and res["epsilon"] == pytest.approx(1.0, abs=2e-3)
+    r = json.loads((run / "fl" / "round1" / R.ROUND).read_text())
+    assert r["flower"]["survivors"] == 3
+
+
 @pytest.mark.parametrize("fault", ["after-ledger", "kill-after-ledger"])
 def test_a_round_killed_between_ledger_and_commit_leaves_no_model(tiny_lm, tmp_path, run_popri,
                                                                    fault):

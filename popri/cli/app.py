@@ -124,8 +124,8 @@ def root(
 
 # Order in `popri --help`: the pipeline order.  Every module in popri.cli.commands that has a
 # register() is added; an import error there is a bug and is not swallowed.
-_ORDER = ("run", "bench", "embed", "gen", "vary", "expand", "score", "aggregate", "pe", "prefs",
-          "dpo", "sft", "train_downstream", "eval", "fl", "account", "audit", "fred")
+_ORDER = ("run", "bench", "instruct", "embed", "gen", "vary", "expand", "score", "aggregate", "pe", "prefs",
+          "dpo", "sft", "train_downstream", "eval", "fl", "fewfedpit", "account", "audit", "fred")
 
 
 def _register() -> None:

@@ -178,6 +178,13 @@ class Budget:
         c, pr = self.cfg, self.cfg.privacy
         cpr, rate, sec = self.method.participation(c)
         n = self._clients()
+        if not self.method.dp:  # FewFedPIT: no calibration; the extension's z is explicit
+            z = float(c.fewfedpit.noise_multiplier or 0.0)
+            how = ("no DP guarantee (eps = inf): no noise" if not z else
+                   f"popri extension: z={z:g} on clipped uploads, given")
+            return {"noise_multiplier": z, "noise_arg": z,
+                    "sample_rate": (min(1.0, cpr / n) if n else None), "clients": n,
+                    "how": how}
         if rate:
             q = float(rate)
         elif cpr:
@@ -215,8 +222,9 @@ class Budget:
         n = self.noise
         if n.get("noise_multiplier") is None:
             return f"noise multiplier: {n.get('how')}"
+        q = "after the fetch" if n.get("sample_rate") is None else f"{n['sample_rate']:.4g}"
         return (f"noise multiplier z={n['noise_multiplier']:.4f} ({n['how']}; "
-                f"q={n['sample_rate']:.4g}"
+                f"q={q}"
                 + (f", {n['clients']} clients)" if n.get("clients") is not None else ")"))
 
     # ------------------------------------------------------------------ budget guard
@@ -255,7 +263,9 @@ class Budget:
         is not a new release: a lower bound; the guard before each DP stage is exact.)"""
         pr = self.cfg.privacy
         if pr.epsilon is None:
-            log.warn("run: no privacy.epsilon: the noise multiplier is given and no budget is "
+            log.warn(f"run: {self.cfg.method} has no DP guarantee: the ledger records eps = inf "
+                     "and no budget is enforced" if not self.method.dp else
+                     "run: no privacy.epsilon: the noise multiplier is given and no budget is "
                      "enforced")
             return
         if self.noise.get("noise_multiplier") is None:

@@ -25,7 +25,9 @@ from popri.specs.feedback import (
     HISTOGRAM_THRESHOLD,
     ScoreSpec,
 )
+from popri.specs.fewfedpit import FewFedPITSpec
 from popri.specs.fl import FLSpec
+from popri.specs.instruct import InstructSpec
 from popri.specs.generation import DEFAULT_LM, GenSpec, GeneratorSpec, VarySpec
 from popri.specs.training import BootstrapSpec, DownstreamSpec, DPOSpec, PrefsSpec, SelectSpec
 
@@ -183,11 +185,72 @@ class FLConfig(Spec):
 
 
 @dataclass(frozen=True)
+class InstructConfig(Spec):
+    """How data.source becomes instruction data for the FewFedPIT methods (``popri instruct
+    build``; InstructSpec's settings).  CPU default: 20 debian maintainers, 16 examples each,
+    the client-level split leaving about 10 training clients (the issue's "about 10 clients")
+    and more test clients than usual, so the utility has some examples to stand on."""
+    max_output_words: int = same(InstructSpec, "max_output_words", 64)
+    min_output_words: int = same(InstructSpec, "min_output_words")
+    context_words: int = same(InstructSpec, "context_words")
+    max_samples_per_client: int | None = same(InstructSpec, "max_samples_per_client", 16)
+    max_clients: int | None = same(InstructSpec, "max_clients", 20)
+    partition: str = same(InstructSpec, "partition")
+    clusters: int = same(InstructSpec, "clusters")
+    per_cluster: int | None = same(InstructSpec, "per_cluster")
+    num_clients: int = same(InstructSpec, "num_clients")
+    alpha: float = same(InstructSpec, "alpha")
+    split: str = same(InstructSpec, "split")
+    val_frac: float = same(InstructSpec, "val_frac", 0.1)
+    test_frac: float = same(InstructSpec, "test_frac", 0.4)
+
+
+@dataclass(frozen=True)
+class FewFedPITConfig(Spec):
+    """FewFedPIT and its baselines (``method: fewfedpit | fedit | fedmit``; FewFedPIT,
+    arXiv:2403.06131, Algorithm 1): ``rounds`` rounds, ``clients_per_round`` sampled clients
+    each running the client stages (FewFedPITSpec's settings), the n_k-weighted server average;
+    eps = inf is centralised LoRA tuning on every training client's examples (the paper's
+    skyline).  CPU default: SmolLM2-135M-Instruct, LoRA r = 8, shorter generations;
+    examples/fewfedpit-gpu.yaml mirrors the paper's Alpaca setting."""
+    model: str | None = param(None, "The model tuned (default: downstream.model).")
+    clients_per_round: int = param(2, "K clients sampled per round (seeded).",
+                                   cite="FewFedPIT 4.1", lo=1)
+    beta: float = same(FewFedPITSpec, "beta")
+    lr: float = same(FewFedPITSpec, "lr")
+    local_epochs: int = same(FewFedPITSpec, "local_epochs")
+    batch_size: int = same(FewFedPITSpec, "batch_size")
+    max_length: int = same(FewFedPITSpec, "max_length", 192)
+    lora_r: int = same(FewFedPITSpec, "lora_r", 8)
+    lora_alpha: int = same(FewFedPITSpec, "lora_alpha", 16)
+    candidates: int = same(FewFedPITSpec, "candidates")
+    keep: int = same(FewFedPITSpec, "keep")
+    demos: int = same(FewFedPITSpec, "demos")
+    io_shots: int = same(FewFedPITSpec, "io_shots")
+    retries: int = same(FewFedPITSpec, "retries")
+    instruction_prompts: int = same(FewFedPITSpec, "instruction_prompts")
+    rouge_threshold: float = same(FewFedPITSpec, "rouge_threshold")
+    instruction_tokens: int = same(FewFedPITSpec, "instruction_tokens")
+    response_tokens: int = same(FewFedPITSpec, "response_tokens", 96)
+    bf16: bool = same(FewFedPITSpec, "bf16")
+    clip: float | None = same(FewFedPITSpec, "clip")
+    noise_multiplier: float = same(FewFedPITSpec, "noise_multiplier")
+    centralized_epochs: int = param(3, "eps = inf: epochs of centralised tuning on the pooled "
+                                    "training examples (paper: 10).", cite="FewFedPIT 4.1",
+                                    lo=1)
+    eval_max_samples: int | None = param(128, "Test examples evaluated (None: all).", lo=1)
+    eval_max_new_tokens: int = param(64, "Greedy response length at most (Rouge-L).", lo=1)
+    extract_examples: int = param(100, "Training examples the extraction audit attacks, one "
+                                  "per client (FewFedPIT 4.3: 100).", lo=1)
+
+
+@dataclass(frozen=True)
 class RunConfig(Spec):
     run_dir: str = param("runs/default", "The run directory.", nonempty=True)
     method: str = param("popri", "popri | pe (PrE-Text) | pe-sft (POPri's PE+SFT baseline) | "
-                        "dp-fedavg | dp-ftrl (DP federated learning, POPri C.1 / C.2); the "
-                        "table of methods is popri.pipeline.recipes.METHODS.")
+                        "dp-fedavg | dp-ftrl (DP federated learning, POPri C.1 / C.2) | "
+                        "fewfedpit | fedit | fedmit (FewFedPIT and its baselines: no DP "
+                        "guarantee); the table of methods is popri.pipeline.recipes.METHODS.")
     seed: int = param(0, "Seed of every stage (named rules in popri.pipeline.driver).", lo=0)
     rounds: int = param(2, "POPri T (paper: 10 / 20).", lo=1, hi=10_000)
     prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
@@ -207,6 +270,8 @@ class RunConfig(Spec):
     pe: PEConfig = param(default_factory=PEConfig)
     downstream: DownstreamConfig = param(default_factory=DownstreamConfig)
     fl: FLConfig = param(default_factory=FLConfig)
+    instruct: InstructConfig = param(default_factory=InstructConfig)
+    fewfedpit: FewFedPITConfig = param(default_factory=FewFedPITConfig)
 
     def check(self) -> None:
         from popri.pipeline.recipes import METHODS
@@ -305,7 +370,19 @@ def check(cfg: RunConfig) -> None:
     if not str(d.public_source or "").strip():
         raise ConfigError("is needed (the initial population Omega: a bench source or a JSONL "
                           "file)", field="data.public_source")
-    if pr.epsilon is None and pr.noise_multiplier is None:
+    from popri.pipeline.recipes import METHODS
+
+    if not METHODS[cfg.method].dp:
+        if pr.epsilon is not None and not cfg.fewfedpit.noise_multiplier:
+            raise ConfigError(f"{cfg.method} has no DP guarantee (eps = inf: FewFedPIT is an "
+                              "empirical defence against extraction), so no budget can hold: "
+                              "set privacy.epsilon: null (the ledger then records eps = inf), "
+                              "or add the popri extension fewfedpit.clip + "
+                              "fewfedpit.noise_multiplier", field="privacy.epsilon")
+        if cfg.fewfedpit.noise_multiplier and cfg.fewfedpit.clip is None:
+            raise ConfigError("needs fewfedpit.clip: the noise is z * clip on clipped updates",
+                              field="fewfedpit.noise_multiplier")
+    elif pr.epsilon is None and pr.noise_multiplier is None:
         raise ConfigError("set privacy.epsilon (a budget) or privacy.noise_multiplier",
                           field="privacy.epsilon")
     if sc.clients_per_round is not None and sc.sample_rate is not None:

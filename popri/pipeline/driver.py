@@ -155,6 +155,15 @@ class Run(Budget):
     # ------------------------------------------------------------------ data
     def fetch_stages(self) -> Iterable[Stage]:
         c, d = self.cfg, self.cfg.data
+        if self.method.data_kind == "instruct":  # FewFedPIT: instruction data, no Omega
+            from popri.specs.instruct import InstructSpec
+
+            if not d.dir:
+                yield Stage("instruct-private", [
+                    "instruct", "build", d.source, "--out", str(self.p["private"]),
+                    *step_argv(InstructSpec, c.instruct), "--seed", str(c.seed)],
+                    outputs=[str(self.p["private"])])
+            return
         common = ["--max-tokens", str(d.max_tokens), "--seed", str(c.seed)]
         if not d.dir:
             yield Stage("fetch-private", [
@@ -257,6 +266,9 @@ class Run(Budget):
         accuracy on the private test split; with baselines eps = 0 / eps = inf and the gap."""
         from popri.specs.training import DownstreamSpec, EvalSpec, GapSpec
 
+        if self.method.evaluation is not None:  # e.g. FewFedPIT: instruction-following
+            yield from self.method.evaluation(self)
+            return
         c, ds = self.cfg, self.cfg.downstream
         name = c.method
         priv = str(self.p["private"])
@@ -433,6 +445,8 @@ def results_table(r: dict) -> str:
     eps = r.get("epsilon")
     method = r.get("method", "popri")
     m = METHODS.get(method)
+    if m is not None and m.table is not None:
+        return m.table(r)
     label = m.label if m else method
     shape = m.shape(r) if m else f"{method} on {r['run_dir']}"
     lines = [f"{shape}, generator {r['generator']}, downstream {r['downstream']}", "",

@@ -57,6 +57,15 @@ class Method:
     # whether the data stages fetch the public Omega and embed the private train / val splits
     # (the synthetic-data methods; DP-FL reads the private texts only)
     embeds: bool = True
+    # False for a method without a DP guarantee (FewFedPIT): no calibration, no budget (the
+    # config must say privacy.epsilon: null), its ledger entries total eps = inf
+    dp: bool = True
+    # "text": 'bench fetch' builds the private data (and Omega); "instruct": 'instruct build'
+    data_kind: str = "text"
+    # the evaluation stages, when not the downstream model's next-token accuracy:
+    # evaluation(run) -> Iterator[Stage]; and the results table of such a run
+    evaluation: Callable[..., Iterable] | None = None
+    table: Callable[[dict], str] | None = None
 
     def __post_init__(self):
         if self.shape is None:
@@ -67,6 +76,7 @@ class Method:
 
 def _methods() -> dict[str, Method]:
     from popri.methods.dpfl import recipe as dpfl
+    from popri.methods.fewfedpit import recipe as ffp
     from popri.methods.pe import recipe as pe
     from popri.methods.popri import recipe as popri
 
@@ -89,6 +99,17 @@ def _methods() -> dict[str, Method]:
                                       "updates of the downstream model + Gaussian noise"),
               ("ftrl", "DP-FTRL", "DP-FTRL (POPri C.2): T rounds, tree-aggregation noise "
                                   "restarted every round, server momentum 0.9"))),
+        *(Method(m, ffp.LABELS[m], ffp.recipe, results=ffp.results, shape=ffp.shape,
+                 participation=ffp.participation, round_entries=ffp.round_entries,
+                 model_out=ffp.model_out, embeds=False, dp=False, data_kind="instruct",
+                 evaluation=ffp.evaluation, table=ffp.table, summary=summary)
+          for m, summary in (
+              ("fewfedpit", "FewFedPIT (arXiv:2403.06131): T rounds of private training, "
+                            "self-generation + IFS, synthetic training, beta mixing; no DP"),
+              ("fedit", "FedIT: FedAvg of LoRA instruction tuning (FewFedPIT at beta = 1); "
+                        "no DP"),
+              ("fedmit", "FedMIT (FewFedPIT 4.3): self-generated and private data mixed in one "
+                         "model; no DP"))),
     )}
 
 

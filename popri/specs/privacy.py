@@ -311,3 +311,30 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
     def n_clients(self) -> int:
         """Records in D besides the canary (``clients``, or the mechanism's default)."""
         return int(self.clients or AUDIT_CLIENTS[self.mechanism])
+
+
+# --------------------------------------------------------------------------- extraction audit
+@dataclass(frozen=True)
+class ExtractSpec(Spec):
+    """``popri audit extract``: discoverable memorisation ("Scalable extraction of training data
+    from (production) language models", Nasr et al. 2023, arXiv:2311.17035, section 2; the
+    attack of FewFedPIT, arXiv:2403.06131, section 4.3): the model is prompted with a training
+    example's prefix and its greedy continuation compared with the true one by Rouge-L."""
+
+    num_examples: int = param(
+        100, "Examples attacked, each from a different client (FewFedPIT 4.3: 100); fewer when "
+             "the split has fewer clients.", short="-n", lo=1, hi=1_000_000)
+    per_client: int = param(
+        1, "Examples attacked per client at most (1: distinct clients, FewFedPIT 4.3; more "
+           "when a run has few clients).", lo=1, hi=1_000_000)
+    prefix_tokens: int = param(
+        32, "Text records: the prefix is the first this many tokens (Nasr et al. use 50 of "
+            "200); instruction records (instruction/input/output fields) use the prompt as the "
+            "prefix and the response as the continuation, as FewFedPIT 4.3.", lo=1)
+    suffix_tokens: int = param(
+        32, "Tokens of the true continuation compared (and generated, greedily) at most.", lo=1)
+    threshold: float = param(
+        0.5, "Rouge-L at or above which an example counts as extracted (the 'extracted' "
+             "share); the mean Rouge-L is FewFedPIT's figure.", lo=0, hi=1)
+    batch_size: int = param(8, "Generation batch size.", lo=1)
+    bf16: bool = param(True, "bf16 autocast (CPU: about 2x faster greedy decoding).")

@@ -3,8 +3,11 @@
     popri audit release --mechanism cosine -z 1 --trials 10000
     popri audit release --mechanism fred --epsilon 0.9 --delta 1e-5 --trials 10000 --json
     popri audit release --mechanism nn-histogram -z 1 --trials 10000 --break half-noise  # exit 1
+    popri audit extract --model runs/x/downstream/popri --data runs/x/data/private --split train
+    popri audit extract --model smollm2-135m --data data/instruct-debian -n 100 --out ex.jsonl --json
 
 Settings: :class:`popri.specs.privacy.AuditSpec`; the audit: :func:`popri.privacy.audit.run`.
+extract: :class:`popri.specs.privacy.ExtractSpec`; the attack: :func:`popri.eval.extract.run`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import typer
 
 from popri.cli.options import build, option, param_error, unwrap
 from popri.core.spec import help_of, spec_field
-from popri.specs.privacy import AuditSpec
+from popri.specs.privacy import AuditSpec, ExtractSpec
 
 app = typer.Typer(
     help="Empirical privacy audits: replay a DP mechanism on neighbouring datasets and bound its "
@@ -132,6 +135,74 @@ def release_cmd(
             typer.echo(line)
     if r["violations"]:
         raise typer.Exit(1)
+
+
+EXTRACT_HELP = """Training-data extraction audit of a checkpoint: discoverable memorisation
+(Nasr et al. 2023, arXiv:2311.17035; the attack of FewFedPIT, arXiv:2403.06131, section 4.3).
+
+Takes --num-examples training examples of --data (its --split), each from a different client
+(chosen by --seed, the same for every checkpoint), prompts --model with each example's prefix
+and compares the greedy continuation with the true one by Rouge-L (rouge-score). Instruction
+records (instruction/output fields, 'popri instruct build'): the prefix is the example's prompt
+and the continuation its response (up to --suffix-tokens). Text records: the first
+--prefix-tokens tokens, then the next --suffix-tokens.
+
+--model: any checkpoint popri writes or reads (a train-downstream directory, a LoRA adapter
+directory, a DP-FL round's model/, an alias such as smollm2-135m for the pre-trained floor).
+
+Prints a summary (examples, mean Rouge-L with its SE over clients, the share at or above
+--threshold, exact-match share) to stderr, or with --json one object on stdout; --out writes
+one JSONL row per example (prefix, truth, generated, rouge_l, exact_prefix_tokens), atomically
+('-': stdout). A measure of leakage, not a DP guarantee: run it on the eps = inf model and the
+pre-trained model too, on the same examples, to read a method's figure."""
+
+
+@app.command("extract", help=unwrap(EXTRACT_HELP))
+def extract_cmd(
+    model: str = typer.Option(..., "--model", "-m", help="Checkpoint to attack (directory, "
+                              "adapter directory, alias or hub id)."),
+    data: str = typer.Option(..., "--data", "-d", help="Federated dataset directory or JSONL "
+                             "with 'text' (and 'client_id'; instruction records: "
+                             "'instruction', 'input', 'output')."),
+    split: str = typer.Option("train", "--split", help="Split of --data (the training data)."),
+    num_examples: int = option(ExtractSpec, "num_examples"),
+    per_client: int = option(ExtractSpec, "per_client"),
+    prefix_tokens: int = option(ExtractSpec, "prefix_tokens"),
+    suffix_tokens: int = option(ExtractSpec, "suffix_tokens"),
+    threshold: float = option(ExtractSpec, "threshold"),
+    batch_size: int = option(ExtractSpec, "batch_size"),
+    bf16: bool = option(ExtractSpec, "bf16"),
+    seed: int = typer.Option(0, "--seed", help="Which examples (and clients) are attacked."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Per-example JSONL ('-': "
+                                      "stdout)."),
+    as_json: bool = typer.Option(False, "--json", help="Summary as one JSON object on stdout."),
+) -> None:
+    from pathlib import Path
+
+    from popri.core import log
+    from popri.core.guard import check_outputs
+    from popri.core.io import dumps, write_jsonl
+    from popri.eval.extract import run as do_extract
+
+    spec = build(ExtractSpec, num_examples=num_examples, per_client=per_client,
+                 prefix_tokens=prefix_tokens,
+                 suffix_tokens=suffix_tokens, threshold=threshold, batch_size=batch_size,
+                 bf16=bf16)
+    if out == "-" and as_json:
+        raise typer.BadParameter("--out - and --json both want stdout; give --out a file",
+                                 param_hint="--out")
+    check_outputs([out], [data, model if Path(model).exists() else None])
+    summary, rows = do_extract(model, data, split, spec, seed=seed)
+    if out:
+        write_jsonl(rows, out)
+    if as_json:
+        typer.echo(dumps(summary))
+    else:
+        se = summary["rouge_l_se"]
+        log.info(f"audit extract: {summary['examples']} examples, Rouge-L {summary['rouge_l']:.4f}"
+                 + (f" +- {se:.4f} (SE over clients)" if se is not None else "")
+                 + f", extracted (Rouge-L >= {summary['threshold']}) {summary['extracted']:.3f}, "
+                 f"exact {summary['exact_match']:.3f}")
 
 
 def register(root: typer.Typer) -> None:

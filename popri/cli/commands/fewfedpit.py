@@ -1,0 +1,224 @@
+"""popri fewfedpit: FewFedPIT's stages, one client round at a time (library:
+popri/methods/fewfedpit/client.py and server.py; filters: filters.py; settings:
+popri/specs/fewfedpit.py FewFedPITSpec).
+
+    popri instruct build debian --out D --max-clients 10 --max-samples-per-client 16
+    popri fewfedpit init --model smollm2-135m --seed 0 --out R/r0
+    popri fewfedpit local --data D --client C --round 1 --init R/r0 --out R/r1/C/local
+    popri fewfedpit selfgen --data D --client C --round 1 --init R/r0 --local R/r1/C/local --out R/r1/C/syn.jsonl
+    popri fewfedpit train --synthetic R/r1/C/syn.jsonl --client C --round 1 --init R/r0 --out R/r1/C/public
+    popri fewfedpit mix --local R/r1/C/local --public R/r1/C/public --round 1 --init R/r0 --out R/r1/C/mixed
+    popri fewfedpit aggregate R/r1/*/mixed --round 1 --init R/r0 --out R/r1/global
+    popri audit extract --model R/r1/global/model --data D --split train
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+import typer
+
+from popri.cli.options import build, option, unwrap
+from popri.specs.fewfedpit import FewFedPITSpec
+
+_FIELDS = {f.name for f in dataclasses.fields(FewFedPITSpec)}
+
+HELP = ("FewFedPIT (arXiv:2403.06131): federated few-shot instruction tuning with "
+        "self-generated data; one client-round stage per command. No DP guarantee "
+        "(eps = inf) unless the popri extension --clip/--noise-multiplier is used.")
+
+
+def _spec(values: dict) -> FewFedPITSpec:
+    return build(FewFedPITSpec, **{k: v for k, v in values.items() if k in _FIELDS})
+
+
+def init_cmd(
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help="Base model (alias, "
+                              "checkpoint or hub id)."),
+    out: str = typer.Option(..., "--out", "-o", help="Round-0 global weights directory."),
+    seed: int = typer.Option(0, "--seed", help="The run's seed: the LoRA initialisation and "
+                             "every client-round's choices."),
+    lora_r: int = option(FewFedPITSpec, "lora_r"),
+    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+    target_modules: Optional[str] = option(FewFedPITSpec, "target_modules"),
+) -> None:
+    """W^g_0: the base model with a LoRA adapter initialised from --seed (B = 0: the base
+    model's function), written as round 0's global weights (theta.npy, state.json, model/)."""
+    from popri.core.guard import check_outputs
+    from popri.methods.fewfedpit.client import init_global
+
+    spec = _spec(locals())
+    check_outputs([out], [])
+    init_global(model, out, spec, seed=seed)
+
+
+def local_cmd(
+    data: str = typer.Option(..., "--data", "-d", help="Instruction dataset (popri instruct "
+                             "build) or JSONL with instruction/input/output/client_id."),
+    client: Optional[str] = typer.Option(None, "--client", "-c", help="The client's id."),
+    all_clients: bool = typer.Option(False, "--all-clients", help="Pool every client's "
+                                     "examples instead (centralised tuning: the eps = inf "
+                                     "skyline of 'popri run')."),
+    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
+    init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
+    out: str = typer.Option(..., "--out", "-o", help="Local weights directory W^l."),
+    save_model: bool = typer.Option(False, "--save-model", help="Also write OUT/model (for "
+                                    "eval / audit)."),
+    split: str = typer.Option("train", "--split", help="Split of --data."),
+    lr: float = option(FewFedPITSpec, "lr"),
+    rounds: int = option(FewFedPITSpec, "rounds"),
+    local_epochs: int = option(FewFedPITSpec, "local_epochs"),
+    batch_size: int = option(FewFedPITSpec, "batch_size"),
+    max_length: int = option(FewFedPITSpec, "max_length"),
+    bf16: bool = option(FewFedPITSpec, "bf16"),
+    lora_r: int = option(FewFedPITSpec, "lora_r"),
+    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+) -> None:
+    """Private training (Algorithm 1, line 6): W^l = AdamW on the client's examples from the
+    global weights, loss on the response tokens, lr on the cosine schedule over --rounds."""
+    from popri.core.guard import check_outputs
+    from popri.methods.fewfedpit.client import run_local
+
+    from popri.core.errors import InputError
+
+    spec = _spec(locals())
+    if (client is None) == (not all_clients):
+        raise InputError("give --client C or --all-clients (one of them)", field="--client")
+    check_outputs([out], [data, init])
+    run_local(data, client, out, spec, round_=round_, init=init, split=split,
+              save_model=save_model)
+
+
+def selfgen_cmd(
+    data: str = typer.Option(..., "--data", "-d", help="Instruction dataset (the client's "
+                             "local examples: demonstrations and the copy filter)."),
+    client: str = typer.Option(..., "--client", "-c", help="The client's id."),
+    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
+    init: str = typer.Option(..., "--init", help="Round r-1's global weights (M^g generates)."),
+    local: str = typer.Option(..., "--local", help="This round's local weights (M^l scores "
+                              "IFS)."),
+    out: str = typer.Option(..., "--out", "-o", help="Every candidate, JSONL (kept: true for "
+                            "D^syn)."),
+    stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Filter counts, JSON."),
+    split: str = typer.Option("train", "--split", help="Split of --data."),
+    candidates: int = option(FewFedPITSpec, "candidates"),
+    keep: int = option(FewFedPITSpec, "keep"),
+    demos: int = option(FewFedPITSpec, "demos"),
+    io_shots: int = option(FewFedPITSpec, "io_shots"),
+    retries: int = option(FewFedPITSpec, "retries"),
+    instruction_prompts: int = option(FewFedPITSpec, "instruction_prompts"),
+    rouge_threshold: float = option(FewFedPITSpec, "rouge_threshold"),
+    instruction_tokens: int = option(FewFedPITSpec, "instruction_tokens"),
+    response_tokens: int = option(FewFedPITSpec, "response_tokens"),
+    max_length: int = option(FewFedPITSpec, "max_length"),
+    bf16: bool = option(FewFedPITSpec, "bf16"),
+    lora_r: int = option(FewFedPITSpec, "lora_r"),
+    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+) -> None:
+    """Self-generation (Algorithm 1, line 7; section 3.3): new instructions from --demos random
+    local ones (greedy, the global model), format and Rouge-L filters until --candidates (2M)
+    remain, an input + response from a --io-shots prompt (at most --retries tries), the copy
+    filter, then IFS = L(y|x) / L(y) under the local model; the --keep (M) lowest are kept.
+    Writes every candidate with its Rouge-L, IFS, fate and reason."""
+    from popri.core.guard import check_outputs
+    from popri.methods.fewfedpit.client import run_selfgen
+
+    spec = _spec(locals())
+    check_outputs([out, stats_out], [data, init, local])
+    run_selfgen(data, client, out, spec, round_=round_, init=init, local_dir=local,
+                split=split, stats_out=stats_out)
+
+
+def train_cmd(
+    synthetic: str = typer.Option(..., "--synthetic", "-s", help="selfgen's JSONL (its kept "
+                                  "rows)."),
+    client: str = typer.Option(..., "--client", "-c", help="The client's id."),
+    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
+    init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
+    out: str = typer.Option(..., "--out", "-o", help="Public weights directory W^g_k."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="fedmit: also the client's "
+                                       "private examples (one model on both)."),
+    split: str = typer.Option("train", "--split", help="Split of --data."),
+    mode: str = option(FewFedPITSpec, "mode"),
+    lr: float = option(FewFedPITSpec, "lr"),
+    rounds: int = option(FewFedPITSpec, "rounds"),
+    local_epochs: int = option(FewFedPITSpec, "local_epochs"),
+    batch_size: int = option(FewFedPITSpec, "batch_size"),
+    max_length: int = option(FewFedPITSpec, "max_length"),
+    bf16: bool = option(FewFedPITSpec, "bf16"),
+    lora_r: int = option(FewFedPITSpec, "lora_r"),
+    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+) -> None:
+    """Training on the synthetic set (Algorithm 1, line 8): W^g_k from the global weights on
+    selfgen's kept examples (fedmit with --data: on the private ones too)."""
+    from popri.core.errors import InputError
+    from popri.core.guard import check_outputs
+    from popri.methods.fewfedpit.client import run_train
+
+    spec = _spec(locals())
+    if data and spec.mode != "fedmit":
+        raise InputError("--data (private examples in the same model) is fedmit's; FewFedPIT "
+                         "trains the public weights on synthetic data only", field="--data")
+    check_outputs([out], [synthetic, init, data])
+    run_train(synthetic, client, out, spec, round_=round_, init=init, data=data, split=split)
+
+
+def mix_cmd(
+    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
+    init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
+    out: str = typer.Option(..., "--out", "-o", help="The upload W^a_k."),
+    local: Optional[str] = typer.Option(None, "--local", help="W^l (local)."),
+    public: Optional[str] = typer.Option(None, "--public", help="W^g_k (train)."),
+    mode: str = option(FewFedPITSpec, "mode"),
+    beta: float = option(FewFedPITSpec, "beta"),
+    clip: Optional[float] = option(FewFedPITSpec, "clip"),
+) -> None:
+    """Local aggregation sharing (Algorithm 1, line 9): W^a = beta W^l + (1 - beta) W^g_k
+    (fedit: W^l; fedmit: its one model). --clip (popri extension) clips the update W^a -
+    W^g_{r-1} to that L2 norm, as the noise of 'aggregate --noise-multiplier' needs."""
+    from popri.core.guard import check_outputs
+    from popri.methods.fewfedpit.client import run_mix
+
+    spec = _spec(locals())
+    check_outputs([out], [init, local, public])
+    run_mix(out, spec, round_=round_, init=init, local_dir=local, public_dir=public)
+
+
+def aggregate_cmd(
+    uploads: List[str] = typer.Argument(..., metavar="UPLOADS...", help="The round's mixed "
+                                        "weights directories."),
+    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
+    init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
+    out: str = typer.Option(..., "--out", "-o", help="Round r's global weights directory "
+                            "(with model/ for eval and audit)."),
+    clients_total: Optional[int] = typer.Option(None, "--clients-total", min=1, help="N, the "
+                                                "clients sampled from (the extension's q = K / "
+                                                "N; default K)."),
+    mode: str = option(FewFedPITSpec, "mode"),
+    clip: Optional[float] = option(FewFedPITSpec, "clip"),
+    noise_multiplier: float = option(FewFedPITSpec, "noise_multiplier"),
+    delta: float = typer.Option(3e-6, "--delta", help="delta of the ledger entry."),
+    release: bool = typer.Option(False, "--release/--research", help="Release mode: noise "
+                                 "from the OS CSPRNG, discrete Gaussian on a grid."),
+    lora_r: int = option(FewFedPITSpec, "lora_r"),
+    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+) -> None:
+    """The server (Algorithm 1, lines 12-14): W^g_r = sum_k (n_k / sum n) W^a_k; one ledger
+    entry in OUT/../ledger.jsonl: eps = inf ("no DP guarantee") without the extension, else
+    the Gaussian on the sum of clipped updates (uniform weights)."""
+    from popri.core.guard import check_outputs
+    from popri.methods.fewfedpit.server import aggregate
+
+    spec = _spec(locals())
+    check_outputs([out], [init, *uploads])
+    aggregate(uploads, out, spec, round_=round_, init=init, clients_total=clients_total,
+              delta=delta, release=release)
+
+
+def register(app: typer.Typer) -> None:
+    ffp = typer.Typer(help=HELP, no_args_is_help=True)
+    for name, fn in (("init", init_cmd), ("local", local_cmd), ("selfgen", selfgen_cmd),
+                     ("train", train_cmd), ("mix", mix_cmd), ("aggregate", aggregate_cmd)):
+        ffp.command(name, help=unwrap(fn.__doc__ or ""))(fn)
+    app.add_typer(ffp, name="fewfedpit")

@@ -1,0 +1,150 @@
+"""FewFedPIT's server step: the n_k-weighted average of the clients' uploads (Algorithm 1, lines
+12-14), one ledger entry per round, and the global model for evaluation.
+
+    popri fewfedpit aggregate R1/c1/mixed R1/c2/mixed --round 1 --init R0 --out R1/global
+
+"FewFedPIT" (arXiv:2403.06131) has no DP guarantee: it is an empirical defence against
+training-data extraction (section 4.3).  The round still goes through popri's release protocol
+(:class:`popri.privacy.release.Release`): its ledger entry is a Gaussian release with noise
+multiplier 0, which every accountant totals as eps = inf, so ``popri account`` states "no DP
+guarantee" instead of leaving the round out.
+
+popri extension (not in the paper), ``--clip C --noise-multiplier z``: each upload's update
+W^a_k - W^g_{r-1} is clipped to C on the client (``fewfedpit mix --clip``; the server refuses
+an upload above C), the server adds
+N(0, z^2 C^2) to their sum (release mode: the discrete Gaussian on a grid) and divides by the
+number of uploads -- uniform weights, since n_k-weights would let one client's data size move
+the average beyond C -- and the ledger gets ``subsampled_gaussian`` at q = K / N.  Local
+training is still not DP within a client round; the guarantee is client-level, for the
+uploaded weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from popri.core import log
+from popri.core.errors import InputError
+from popri.methods.fewfedpit import client as C
+from popri.methods.fewfedpit.weights import WeightedSum
+from popri.specs.fewfedpit import FewFedPITSpec
+
+ROUND = "round.json"
+LEDGER_STAGE = "fewfedpit"
+NO_DP = "no DP guarantee (eps = inf): FewFedPIT is an empirical defence against extraction"
+
+
+def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: int,
+              init: str, clients_total: int | None = None, delta: float = 3e-6,
+              release: bool = False, device: str | None = None) -> dict:
+    """Average the ``uploads`` (mixed weights directories of round ``round_``) into the global
+    weights directory ``out`` (with ``model/``), one ledger entry in ``OUT/../ledger.jsonl``."""
+    from popri.core.artifacts import path_digest
+    from popri.methods.dpfl.rounds import _DirOutput, _sweep_stale, add_noise, set_flat
+    from popri.models import llm
+    from popri.privacy.ledger import LedgerEntry
+    from popri.privacy.release import Release
+    from popri.specs.fl import FLSpec
+
+    t0 = time.perf_counter()
+    if not uploads:
+        raise InputError("no uploads to aggregate", field="UPLOADS")
+    device = device or llm.default_device()
+    m, tok, params, theta_g, base, gstate = C.global_weights(init, spec, device)
+    if gstate.get("round") != round_ - 1:
+        raise InputError(f"holds round {gstate.get('round')}, expected {round_ - 1}", path=init,
+                         field="round")
+    seed = int(gstate["seed"])
+    acc, uniform = WeightedSum(), WeightedSum()
+    seen, n_k, norms = set(), [], []
+    for u in uploads:
+        theta, st = C.read_state(u, ("mixed",))
+        if st.get("round") != round_:
+            raise InputError(f"holds round {st.get('round')}, expected {round_}", path=u,
+                             field="round")
+        if st.get("client") in seen:
+            raise InputError(f"client {st.get('client')!r} uploaded twice", path=u, field="client")
+        seen.add(st.get("client"))
+        if theta.shape != theta_g.shape:
+            raise InputError(f"has {theta.size} weights, the global model {theta_g.size}", path=u)
+        n = int(st.get("n_examples") or 0)
+        if n <= 0:
+            raise InputError("records no examples (n_k)", path=u, field="n_examples")
+        n_k.append(n)
+        acc.add(theta, n)
+        if spec.clip is not None:  # `fewfedpit mix --clip` clipped it on the client
+            d = theta.astype(np.float64) - theta_g.astype(np.float64)
+            nrm = float(np.linalg.norm(d))
+            if nrm > spec.clip * (1 + 1e-4) + 1e-7:
+                raise InputError(f"update norm {nrm:.6g} is above --clip {spec.clip:g}: mix it "
+                                 "with the same --clip", path=u, field="clip")
+            norms.append(nrm)
+            uniform.add(d, 1.0)
+    z = float(spec.noise_multiplier)
+    out_p = Path(out)
+    ledger = out_p.parent / "ledger.jsonl"
+    K = len(n_k)
+    N = clients_total or K
+    if N < K:
+        raise InputError(f"{K} uploads but --clients-total {N}", field="clients_total")
+    with Release(LEDGER_STAGE, seed * 100_003 + round_, secure=release, ledgers=[ledger]) as rel:
+        rel.check_ledgers()
+        if spec.clip is not None:
+            fl = FLSpec(algorithm="fedavg", clip=float(spec.clip))
+            noisy, z_eff = add_noise(uniform.total, fl, z, round_, rel, seed)
+            new = (theta_g.astype(np.float64) + noisy / K).astype(np.float32)
+            weights = "uniform (clipped updates)"
+        else:
+            new, z_eff = acc.average(), 0.0
+            weights = "n_k / sum n"
+        rid = rel.release_id(round_, sorted(path_digest(Path(u) / C.THETA) for u in uploads),
+                             spec.to_dict(), path_digest(Path(init) / C.THETA), base)
+        private = z > 0
+        info = {"round": round_, "method": spec.mode, "clients": K,
+                **({} if private else {"note": NO_DP})}
+        entry = LedgerEntry(stage=LEDGER_STAGE,
+                            mechanism=("subsampled_gaussian" if K < N else "gaussian")
+                            if private else "gaussian",
+                            noise_multiplier=float(z_eff), sample_rate=K / N if private else 1.0,
+                            steps=1, delta=delta,
+                            sensitivity=float(spec.clip) if spec.clip is not None else 1.0,
+                            sampling=("fixed" if K < N else "none") if private else "none",
+                            release_id=rid, mode=rel.mode, params=info)
+        out_p.parent.mkdir(parents=True, exist_ok=True)
+        _sweep_stale(out_p)
+        tmp = out_p.with_name(f".{out_p.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        rel.outputs = _DirOutput(tmp, out_p)
+        set_flat(params, new)
+        state = {"kind": "global", "round": round_, "client": None, "base_model": str(base),
+                 "lora": C.lora_settings(spec), "mode": spec.mode, "seed": seed}
+        np.save(tmp / C.THETA, new)
+        (tmp / C.STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+        m.save_pretrained(tmp / "model")
+        tok.save_pretrained(tmp / "model")
+        base_model = str(base) if str(base) in llm.ALIASES else llm.resolve(str(base))
+        (tmp / "model" / "metrics.json").write_text(json.dumps(
+            {"model": str(base), "base_model": base_model, "lora": True,
+             "trainable_parameters": int(new.size), "method": spec.mode, "round": round_},
+            indent=2) + "\n", encoding="utf-8")
+        summary = {"round": round_, "method": spec.mode, "beta": spec.beta_value(),
+                   "clients": K, "clients_total": N, "n_k": n_k, "weights": weights,
+                   "noise_multiplier": z, "clip": spec.clip,
+                   "update_norm_mean": float(np.mean(norms)) if norms else None,
+                   "privacy": "client-level DP (popri extension), see the ledger" if private
+                   else NO_DP, "mode": rel.mode, "release_id": rid, "base_model": str(base),
+                   "uploads": [str(u) for u in uploads]}
+        (tmp / ROUND).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        rel.commit([entry])
+    summary["seconds"] = round(time.perf_counter() - t0, 2)
+    log.info(f"fewfedpit aggregate round {round_}: {K} clients ({weights}), "
+             f"{'z ' + format(z, 'g') if private else NO_DP} -> {out}")
+    return summary
