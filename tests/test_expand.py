@@ -401,7 +401,14 @@ def test_cli_sigkill_then_resume_equals_uninterrupted(seeds_file, tiny_lm, tiny_
     proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
-    while not (d / "shard-00000.jsonl").exists() and proc.poll() is None and time.time() < deadline:
+
+    def shards_recorded() -> int:  # the shard file lands before the manifest records it
+        try:
+            return len(json.loads((d / "manifest.json").read_text()).get("shards", []))
+        except (OSError, ValueError):
+            return 0
+
+    while shards_recorded() < 1 and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
