@@ -175,6 +175,14 @@ def write_out(runs: Path, stem: str, table: dict, text: str) -> None:
         os.replace(tmp, runs / f"{stem}{suffix}")
 
 
+def paired_gap(run: Path, name: str, ref: Path, seed: int, *extra: str) -> dict:
+    """``popri eval gap`` of a run's per-client table against the seed's baselines in ``ref``."""
+    return json.loads(popri("eval", "gap", "--method", str(run / "eval" / f"{name}.clients.jsonl"),
+                            "--eps0", str(ref / "eps0.clients.jsonl"), "--epsinf",
+                            str(ref / "epsinf.clients.jsonl"), *extra, "--seed", str(seed),
+                            "--json", capture=True))
+
+
 def run_method(a, runs: Path, m: str, seed: int, carrier: str) -> Path:
     d = runs / f"{m}-s{seed}"
     over = (EXTRA.get(m, []) + [f"--set={s}" for s in scoped_sets(a.sets, m)]
@@ -198,11 +206,7 @@ def text_table(a, methods: list[str], runs: Path) -> str:
             d = run_method(a, runs, m, seed, carrier)
             r = json.loads((d / "results.json").read_text())
             name = RUN_METHOD[m]
-            ref = runs / f"{carrier}-s{seed}" / "eval"
-            gap = json.loads(popri("eval", "gap", "--method", str(d / "eval" / f"{name}.clients.jsonl"),
-                                   "--eps0", str(ref / "eps0.clients.jsonl"), "--epsinf",
-                                   str(ref / "epsinf.clients.jsonl"), "--seed", str(seed), "--json",
-                                   capture=True))
+            gap = paired_gap(d, name, runs / f"{carrier}-s{seed}" / "eval", seed)
             row = {"seed": seed, "accuracy": r["methods"][name]["accuracy"],
                    "accuracy_se": r["methods"][name]["accuracy_se"],
                    "gap_closed": gap["gap_closed"], "gap_closed_se": gap["gap_closed_se"],
@@ -275,11 +279,8 @@ def instruct_table(a, methods: list[str], runs: Path) -> str:
             d = run_method(a, runs, m, seed, carrier)
             r = json.loads((d / "results.json").read_text())
             name = RUN_METHOD[m]
-            ref = runs / f"{carrier}-s{seed}" / "eval"
-            gap = json.loads(popri("eval", "gap", "--method", str(d / "eval" / f"{name}.clients.jsonl"),
-                                   "--eps0", str(ref / "eps0.clients.jsonl"), "--epsinf",
-                                   str(ref / "epsinf.clients.jsonl"), "--allow-undefined",
-                                   "--seed", str(seed), "--json", capture=True))
+            gap = paired_gap(d, name, runs / f"{carrier}-s{seed}" / "eval", seed,
+                             "--allow-undefined")
             mi, lk = r["methods_instruct"][name], r["leakage"][name]
             res[m].append({"seed": seed, **{k: mi[k] for k in ("accuracy", "accuracy_se", "rouge_l",
                                                               "rouge_l_se")},

@@ -117,6 +117,12 @@ def resolve(name: str) -> str:
     return name
 
 
+def recorded_name(name: str) -> str:
+    """How a checkpoint records its base model: an alias as is, anything else resolved to the
+    path or hub id that loads it."""
+    return str(name) if str(name) in ALIASES else resolve(str(name))
+
+
 def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 

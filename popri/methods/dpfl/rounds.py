@@ -311,6 +311,17 @@ def _sweep_stale(out: Path) -> None:
             pass
 
 
+def staging_dir(out: Path) -> Path:
+    """A fresh temporary directory next to ``out`` (stale ones of dead processes swept) in
+    which a stage's outputs are written before :class:`_DirOutput` renames them into place."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale(out)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    return tmp
+
+
 class _DirOutput:
     """The release protocol's outputs for one directory: renamed into place on commit."""
 
@@ -441,17 +452,12 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         else:
             entry = LedgerEntry(stage=LEDGER_STAGE, mechanism="tree_aggregation",
                                 params={**info, "leaves": 1}, **common)
-        # stage everything in a temporary directory next to OUT
-        out_p.parent.mkdir(parents=True, exist_ok=True)
-        _sweep_stale(out_p)
-        tmp = out_p.with_name(f".{out_p.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        tmp = staging_dir(out_p)
         rel.outputs = _DirOutput(tmp, out_p)
         np.save(tmp / THETA, theta)
         np.savez(tmp / SERVER, velocity=vel)
         set_flat(params, theta)
-        base_model = str(base) if str(base) in llm.ALIASES else llm.resolve(str(base))
+        base_model = llm.recorded_name(base)
         m.save_pretrained(tmp / MODEL)
         tok.save_pretrained(tmp / MODEL)
         arr = np.asarray(norms, dtype=np.float64)

@@ -69,8 +69,8 @@ def rng_for(seed: int, round_: int, client: str, stream: str) -> random.Random:
 
 
 # --------------------------------------------------------------------------- weights dirs
-def read_state(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> tuple[np.ndarray, dict]:
-    """(theta, state) of a weights directory, checked."""
+def read_meta(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> dict:
+    """The checked ``state.json`` of a weights directory (its weights not loaded)."""
     p = Path(path)
     if not (p / THETA).is_file() or not (p / STATE).is_file():
         raise InputError(f"not a FewFedPIT weights directory (no {THETA} / {STATE})", path=str(p))
@@ -81,39 +81,47 @@ def read_state(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> tuple[n
     if state.get("kind") not in kinds:
         raise InputError(f"holds {state.get('kind')!r} weights, expected one of "
                          f"{', '.join(kinds)}", path=str(p), field="kind")
-    theta = np.load(p / THETA).astype(np.float32)
+    return state
+
+
+def read_state(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> tuple[np.ndarray, dict]:
+    """(theta, state) of a weights directory, checked."""
+    state = read_meta(path, kinds)
+    theta = np.load(Path(path) / THETA).astype(np.float32)
     if theta.ndim != 1 or not np.isfinite(theta).all():
-        raise InputError("theta.npy is not a finite vector", path=str(p / THETA))
+        raise InputError("theta.npy is not a finite vector", path=str(Path(path) / THETA))
     return theta, state
+
+
+def stage_files(d: Path, theta: np.ndarray, state: dict, model=None, tok=None) -> None:
+    """Write a weights directory's files into ``d``: theta.npy, state.json and, with
+    ``model``, ``model/`` (adapter + tokenizer + metrics.json, for eval / audit)."""
+    from popri.models.llm import recorded_name
+
+    np.save(d / THETA, theta.astype(np.float32))
+    (d / STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+    if model is not None:
+        model.save_pretrained(d / "model")
+        tok.save_pretrained(d / "model")
+        meta = {"model": str(state["base_model"]),
+                "base_model": recorded_name(state["base_model"]), "lora": True,
+                "trainable_parameters": int(theta.size), "method": state.get("mode"),
+                "round": state.get("round")}
+        (d / "model" / "metrics.json").write_text(json.dumps(meta, indent=2) + "\n",
+                                                  encoding="utf-8")
 
 
 def write_state(out: str | os.PathLike, theta: np.ndarray, state: dict, model=None, tok=None
                 ) -> None:
-    """Write a weights directory atomically (staged next to it, renamed into place); with
-    ``model`` also ``model/`` (the adapter + tokenizer + metrics.json, for eval / audit)."""
+    """Write a weights directory atomically: staged next to it, renamed into place."""
+    from popri.methods.dpfl.rounds import staging_dir
+    from popri.models.lora import replace_dir
+
     out_p = Path(out)
-    out_p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_p.with_name(f".{out_p.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    tmp = staging_dir(out_p)
     try:
-        np.save(tmp / THETA, theta.astype(np.float32))
-        (tmp / STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-        if model is not None:
-            model.save_pretrained(tmp / "model")
-            tok.save_pretrained(tmp / "model")
-            meta = {"model": state["base_model"], "base_model": state["base_model"],
-                    "lora": True, "trainable_parameters": int(theta.size),
-                    "method": state.get("mode"), "round": state.get("round")}
-            (tmp / "model" / "metrics.json").write_text(json.dumps(meta, indent=2) + "\n",
-                                                        encoding="utf-8")
-        if out_p.exists():
-            old = out_p.with_name(f".{out_p.name}.old{os.getpid()}")
-            os.replace(out_p, old)
-            os.replace(tmp, out_p)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_p)
+        stage_files(tmp, theta, state, model, tok)
+        replace_dir(tmp, out_p)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -318,8 +326,9 @@ def seconds_since(t0: float) -> float:
 
 
 # --------------------------------------------------------------------------- the stages
-def _check_round(init: str, round_: int) -> None:
-    _, st = read_state(init, ("global",))
+def check_round(init: str, round_: int) -> None:
+    """``init`` holds round r-1's global weights (read without loading them)."""
+    st = read_meta(init, ("global",))
     if st.get("round") != round_ - 1:
         raise InputError(f"holds round {st.get('round')}, expected {round_ - 1} (round "
                          f"{round_} starts from round {round_ - 1}'s global weights)",
@@ -335,7 +344,7 @@ def run_local(data: str, client: str | None, out: str, spec: FewFedPITSpec, *, r
     from popri.models import llm
 
     t0 = time.perf_counter()
-    _check_round(init, round_)
+    check_round(init, round_)
     device = device or llm.default_device()
     local, src = client_examples(data, split, client)
     m, tok, params, theta_g, base, g = global_weights(init, spec, device)
@@ -366,7 +375,7 @@ def run_selfgen(data: str, client: str, out: str, spec: FewFedPITSpec, *, round_
     from popri.models import llm
 
     t0 = time.perf_counter()
-    _check_round(init, round_)
+    check_round(init, round_)
     theta_l, st_l = read_state(local_dir, ("local",))
     if st_l.get("round") != round_ or str(st_l.get("client")) != str(client):
         raise InputError(f"holds client {st_l.get('client')!r} round {st_l.get('round')}, "
@@ -406,7 +415,7 @@ def run_train(synthetic: str, client: str, out: str, spec: FewFedPITSpec, *, rou
     from popri.models import llm
 
     t0 = time.perf_counter()
-    _check_round(init, round_)
+    check_round(init, round_)
     device = device or llm.default_device()
     syn = kept_samples(synthetic)
     for r in syn:
@@ -439,7 +448,7 @@ def run_mix(out: str, spec: FewFedPITSpec, *, round_: int, init: str, local_dir:
     from popri.methods.dpfl.rounds import clip
     from popri.methods.fewfedpit.weights import mix
 
-    _check_round(init, round_)
+    check_round(init, round_)
     theta_g, g = read_state(init, ("global",))
     beta = spec.beta_value()
     parts = {}

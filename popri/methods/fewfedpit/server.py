@@ -22,8 +22,6 @@ uploaded weights.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Sequence
@@ -47,7 +45,7 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
     """Average the ``uploads`` (mixed weights directories of round ``round_``) into the global
     weights directory ``out`` (with ``model/``), one ledger entry in ``OUT/../ledger.jsonl``."""
     from popri.core.artifacts import path_digest
-    from popri.methods.dpfl.rounds import _DirOutput, _sweep_stale, add_noise, set_flat
+    from popri.methods.dpfl.rounds import _DirOutput, add_noise, set_flat, staging_dir
     from popri.models import llm
     from popri.privacy.ledger import LedgerEntry
     from popri.privacy.release import Release
@@ -57,10 +55,8 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
     if not uploads:
         raise InputError("no uploads to aggregate", field="UPLOADS")
     device = device or llm.default_device()
+    C.check_round(init, round_)
     m, tok, params, theta_g, base, gstate = C.global_weights(init, spec, device)
-    if gstate.get("round") != round_ - 1:
-        raise InputError(f"holds round {gstate.get('round')}, expected {round_ - 1}", path=init,
-                         field="round")
     seed = int(gstate["seed"])
     acc, uniform = WeightedSum(), WeightedSum()
     seen, n_k, norms = set(), [], []
@@ -117,24 +113,12 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
                             sensitivity=float(spec.clip) if spec.clip is not None else 1.0,
                             sampling=("fixed" if K < N else "none") if private else "none",
                             release_id=rid, mode=rel.mode, params=info)
-        out_p.parent.mkdir(parents=True, exist_ok=True)
-        _sweep_stale(out_p)
-        tmp = out_p.with_name(f".{out_p.name}.tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+        tmp = staging_dir(out_p)
         rel.outputs = _DirOutput(tmp, out_p)
         set_flat(params, new)
         state = {"kind": "global", "round": round_, "client": None, "base_model": str(base),
                  "lora": C.lora_settings(spec), "mode": spec.mode, "seed": seed}
-        np.save(tmp / C.THETA, new)
-        (tmp / C.STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
-        m.save_pretrained(tmp / "model")
-        tok.save_pretrained(tmp / "model")
-        base_model = str(base) if str(base) in llm.ALIASES else llm.resolve(str(base))
-        (tmp / "model" / "metrics.json").write_text(json.dumps(
-            {"model": str(base), "base_model": base_model, "lora": True,
-             "trainable_parameters": int(new.size), "method": spec.mode, "round": round_},
-            indent=2) + "\n", encoding="utf-8")
+        C.stage_files(tmp, new, state, m, tok)
         summary = {"round": round_, "method": spec.mode, "beta": spec.beta_value(),
                    "clients": K, "clients_total": N, "n_k": n_k, "weights": weights,
                    "noise_multiplier": z, "clip": spec.clip,
