@@ -1,11 +1,11 @@
 """POPri vs PE (PrE-Text) vs PE+SFT vs DP-FedAvg / DP-FTRL vs eps = 0 / eps = inf, one table.
 
-    python examples/compare.py                                  # embedded default, seeds 0 1 2
+    python examples/compare.py                                  # both tables, seeds 0 1 2
     python examples/compare.py --seeds 0 1 2 --runs runs/compare --set rounds=1
     python examples/compare.py --methods popri pe --set privacy.epsilon=7
     python examples/compare.py --methods popri dp-fedavg dp-ftrl --seeds 0 1 2
     python examples/compare.py --set popri,pe,pe-sft:rounds=1 --set popri,pe,pe-sft:num_synthetic=96
-    python examples/compare.py --methods fewfedpit fedit --seeds 0 1 2   # debian instruction data
+    python examples/compare.py --methods fewfedpit fedit --seeds 0 1 2   # the debian table only
 
 Each method is a `popri run` of its config in examples/ (default.yaml, pe.yaml, pe-sft.yaml,
 dpfl.yaml for DP-FedAvg and DP-FTRL, optionally popri-nn-histogram.yaml) at the same (eps,
@@ -167,6 +167,11 @@ def leakage(model: str, data: Path, seed: int, out: Path, n: int) -> dict:
     return json.loads(out.read_text())
 
 
+def leak_cell(leak: tuple | None) -> str:
+    """The text table's extraction column: mean (SE within / between seeds), or -."""
+    return f" {fmt(leak[0])} ({fmt(leak[1])} / {fmt(leak[2])}) |" if leak else " - |"
+
+
 def write_out(runs: Path, stem: str, table: dict, text: str) -> None:
     runs.mkdir(parents=True, exist_ok=True)
     for suffix, body in ((".json", json.dumps(table, indent=2) + "\n"), (".md", text + "\n")):
@@ -228,7 +233,7 @@ def text_table(a, methods: list[str], runs: Path) -> str:
                                     d / "eval" / f"{b}.extract.json", a.extract_examples)
                         base_leak[b].append((x["rouge_l"], x["rouge_l_se"]))
     setting = "the embedded default" + (f" with {' '.join(a.sets)}" if a.sets else "")
-    leak_h = " extraction Rouge-L |" if a.leakage else ""
+    leak_h = " extraction Rouge-L (SE within / between) |" if a.leakage else ""
     lines = [f"Methods on {setting}, seeds {' '.join(map(str, a.seeds))} "
              f"({len(a.seeds)} seeds; SE within = bootstrap over test clients, between = over seeds)",
              "", "| method | epsilon (ledger) | accuracy | SE within / between | gap closed | "
@@ -248,7 +253,7 @@ def text_table(a, methods: list[str], runs: Path) -> str:
                 if a.leakage and all("leakage" in x for x in rows) else None)
         table[m] = {"accuracy": acc, "gap_closed": gap, "fid": fid, "epsilon": eps,
                     "minutes": minutes, "minutes_per_seed": mins, "leakage": leak, "runs": rows}
-        leak_c = (f" {fmt(leak[0])} |" if leak else " - |") if a.leakage else ""
+        leak_c = leak_cell(leak) if a.leakage else ""
         lines.append(f"| {LABELS[m]} | {fmt(eps, 3)} | {fmt(acc[0])} | {fmt(acc[1])} / {fmt(acc[2])} | "
                      f"{fmt(gap[0], 3)} | {fmt(gap[1], 3)} / {fmt(gap[2], 3)} | {fmt(fid, 3)} |"
                      f"{leak_c} {minutes:.1f} ({', '.join(f'{x:.1f}' for x in mins)}) |")
@@ -259,7 +264,7 @@ def text_table(a, methods: list[str], runs: Path) -> str:
         leak = mean_se([x[0] for x in base_leak[b]], [x[1] for x in base_leak[b]]) \
             if base_leak[b] else None
         table[b] = {"accuracy": acc, "minutes": minutes, "minutes_per_seed": mins, "leakage": leak}
-        leak_c = (f" {fmt(leak[0])} |" if leak else " - |") if a.leakage else ""
+        leak_c = leak_cell(leak) if a.leakage else ""
         lines.append(f"| {label} | {eps} | {fmt(acc[0])} | {fmt(acc[1])} / {fmt(acc[2])} | "
                      f"{'0' if b == 'eps0' else '1'} | - | - |{leak_c} {minutes:.1f} "
                      f"({', '.join(f'{x:.1f}' for x in mins)}) |")
@@ -306,7 +311,7 @@ def instruct_table(a, methods: list[str], runs: Path) -> str:
         acc = mean_se([x["accuracy"] for x in rows], [x["accuracy_se"] for x in rows])
         rl = mean_se([x["rouge_l"] for x in rows], [x["rouge_l_se"] for x in rows])
         lk = mean_se([x["leakage"] for x in rows], [x["leakage_se"] for x in rows])
-        ok = [x for x in rows if x["gap_closed"] is not None]
+        ok = [x for x in rows if x.get("gap_closed") is not None]
         g = mean_se([x["gap_closed"] for x in ok], [x["gap_closed_se"] for x in ok]) \
             if gap and ok else None
         minutes = sum(x["seconds"] for x in rows) / len(rows) / 60
@@ -329,7 +334,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", default="runs/compare", help="Directory of the runs.")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--methods", nargs="+", default=["popri", "pe", "pe-sft", "dp-fedavg", "dp-ftrl"],
+    ap.add_argument("--methods", nargs="+", default=["popri", "pe", "pe-sft", "dp-fedavg", "dp-ftrl",
+                                                     "fewfedpit", "fedit"],
                     choices=sorted(CONFIGS))
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="Config override (popri run --set) for every run, or METHODS:KEY=VALUE "
@@ -338,7 +344,8 @@ def main() -> None:
                     help="Text-data methods: the extraction audit's column (popri audit extract "
                          "of every method's model, eps = 0 and eps = inf; cached).")
     ap.add_argument("--extract-examples", type=int, default=100,
-                    help="Training examples (one per client) the extraction audit attacks.")
+                    help="Training examples (one per client; FewFedPIT's table: round-robin "
+                         "over its 12 clients) the extraction audit attacks.")
     a = ap.parse_args()
     for m in CONFIGS:  # validate the scopes before any run starts
         scoped_sets(a.sets, m)

@@ -48,12 +48,14 @@ def test_debian_task_from_fixture():
     exs = I.debian_examples(sd.documents, InstructSpec(min_output_words=1))
     by = {e["package"]: e for e in exs}
     a = by["alpha-tool"]
-    assert a["instruction"] == "Describe the Debian package alpha-tool."
-    assert a["input"] == "command-line tool for alpha streams"
+    assert a["instruction"] == ("Describe the Debian package alpha-tool: command-line tool for "
+                                "alpha streams.")
+    assert a["input"] == ""
     assert a["output"].startswith("Alpha reads streams of records")
     assert "\n\n" in a["output"] and a["client_id"] == "alice@example.org"
     # the synopsis is never its own response; a package without a long description is dropped
-    assert all(e["output"] != e["input"] for e in exs)
+    assert all(not e["output"].startswith(e["instruction"].split(": ", 1)[1].rstrip("."))
+               for e in exs)
 
 
 def test_sotu_task_pairs_are_consecutive_and_disjoint():
@@ -185,3 +187,20 @@ def test_clusters_partition(tiny_st_model, tmp_path):
     # seeded: the same split again
     I.build(str(f), str(tmp_path / "o2"), spec, seed=0)
     assert (tmp_path / "o" / "train.jsonl").read_bytes() == (tmp_path / "o2" / "train.jsonl").read_bytes()
+
+
+def test_debian_instructions_of_other_packages_pass_the_novelty_filter():
+    """FewFedPIT's novelty filter compares instructions alone: another package's instruction must
+    be able to pass it (with "Describe the Debian package NAME." two names score 0.8 > 0.7)."""
+    from popri.data.debian import load_debian
+    from popri.methods.fewfedpit.filters import novel_instructions
+
+    sd = load_debian(str(FIX / "debian"))
+    ins = [e["instruction"] for e in I.debian_examples(sd.documents, InstructSpec(min_output_words=1))]
+    assert len(ins) >= 2
+    for i, own in enumerate(ins):
+        others = ins[:i] + ins[i + 1:]
+        rows, counts = novel_instructions(others, [own], keep=len(others))
+        assert counts["rouge_local"] == 0, rows
+        _, again = novel_instructions([own], [own], keep=1)   # a copy is still dropped
+        assert again["rouge_local"] == 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Optional
 
 import click
@@ -342,6 +343,10 @@ def main(argv: list[str] | None = None) -> None:
     handled like Ctrl-C (temporary files removed) with exit 128 + signal."""
     _guard_std_streams()
     _install_signal_handlers()
+    # peft asks transformers >= 5 for `is_gradient_checkpointing`, which warns on every model
+    # load: two lines per stage that say nothing to a popri user and bury the CI log
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated",
+                            category=FutureWarning)
     cmd = typer.main.get_command(app)
     _guard_floats(cmd)
     try:

@@ -13,13 +13,20 @@ The tasks here are built from the corpora popri reads (:mod:`popri.data.sources`
 ========== ========================================= ============================ ===============
 source     instruction                               input                        response
 ========== ========================================= ============================ ===============
-debian     "Describe the Debian package NAME."       the synopsis                 long description
+debian     "Describe the Debian package NAME:        (none)                       long description
+           SYNOPSIS."
 sotu       "Continue this passage from SPEAKER's     >= context_words of whole    the passage that
            State of the Union address."              sentences                    follows
 shakespeare "Write ROLE's reply in PLAY."            the previous speech, "WHO:   the role's speech
                                                      text"
 FILE       the ``instruction`` field                 ``input`` (optional)         ``output``
 ========== ========================================= ============================ ===============
+
+FewFedPIT's self-generation keeps only instructions novel against the client's own (Rouge-L
+<= 0.7 on the instruction alone), so it needs tasks whose instructions differ: debian's carry the
+package and its synopsis; sotu's and shakespeare's are one instruction per client (the task is
+in the ``input``), so no generated instruction passes there and FewFedPIT reduces to shrinking
+each FedIT update towards the global weights.  Use debian or your own data for FewFedPIT.
 
 Clients: ``partition natural`` keeps the corpus' own (debian: maintainer, naturally few-shot
 and non-IID; sotu: address; shakespeare: play/role; FILE: ``--client-column``).  ``clusters``
@@ -132,8 +139,13 @@ def _example(cid: str, instruction: str, input: str, output: str, fields: dict,
 
 
 def debian_examples(docs: list[Document], spec: InstructSpec) -> list[dict]:
-    """"Describe the Debian package NAME." + synopsis -> long description, client = maintainer.
-    Packages with a synopsis only (no long description) make no example."""
+    """"Describe the Debian package NAME: SYNOPSIS." -> long description, client = maintainer.
+    Packages with a synopsis only (no long description) make no example.
+
+    The synopsis is part of the instruction (not an ``input``) so that instructions differ by
+    more than a package name: FewFedPIT's Self-Instruct novelty filter (Rouge-L <= 0.7 to every
+    local instruction) compares instructions alone, and "Describe the Debian package A." vs
+    "... B." score 0.8, so with a bare-name template no generated instruction is ever novel."""
     out = []
     for d in docs:
         paras = _paragraphs(d.text)
@@ -141,7 +153,7 @@ def debian_examples(docs: list[Document], spec: InstructSpec) -> list[dict]:
             continue
         synopsis = paras[0].rstrip(".")
         name = d.fields.get("package", "")
-        ex = _example(d.client_id, f"Describe the Debian package {name}.", synopsis,
+        ex = _example(d.client_id, f"Describe the Debian package {name}: {synopsis}.", "",
                       "\n\n".join(paras[1:]),
                       {"package": name, "section": d.fields.get("section", "")}, spec)
         if ex:

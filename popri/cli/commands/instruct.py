@@ -22,7 +22,7 @@ from popri.specs.instruct import InstructSpec
 HELP = """Build federated instruction data: (instruction, input, response) triples held by
 clients, the data of FewFedPIT (arXiv:2403.06131, section 4.1), from the offline corpora.
 
-SOURCE: debian ("Describe the Debian package NAME." + its synopsis -> the long description;
+SOURCE: debian ("Describe the Debian package NAME: SYNOPSIS." -> the long description;
 client = the maintainer: naturally few-shot and non-IID), sotu (a passage of an address ->
 the passage that follows; client = the address), shakespeare (the previous speech -> a role's
 reply; client = play/role, as LEAF), or a local .jsonl/.json file with instruction, output and
