@@ -104,7 +104,9 @@ print('test-min (flower): ' + ', '.join(f'{n} {v(n)}' for n in ('flwr', 'ray', '
 # engine job and the toy sum on loopback; the timeout) run with
 #   .venv-min/bin/python -m pytest -m slow tests/test_flower.py tests/test_flower_deploy.py
 POPRI_THREADS=${POPRI_THREADS:-2} "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-  -m "not slow" "$@" tests/test_flower.py tests/test_flower_deploy.py \
+  -m "not slow" "$@" tests/test_flower.py tests/test_flower_deploy.py tests/test_flower_staging.py \
+  "tests/test_release_fields.py::test_fw03_fw02_score_on_flower_release_writes_only_public_fields" \
+  "tests/test_release_fields.py::test_fl_round_on_flower_release_writes_only_public_fields" \
   "tests/test_dpfl.py::test_flower_round_equals_in_process_at_z0_and_ledgers_the_ddg" \
   "tests/test_dpfl.py::test_popri_run_dp_fedavg_on_flower_spends_the_budget_through_the_ddg"
 rc=$?

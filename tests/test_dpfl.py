@@ -113,7 +113,9 @@ def test_server_step_is_the_mean_of_clipped_updates_and_momentum_carries_over(
     d = theta0.size
     unit = 1.0 / math.sqrt(d)  # each coordinate of a clipped all-ones update, per unit of C
     mean = (0.3 * unit + 0.0 + 0.3 * unit) / 3            # clients 0, 1, 2 in turn
-    assert len(seen) == 3 and s1["participants"] == 3 and s1["clipped_share"] == pytest.approx(2 / 3)
+    d1 = s1["private_diagnostics"]  # research mode: the exact statistics, labelled NOT PRIVATE
+    assert len(seen) == 3 and d1["participants"] == 3 and d1["clipped_share"] == pytest.approx(2 / 3)
+    assert d1["private"] is False and "NOT PRIVATE" in d1["note"]
     assert np.allclose(theta1 - theta0, 0.5 * mean, atol=1e-7)
     out2 = tmp_path / "fl" / "round2"
     R.run_round(str(data), str(out2), spec, round_=2, noise_multiplier=0.0, init=str(out1),
@@ -136,7 +138,7 @@ def test_round_writes_the_ledger_and_a_model_eval_accuracy_reads(tiny_lm, tmp_pa
     assert (e.stage, e.mechanism, e.noise_multiplier, e.sample_rate, e.sensitivity, e.sampling) \
         == ("fl", "subsampled_gaussian", 1.5, 0.5, 0.01, "fixed")
     assert e.params["round"] == 1 and e.params["dim"] == np.load(out / R.THETA).size
-    r = json.loads((out / R.ROUND).read_text())
+    r = json.loads((out / R.ROUND).read_text())["private_diagnostics"]
     assert r["participants"] == 3 and r["update_norm_mean"] > 0
     # the same command again (research mode): the same weights and release id (counted once)
     out_b = tmp_path / "r2" / "round1"
@@ -248,7 +250,7 @@ def test_flower_round_equals_in_process_at_z0_and_ledgers_the_ddg(tiny_lm, tmp_p
     run_popri([*base, "-z", "0", "--out", tmp_path / "fl" / "round1", "--engine", "flower",
                "--supernodes", "3"], check=True)
     a, b = (np.load(tmp_path / d / "round1" / R.THETA) for d in ("in", "fl"))
-    r = json.loads((tmp_path / "fl" / "round1" / R.ROUND).read_text())
+    r = json.loads((tmp_path / "fl" / "round1" / R.ROUND).read_text())["private_diagnostics"]
     # theta moves by server_lr * sum / L: the sum's error bound over L
     assert np.abs(a - b).max() <= r["flower"]["quantisation_bound"] / 5 + 1e-6
     assert r["flower"]["survivors"] == 3 and not list((tmp_path / "fl").glob(".popri-flower*"))
@@ -276,7 +278,7 @@ def test_popri_run_dp_fedavg_on_flower_spends_the_budget_through_the_ddg(tmp_pat
     (e,) = read_ledger(run / "fl" / "ledger.jsonl")
     assert e.mechanism == "distributed_discrete_gaussian" and e.params["round"] == 1
     assert res["epsilon"] <= 1.0 * (1 + 1e-6) and res["epsilon"] == pytest.approx(1.0, abs=2e-3)
-    r = json.loads((run / "fl" / "round1" / R.ROUND).read_text())
+    r = json.loads((run / "fl" / "round1" / R.ROUND).read_text())["private_diagnostics"]
     assert r["flower"]["survivors"] == 3
 
 

@@ -198,7 +198,10 @@ def test_a_node_dropping_mid_round_is_recovered_and_the_ledger_states_what_holds
          "--secagg-mechanism", "gaussian", "--max-dropout", "0.2"],
         capture_output=True, text=True, timeout=300,
         env=dict(os.environ, POPRI_THREADS="2", POPRI_FLOWER_DROP="0,1,3"))
-    assert r.returncode == 1 and "SecAgg+ halted" in r.stderr and "flower.log" in r.stderr
+    assert r.returncode == 1 and "SecAgg+ halted" in r.stderr and ".popri-flower-" in r.stderr
+    # the job (the clients' embeddings) is gone; its log is kept next to the output
+    assert not [d for d in fed.glob(".popri-flower-*") if d.is_dir()]
+    assert list(fed.glob(".popri-flower-*.log"))
     assert not (fed / "d3.npy").exists()
     assert len((fed / "ledger.jsonl").read_text().splitlines()) == 2
     assert not no_ray_left()

@@ -37,6 +37,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # help is Rich markup on every typer version popri admits (older ones defaulted to none):
+    # popri.cli.options.escape / unwrap escape the brackets of the texts, e.g. 'popri[flower]'
+    rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 
@@ -335,6 +338,21 @@ def _guard_floats(command) -> None:
     command.callback = checked
 
 
+#: what POPRI_RELEASE may say (every --release flag reads it; anything else is a typo)
+_RELEASE_ON, _RELEASE_OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _check_release_env() -> None:
+    """POPRI_RELEASE must be a clear yes or no: 'maybe' or 'ture' silently meaning research
+    mode (or release mode) is the worst kind of typo in a DP tool."""
+    from popri.core.errors import InputError
+
+    v = os.environ.get("POPRI_RELEASE")
+    if v is not None and v.strip().lower() not in _RELEASE_ON + _RELEASE_OFF:
+        raise InputError(f"must be one of 1/true/yes/on (release mode) or 0/false/no/off/empty "
+                         f"(research mode), got {v!r}", field="POPRI_RELEASE")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: run the app, turning PopriError into one line + exit code.
 
@@ -350,6 +368,7 @@ def main(argv: list[str] | None = None) -> None:
     cmd = typer.main.get_command(app)
     _guard_floats(cmd)
     try:
+        _check_release_env()
         rv = cmd.main(args=argv, prog_name="popri", standalone_mode=False)
         code = rv if isinstance(rv, int) else 0
     except PopriError as e:

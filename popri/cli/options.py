@@ -35,7 +35,7 @@ def option(spec_cls, name: str, *decls: str, **overrides: Any) -> Any:
             decls = (f"{flag}/--no-{flag[2:]}",)
         else:
             decls = (flag,) + ((md["short"],) if md.get("short") else ())
-    kw: dict[str, Any] = {"help": help_of(f)}
+    kw: dict[str, Any] = {"help": escape(help_of(f))}
     if md.get("envvar"):
         kw["envvar"] = md["envvar"]
     if isinstance(dflt, (list, tuple)) and md.get("sep"):
@@ -63,9 +63,19 @@ def build(spec_cls, **values: Any):
         raise InputError(e.message, field=names.get(e.field or "", e.field)) from None
 
 
+def escape(text: str) -> str:
+    """Help text shown as written: the app renders help with Rich markup (``rich_markup_mode``
+    in popri/cli/app.py), which would take ``[flower]`` in ``pip install 'popri[flower]'`` for a
+    style tag and drop it; this escapes every such bracket (Rich's own ``markup.escape``)."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
 def unwrap(text: str) -> str:
-    """A help text written with hard line breaks as paragraphs click can re-wrap."""
-    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
+    """A help text written with hard line breaks as paragraphs click can re-wrap (and Rich shows
+    as written: :func:`escape`)."""
+    return escape("\n\n".join(" ".join(p.split()) for p in text.split("\n\n")))
 
 
 def param_error(err, option_names: dict[str, str]) -> InputError:

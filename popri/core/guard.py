@@ -36,6 +36,8 @@ from popri.core.errors import InputError
 from popri.core.artifacts import json_sidecar
 from popri.core.io import STDIO, meta_path, sidecar_path
 
+#: what a file output is named (an existing directory of such a name is refused)
+FILE_SUFFIXES = (".npy", ".npz", ".jsonl", ".json", ".md", ".csv", ".txt", ".tsv")
 #: the files a reader takes from a federated dataset directory (besides ``--split NAME.jsonl``)
 DATASET_FILES = ("train.jsonl", "val.jsonl", "test.jsonl", "manifest.json")
 
@@ -107,6 +109,10 @@ def check_outputs(outputs: Iterable[str | os.PathLike | None],
     written: call it first.
     """
     outs = _given(outputs)
+    for out in outs:  # a file output named like a file that is a directory: refuse it now,
+        # before any work (and before a ledger is put "next to" it, i.e. inside it)
+        if Path(out).suffix.lower() in FILE_SUFFIXES and Path(out).is_dir():
+            raise InputError("is a directory; give a file name", path=out)
     read: dict = {}
     for inp in _given(inputs):
         for f in _read_files(inp):

@@ -52,3 +52,17 @@ def cache_dir() -> Path:
         p = Path(base) / "popri"
     p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+def fault_point(name: str) -> None:
+    """Test hook at a named point of a commit (the release protocol's ``after-ledger``, a
+    directory swap's ``after-exchange`` / ``between-renames``): ``POPRI_FAULT=NAME`` raises an
+    OSError there, ``POPRI_FAULT=kill-NAME`` kills the process with SIGKILL there, so tests can
+    show what a failure or a kill at that point leaves behind."""
+    fault = os.environ.get("POPRI_FAULT")
+    if fault == name:
+        raise OSError(5, f"injected fault at {name} (POPRI_FAULT)")
+    if fault == f"kill-{name}":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

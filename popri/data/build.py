@@ -48,7 +48,12 @@ def is_dataset_dir(path: str | Path) -> bool:
 
 
 def check_out_dir(out: str, force: bool) -> None:
+    if out in ("", "-"):
+        raise InputError(f"'{out}' is not a directory name ('-' is stdout): give --out a "
+                         "directory", field="--out")
     p = Path(out)
+    if p.is_symlink():
+        raise InputError("is a symbolic link; give the real directory as --out", path=out)
     if p.exists() and not p.is_dir():
         raise InputError("exists and is not a directory", path=out)
     if p.is_dir() and any(p.iterdir()) and not is_dataset_dir(p) and not force:

@@ -128,6 +128,33 @@ def _paragraphs(text: str) -> list[str]:
     return [p.strip() for p in text.split("\n\n") if p.strip()]
 
 
+# --------------------------------------------------------------------------- records
+def check_example(r: object, *, path: str | None = None, line: int | None = None) -> dict:
+    """``r`` if it is an instruction record: ``instruction`` and ``output`` non-empty strings,
+    ``input`` a string or absent / null; else an :class:`InputError` naming the file, the line
+    and the field.  Every reader of instruction JSONL checks its records with this (``instruct
+    build``, ``eval instruct``, ``fewfedpit local | selfgen | train``)."""
+    if not isinstance(r, dict):
+        raise InputError("not a JSON object", path=path, line=line)
+    for f in ("instruction", "output"):
+        if not isinstance(r.get(f), str) or not r[f].strip():
+            raise InputError("missing or not a non-empty string", path=path, line=line, field=f)
+    if r.get("input") is not None and not isinstance(r["input"], str):
+        raise InputError("must be a string (or absent)", path=path, line=line, field="input")
+    return r
+
+
+def read_examples(data: str, split: str = "train") -> tuple[list[dict], str]:
+    """(instruction records, source file) of a dataset directory's ``split`` or a JSONL file
+    ('-' = stdin), each checked by :func:`check_example`."""
+    from popri.models.embed import read_records
+
+    recs, src = read_records(data, split, locate=True)
+    for r in recs:
+        check_example(r, path=r.pop("_path"), line=r.pop("_line"))
+    return recs, src
+
+
 # --------------------------------------------------------------------------- tasks
 def _example(cid: str, instruction: str, input: str, output: str, fields: dict,
              spec: InstructSpec) -> dict | None:
@@ -239,13 +266,7 @@ def table_examples(path: str, client_column: str | None, spec: InstructSpec) -> 
     need_client = spec.partition == "natural"
     out = []
     for n, r in rows:
-        if not isinstance(r, dict):
-            raise InputError("not a JSON object", path=path, line=n)
-        for f in ("instruction", "output"):
-            if not isinstance(r.get(f), str) or not r[f].strip():
-                raise InputError("missing or not a non-empty string", path=path, line=n, field=f)
-        if r.get("input") is not None and not isinstance(r["input"], str):
-            raise InputError("must be a string", path=path, line=n, field="input")
+        check_example(r, path=path, line=n)
         cid = r.get(col)
         if need_client and (cid is None or str(cid).strip() == ""):
             raise InputError("missing: the natural partition needs a client per row (name the "
@@ -388,6 +409,12 @@ def build(name: str, out: str, spec: InstructSpec | None = None, *, seed: int = 
         records[assign[c]].extend(per_client[c])
     if not records["train"]:
         log.warn(f"split train is empty ({len(per_client)} clients); raise --max-clients")
+    for split, frac in (("val", spec.val_frac), ("test", spec.test_frac)):
+        if frac > 0 and not records[split]:  # asked for, but no client fell into it
+            log.warn(f"split {split} got no client ({len(per_client)} clients, --{split}-frac "
+                     f"{frac:g}, --split {spec.split}): it is empty and 'popri eval instruct "
+                     f"--split {split}' refuses it; give more clients (more data or a larger "
+                     f"--max-clients) or a larger --{split}-frac")
     manifest = {
         "format": FORMAT, "format_version": FORMAT_VERSION, "popri_version": __version__,
         "source": {**details, "examples": len(examples), "clients": len(by_client)},

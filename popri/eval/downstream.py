@@ -41,7 +41,6 @@ import numpy as np
 from popri.core import log, runtime
 from popri.core.errors import InputError
 from popri.models import llm
-from popri.models.lora import replace_dir
 from popri.specs.training import DownstreamSpec, EvalSpec
 
 PER_CLIENT_FIELDS = ("client_id", "tokens", "correct", "loss_sum")
@@ -456,10 +455,27 @@ def _check_val_not_test(src) -> None:
                              "directory (its val split is used) or another file", path=str(src))
 
 
-def _prepare_out(out_dir: str, force: bool) -> Path:
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise InputError("output exists and is not empty (use --force to replace it)", path=str(out))
+def _legacy_model(p: Path) -> bool:
+    """A model directory written before the ownership marker: train-downstream's own
+    metrics.json (its ``best_epoch`` and ``history``) beside a model or an adapter."""
+    try:
+        m = json.loads((p / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(m, dict) and "best_epoch" in m and isinstance(m.get("history"), list)
+            and ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()))
+
+
+def _prepare_out(out_dir: str, force: bool, inputs=()) -> Path:
+    """The directory-output rule (:func:`popri.core.outdir.check`): a non-empty ``out_dir`` is
+    replaced only with ``force`` and only when it is a model popri wrote; never a file, a
+    device, a link, a foreign directory, an input or a directory holding a ledger."""
+    from popri.core import outdir
+
+    out = outdir.check(out_dir, inputs=inputs, legacy=_legacy_model)
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise InputError("output exists and is not empty (use --force to replace it)",
+                         path=str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -487,7 +503,9 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     max_length, count_eos, lora = spec.max_length, spec.count_eos, spec.lora
     torch = runtime.configure_torch()
     device = device or llm.default_device()
-    out = _prepare_out(out_dir, force)
+    out = _prepare_out(out_dir, force, inputs=[x for x in (train_records, val_records, model)
+                                               if isinstance(x, (str, os.PathLike))
+                                               and os.path.exists(x)])
     _check_val_not_test(val_records)
     recs, train_src = load_records(train_records, train_split, max_samples=spec.max_samples)
     if not recs:
@@ -598,14 +616,15 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     }
     if not lora:  # no adapter: its settings did not apply
         metrics.update(lora_r=None, lora_alpha=None, target_modules=None)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    from popri.core import outdir
+
+    tmp = outdir.staging_dir(out)
     try:
         m.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n",
                                           encoding="utf-8")
-        replace_dir(tmp, out)
+        outdir.replace(tmp, out, kind="downstream-model", legacy=_legacy_model)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

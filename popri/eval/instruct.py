@@ -33,15 +33,17 @@ def evaluate(model_path: str, data: str, split: str = "test", *, max_samples: in
     import torch
 
     from popri.eval.downstream import load_model, paired_bootstrap
-    from popri.models.embed import read_records
     from popri.models.instruct import encode, greedy_texts
     from popri.eval.rouge import rouge_l
-    from popri.data.instruct import prompt
+    from popri.core.errors import InputError
+    from popri.data.instruct import prompt, read_examples
     from popri.models.llm import autocast, default_device
 
     t0 = time.perf_counter()
     device = device or default_device()
-    recs, src = read_records(data, split, ("instruction", "output"))
+    recs, src = read_examples(data, split)
+    if not recs:  # an empty split (instruct build with too few clients) scores nothing
+        raise InputError(f"no examples in split {split!r}: nothing to evaluate", path=src)
     if max_samples is not None:
         recs = recs[:max_samples]
     model, tok = load_model(model_path, device=device)

@@ -178,7 +178,7 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     if noise_multiplier == 0 and not diagnostic:
         log.warn("--noise-multiplier 0: NO PRIVACY. The exact aggregate is released "
                  "(recorded in the ledger with noise_multiplier 0).")
-    if L == 0:
+    if L == 0 and not secure:  # release mode says nothing about the realised sample
         log.warn(f"Poisson sampling at q={part.sample_rate} drew no client from {N}: the "
                  "output is pure noise, added by the server.")
 
@@ -214,7 +214,11 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
         layout["engine"] = {"engine": "flower", "supernodes": flower.nodes,
                             "secagg_mechanism": spec.secagg_mechanism,
                             "max_dropout": spec.max_dropout}
-        params = params | {"engine": flower.params()}
+        # release mode: the engine's realised shape (nodes = min(S, L), survivors, the plan
+        # sized by L, its quantisation bound) follows the private participant count
+        params = params | {"engine": {"engine": "flower", "supernodes_requested":
+                                      spec.supernodes, "secagg_mechanism":
+                                      spec.secagg_mechanism} if secure else flower.params()}
         noise_params = {"noise": spec.secagg_mechanism, "nominal_noise_multiplier":
                         noise_multiplier, "secagg": "flower SecAgg+"}
         if spec.secagg_mechanism == "ddg":
@@ -222,8 +226,8 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
             from popri.privacy import ddg
 
             noise_params |= ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg),
-                                              flower.survivors)
-        for note in flower.notes:
+                                              flower.survivors, release=secure)
+        for note in ([] if secure else flower.notes):
             log.warn(f"score: {note}")
     entry = None
     if not diagnostic:
@@ -282,12 +286,16 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
                  "the client count, which is private under add/remove-one-client neighbours. "
                  "Give --clients-per-round L, or --public-clients N if the enrolled count is "
                  "public, for a mean; rankings are the same either way")
-    if flower is not None:
+    if flower is not None and not secure:
         log.info(f"score: Flower SecAgg+ ({spec.secagg_mechanism}): {flower.survivors} of "
                  f"{flower.nodes} SuperNodes, {flower.seconds:.1f} s (round "
                  f"{flower.round_seconds:.1f} s), quantisation bound "
                  f"{flower.quantisation_bound:.3g} per score")
-    log.info(f"score: {mode}, {L} of {N} clients, {n} synthetic samples, z={noise_multiplier}, "
+    # release mode: neither N nor the realised L (private under add/remove-one-client)
+    who = f"{L} of {N} clients" if not secure else (
+        f"{spec.clients_per_round} clients per round" if part.sampling == "fixed" else
+        f"Poisson sample at q={q:g}" if part.sampling == "poisson" else "every client")
+    log.info(f"score: {mode}, {who}, {n} synthetic samples, z={noise_multiplier}, "
              f"q={q:g}, {rel.mode} mode" + (f" -> {out}" if out and out != io.STDIO else "")
              + (" (DIAGNOSTIC: not private, no ledger entry)" if diagnostic else ""))
     if entry is not None and z_eff > 0:
@@ -303,35 +311,21 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
 
 def _flower_round(priv, syn, codes, clients, part, keep, spec, *, mode, noise_multiplier, sens,
                   seed, round_, secure, out, ledger_dir):
-    """The round's secure sum on Flower (:mod:`popri.federated.flower.engine`), its job
-    directory next to the output."""
-    import tempfile
-
+    """The round's secure sum on Flower (:mod:`popri.federated.flower.engine`), its private job
+    directory next to the output (removed on every exit path)."""
     from popri.federated.flower import engine
 
     engine.require_flower()
     where = (Path(out).parent if out and out != io.STDIO else
              Path(ledger_dir) if ledger_dir else Path("."))
-    where.mkdir(parents=True, exist_ok=True)
-    job = Path(tempfile.mkdtemp(prefix=".popri-flower-", dir=where))
-    ok = False
-    try:
-        r = engine.run_round(
+    with engine.job_dir(where) as job:
+        return engine.run_round(
             mode=mode, emb=priv.embeddings if priv else None, codes=codes, clients=clients,
             part=part, keep=keep,
             syn=np.asarray(syn.embeddings), spec=spec, noise_multiplier=noise_multiplier,
             sensitivity=sens, seed=seed, round_=round_, job=job,
             meta=priv.meta if priv else dict(syn.meta),
             release=secure)
-        ok = True
-        return r
-    finally:
-        import os
-        import shutil
-
-        # a failed round keeps its job directory: the error names its flower.log
-        if ok and os.environ.get(engine.KEEP_ENV) != "1":
-            shutil.rmtree(job, ignore_errors=True)
 
 
 #: what release mode leaves out of every written file (private under add/remove-one-client)

@@ -221,9 +221,11 @@ def is_federated_dir(path: str | os.PathLike) -> bool:
     return p.is_dir() and ((p / "manifest.json").exists() or (p / "train.jsonl").exists())
 
 
-def read_records(path: str, split: str = "train", required: tuple[str, ...] = ()) -> tuple[list[dict], str]:
+def read_records(path: str, split: str = "train", required: tuple[str, ...] = (),
+                 locate: bool = False) -> tuple[list[dict], str]:
     """(records, source file) from a federated dataset directory (its ``split``) or a JSONL file
-    ('-' = stdin); a record without ``id`` gets its 0-based row number."""
+    ('-' = stdin); a record without ``id`` gets its 0-based row number.  ``locate``: each
+    record also carries ``_path`` / ``_line`` (:func:`popri.core.io.iter_jsonl`)."""
     src = path
     if path != STDIO and Path(path).is_dir():
         if not is_federated_dir(path):
@@ -231,7 +233,7 @@ def read_records(path: str, split: str = "train", required: tuple[str, ...] = ()
                              path=path)
         src = str(Path(path) / f"{split}.jsonl")
     recs = [r if "id" in r else {"id": str(i), **r}
-            for i, r in enumerate(iter_jsonl(src, required=required))]
+            for i, r in enumerate(iter_jsonl(src, required=required, locate=locate))]
     return recs, src
 
 

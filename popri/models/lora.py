@@ -23,6 +23,7 @@ loaded as a PEFT model, which TRL would copy as the reference.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -227,13 +228,24 @@ def list_checkpoints(out_dir: str | os.PathLike, complete_only: bool = True) -> 
     return [p for _, p in sorted(found)]
 
 
+def _legacy_run(p: Path) -> bool:
+    """A training run directory written before the ownership marker: its run.json is ours
+    (``kind`` dpo / sft and a ``fingerprint``)."""
+    try:
+        r = json.loads((p / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(r, dict) and r.get("kind") in ("dpo", "sft") and "fingerprint" in r
+
+
 def prepare_out(out_dir: Path, kind: str, fingerprint: str, config: dict,
                 resume: bool) -> str | None:
     """Check / write OUT/run.json; return the checkpoint to resume from (or None).  A resumed
     run must have the same ``fingerprint`` (data and settings); ``resume=False`` deletes earlier
     checkpoints; a checkpoint half-written by a killed run is always removed."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from popri.core import outdir
+
+    out_dir = outdir.claim(out_dir, kind=kind, legacy=_legacy_run)
     for p in set(list_checkpoints(out_dir, complete_only=False)) - set(list_checkpoints(out_dir)):
         log.warn(f"{kind}: removing incomplete checkpoint {p} (a run was killed while saving it)")
         shutil.rmtree(p)
@@ -255,41 +267,35 @@ def prepare_out(out_dir: Path, kind: str, fingerprint: str, config: dict,
     return None
 
 
-def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Move a finished directory into place (rename; an older ``dest``, a directory or a file,
-    is moved aside first and removed after)."""
-    src, dest = Path(src), Path(dest)
-    old = None
-    if dest.exists() or dest.is_symlink():
-        old = dest.with_name(f".{dest.name}.old{os.getpid()}")
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(dest, old)
-    os.replace(src, dest)
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
+def replace_dir(src: str | os.PathLike, dest: str | os.PathLike, *, kind: str = "adapter",
+                legacy=(ADAPTER_CONFIG,)) -> None:
+    """Move a finished staging directory into place: :func:`popri.core.outdir.replace` (an
+    older ``dest`` is replaced only when popri wrote it; a kill leaves the old or the new)."""
+    from popri.core import outdir
+
+    outdir.replace(src, dest, kind=kind, legacy=legacy)
 
 
 def save_adapter(model, dest: str | os.PathLike, source: str | os.PathLike | None = None) -> str:
     """Write the adapter of ``model`` (or copy the adapter files of checkpoint ``source``) to
     ``dest`` atomically."""
+    from popri.core import outdir
+
     dest = Path(dest)
-    tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    if source is None:
-        model.save_pretrained(str(tmp))
-    else:
-        tmp.mkdir(parents=True)
-        for f in Path(source).iterdir():
-            if f.name.startswith("adapter_") or f.name == "README.md":
-                shutil.copy2(f, tmp / f.name)
-        if not (tmp / ADAPTER_CONFIG).exists():
-            shutil.rmtree(tmp)
-            raise PopriError(f"{source} holds no adapter")
-    replace_dir(tmp, dest)
+    tmp = outdir.staging_dir(dest)
+    try:
+        if source is None:
+            model.save_pretrained(str(tmp))
+        else:
+            for f in Path(source).iterdir():
+                if f.name.startswith("adapter_") or f.name == "README.md":
+                    shutil.copy2(f, tmp / f.name)
+            if not (tmp / ADAPTER_CONFIG).exists():
+                raise PopriError(f"{source} holds no adapter")
+        replace_dir(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return str(dest)
 
 

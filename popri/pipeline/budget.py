@@ -225,7 +225,10 @@ class Budget:
         q = "after the fetch" if n.get("sample_rate") is None else f"{n['sample_rate']:.4g}"
         return (f"noise multiplier z={n['noise_multiplier']:.4f} ({n['how']}; "
                 f"q={q}"
-                + (f", {n['clients']} clients)" if n.get("clients") is not None else ")"))
+                # release mode: N is private (with a fixed L per round, q = L/N is the
+                # accountant's and shows it: use Poisson sampling where N must stay private)
+                + (f", {n['clients']} clients)" if n.get("clients") is not None
+                   and not self.release else ")"))
 
     # ------------------------------------------------------------------ budget guard
     def dp_stages(self) -> list[tuple[str, list, Path, object]]:
@@ -273,9 +276,12 @@ class Budget:
         from popri.privacy.ledger import read_ledger
 
         add = []
-        for name, entries, own, match in self.dp_stages():
-            if (self.runner.marker_dir / f"{name}.json").exists():
+        for st in self.plan():
+            if st.release is None:
                 continue
+            entries, own, match = st.release.entries, Path(st.release.ledger), st.release.match
+            if (self.runner.marker_dir / f"{st.name}.json").exists() or self.runner.committed(st):
+                continue  # done, or committed before a stop (kept when it runs: adopted)
             if not self.release and own.is_file() and any(match(e) for e in read_ledger(own)):
                 continue
             add += entries
@@ -290,22 +296,15 @@ class Budget:
         def before(key: str) -> None:
             from popri.privacy.ledger import read_ledger
 
-            pending = self.runner.marker_dir / f"{name}.guard.json"
             mine = [e for e in read_ledger(own) if match(e)] if own.is_file() else []
-            prev = {}
-            if pending.is_file():
-                try:
-                    prev = json.loads(pending.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    prev = {}
+            prev = self.runner.attempt(name)
             if self.cfg.privacy.epsilon is not None:
                 seen = set(prev.get("before", [])) if prev.get("key") == key else None
                 rerun = (not self.release and seen is not None
                          and any(e.release_id not in seen for e in mine))
-                self._over(self.existing_entries() + ([] if rerun else entries), f"stage {name}")
-            if prev.get("key") != key:
-                with atomic_write(pending) as fh:
-                    json.dump({"key": key, "before": [e.release_id for e in mine]}, fh)
+                self._over(self.existing_entries() + ([] if rerun else entries),
+                           f"stage {name}")
+            self.runner.note_attempt(name, key, [e.release_id for e in mine])
 
         return before
 

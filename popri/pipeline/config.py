@@ -377,6 +377,11 @@ def check(cfg: RunConfig) -> None:
     from popri.pipeline.recipes import METHODS
 
     if not METHODS[cfg.method].dp:
+        if pr.noise_multiplier is not None:  # no stage of this recipe reads it
+            raise ConfigError(f"{cfg.method} takes no privacy.noise_multiplier: its only noise "
+                              "is the popri extension on the clipped uploads; set "
+                              "fewfedpit.noise_multiplier together with fewfedpit.clip instead",
+                              field="privacy.noise_multiplier")
         if pr.epsilon is not None and not cfg.fewfedpit.noise_multiplier:
             raise ConfigError(f"{cfg.method} has no DP guarantee (eps = inf: FewFedPIT is an "
                               "empirical defence against extraction), so no budget can hold: "

@@ -30,6 +30,7 @@ Seeds: every stage's seed is derived from ``cfg.seed`` by a named rule (:func:`r
 from __future__ import annotations
 
 import json
+import os
 import math
 from pathlib import Path
 from typing import Iterable
@@ -40,7 +41,7 @@ from popri.core.io import atomic_write, read_json
 from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError re-exported)
 from popri.pipeline.config import RunConfig, to_dict
-from popri.pipeline.stages import DPRelease, Stage, StageRunner
+from popri.pipeline.stages import RunLock, DPRelease, Stage, StageRunner
 from popri.core.spec import to_argv
 
 #: the dry-run placeholder for a noise multiplier that depends on the fetched client count
@@ -355,7 +356,9 @@ class Run(Budget):
     def execute(self) -> dict:
         """Run (or with dry_run plan) every stage.  Config values were checked by config.load;
         here, before the first stage: the calibration and the budget of the whole plan (when z
-        does not depend on the client count; else right after the fetch)."""
+        does not depend on the client count; else right after the fetch).  A real run holds
+        the run directory's lock (:class:`~popri.pipeline.stages.RunLock`) from the budget
+        check to its last marker: a second ``popri run`` on it is refused."""
         c = self.cfg
         try:
             C.check_files(c)
@@ -363,10 +366,42 @@ class Run(Budget):
             if not self.dry_run:
                 raise
             self.notes.append(f"note: a real run would stop here: {e}")
+        if self.dry_run:
+            return self._execute()
+        self._check_run_dir()
+        with RunLock(self.run):
+            return self._execute()
+
+    #: the files ``popri run`` writes at the top of its run directory
+    RUN_FILES = ("config.resolved.json", "commands.sh", "results.json", "results.md",
+                 "privacy.json")
+
+    def _check_run_dir(self) -> None:
+        """A run directory is written into, never replaced (:func:`popri.core.outdir.check`
+        without the ledger rule): '-', a file, a device or a link is refused, and so is a
+        directory popri did not write that holds one of the files a run writes at its top
+        (the user's own ``results.json`` would be overwritten).  A directory that merely holds
+        a prepared dataset (``data/private``) or a ledger is fine."""
+        from popri.core import outdir
+
+        run = outdir.check(self.run, whole=False, force=True, what="run_dir")
+        if run.is_dir() and not outdir.is_ours(run, legacy=lambda p: (p / ".stages").is_dir()):
+            clash = [f for f in self.RUN_FILES if os.path.lexists(run / f)]
+            if clash:
+                raise ConfigError(f"holds {', '.join(clash)}, which popri run would overwrite, "
+                                  "and popri did not write it: choose another run_dir",
+                                  path=str(run), field="run_dir")
+
+    def _execute(self) -> dict:
+        c = self.cfg
         early = not self.needs_clients() or self._clients() is not None
         if early:
             self._set_noise()
         if not self.dry_run:
+            from popri.core import outdir
+
+            if not (self.run / outdir.MARKER).is_file():
+                outdir.mark(self.run, "popri-run")
             with atomic_write(self.run / "config.resolved.json") as fh:
                 json.dump(to_dict(c), fh, indent=2)
         for st in self.fetch_stages():

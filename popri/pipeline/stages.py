@@ -41,6 +41,7 @@ from popri.core import log
 from popri.core.artifacts import path_digest
 from popri.core.errors import PopriError
 from popri.core.io import atomic_write
+from popri.core.runtime import fault_point
 
 #: POPRI_* settings a stage inherits that can change its outputs: their values are in its key
 KEYED_ENV = ("POPRI_THREADS",)
@@ -84,6 +85,73 @@ class DPRelease:
     entries: list
     ledger: Path
     match: Callable[[object], bool]
+
+
+class RunLock:
+    """An exclusive lock on a run directory (``fcntl.flock`` on the directory itself: nothing
+    is written) held by one ``popri run`` from its budget check to its last stage marker, so
+    two runs can never both pass the budget guard on one ledger.  A second run is refused at
+    once (exit 2), not queued; the lock dies with its process (a SIGKILLed run leaves none)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir)
+        self.fd: int | None = None
+        self.created = False
+
+    def __enter__(self) -> "RunLock":
+        import fcntl
+
+        from popri.core.errors import InputError
+
+        self.created = not self.path.exists()
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self._cleanup()
+            raise InputError("is in use by another popri run: wait for it to finish, or use "
+                             "another run_dir", path=str(self.path), field="run_dir") from None
+        self.fd = fd
+        return self
+
+    def _cleanup(self) -> None:
+        """A run refused before writing anything leaves no directory it created."""
+        if self.created:
+            try:
+                self.path.rmdir()  # only if still empty
+            except OSError:
+                pass
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if self.fd is None:
+            return
+        if exc_type is not None:
+            self._cleanup()
+        os.close(self.fd)  # releases the lock
+        self.fd = None
+
+
+def recorded_release_ids(path: str | Path) -> set[str]:
+    """The release ids a DP stage's output records: a directory's ``round.json``
+    (``release_id``), a score vector's / FreD statistics' JSON sidecar (its ``ledger``
+    entries).  Empty when it records none."""
+    from popri.core.artifacts import json_sidecar
+
+    p = Path(path)
+    f = p / "round.json" if p.is_dir() else Path(json_sidecar(str(p)))
+    try:
+        d = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(d, dict):
+        return set()
+    ids = {d["release_id"]} if isinstance(d.get("release_id"), str) else set()
+    for e in d.get("ledger") or []:
+        if isinstance(e, dict) and isinstance(e.get("release_id"), str):
+            ids.add(e["release_id"])
+    return ids
 
 
 COMMANDS_HEADER = ("#!/bin/sh\n"
@@ -176,12 +244,15 @@ class StageRunner:
             for o in stage.outputs:  # what it would write is new: its dependants would run too
                 self.keys[o] = f"planned:{key}"
             return False
+        if stage.release is not None and self._adopt(stage, key, shown):
+            return False
         if stage.before is not None:
             stage.before(key)
         cmd = [sys.executable, "-m", "popri", *stage.args]
         log.info(f"run: [{stage.name}] {shown}")
         self._record(shown)
         t0 = time.time()
+        self._pending(stage, key)
         if stage.stdout_to:
             with atomic_write(stage.stdout_to) as out:
                 p = subprocess.run(cmd, stdout=out, env=self.env)
@@ -195,15 +266,76 @@ class StageRunner:
         missing = [o for o in stage.outputs if not Path(o).exists()]
         if missing:
             raise PopriError(f"stage {stage.name} finished but did not write {missing}")
+        fault_point(f"before-marker:{stage.name}")  # tests: a stop between commit and marker
         self.timings[stage.name] = time.time() - t0
+        self._finish(stage, key, self.timings[stage.name])
+        self.ran.append(stage.name)
+        return True
+
+    def _finish(self, stage: Stage, key: str, seconds: float | None) -> None:
+        """The stage's marker (its key and outputs' hashes), written last."""
         hashes = {o: path_digest(o) for o in stage.outputs}
         with atomic_write(self._marker(stage)) as fh:
             json.dump({"key": key, "popri": __version__, "args": stage.args,
                        "outputs": stage.outputs, "hashes": hashes,
-                       "seconds": round(self.timings[stage.name], 2)}, fh, indent=2)
+                       "seconds": None if seconds is None else round(seconds, 2)}, fh, indent=2)
         for o in stage.outputs:
             self.keys[o] = hashes[o]
-        self.ran.append(stage.name)
+        self._pending_path(stage.name).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ DP stages: adoption
+    def _pending_path(self, name: str) -> Path:
+        return self.marker_dir / f"{name}.attempt.json"
+
+    def _mine(self, stage: Stage) -> list:
+        from popri.privacy.ledger import read_ledger
+
+        led = Path(stage.release.ledger)
+        return [e for e in read_ledger(led) if stage.release.match(e)] if led.is_file() else []
+
+    def attempt(self, name: str) -> dict:
+        """``{"key", "before"}`` of stage ``name``'s first unfinished attempt ({} if none)."""
+        try:
+            rec = json.loads(self._pending_path(name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return rec if isinstance(rec, dict) else {}
+
+    def note_attempt(self, name: str, key: str, before: list[str]) -> None:
+        """Before a DP stage runs: its key and the release ids its ledger already holds
+        (``before``), so a rerun can tell a release an attempt with this key committed from
+        the earlier ones.  The first attempt's record is kept until the stage finishes."""
+        if self.attempt(name).get("key") != key:
+            with atomic_write(self._pending_path(name)) as fh:
+                json.dump({"key": key, "before": list(before)}, fh)
+
+    def _pending(self, stage: Stage, key: str) -> None:
+        if stage.release is not None and self.attempt(stage.name).get("key") != key:
+            self.note_attempt(stage.name, key, [e.release_id for e in self._mine(stage)])
+
+    def committed(self, stage: Stage, key: str | None = None) -> bool:
+        """The DP stage's last attempt (with ``key``; any key when None) committed its release:
+        its outputs exist and record a release id the ledger gained during that attempt."""
+        rec = self.attempt(stage.name)
+        if not rec or (key is not None and rec.get("key") != key):
+            return False
+        new = {e.release_id for e in self._mine(stage)} - set(rec.get("before") or [])
+        return bool(new) and all(Path(o).exists() for o in stage.outputs) and any(
+            recorded_release_ids(o) & new for o in stage.outputs)
+
+    def _adopt(self, stage: Stage, key: str, shown: str) -> bool:
+        """A DP stage killed after its release committed (ledger entry and outputs in place)
+        but before its marker: the outputs are the release's -- they record a release id that
+        this very attempt (same key) added to the ledger -- so the marker is written now and
+        nothing is released again.  In release mode that release could never be reproduced,
+        and a rerun would spend the budget twice."""
+        if not self.committed(stage, key):
+            return False
+        log.info(f"run: [{stage.name}] its release was committed (ledger and outputs) before "
+                 "the run was stopped: kept as it is, not released again")
+        self._record(shown + "  # committed before the stop, kept")
+        self._finish(stage, key, None)
+        self.skipped.append(stage.name)
         return True
 
     def _record(self, shown: str) -> None:

@@ -448,12 +448,17 @@ def nominal_params(z: float) -> dict:
     return {"dim": 1, "noisy": 1, "local_sigma": z * 1e6, "delta2": 1e6}
 
 
-def ledger_params(p: DDGPlan, noisy: int) -> dict:
+def ledger_params(p: DDGPlan, noisy: int, release: bool = False) -> dict:
     """The ``params`` of a ledger entry for mechanism ``distributed_discrete_gaussian``: the plan
     (:meth:`DDGPlan.to_dict`) plus ``noisy`` (noise shares guaranteed in the sum) and, for
-    reading, ``epsilon_cdp`` (None when infinite)."""
+    reading, ``epsilon_cdp`` (None when infinite).  ``release``: without the plan's ``clients``
+    (the round's participant count, private under add/remove-one-client neighbours; the
+    accountant reads only ``dim``, ``noisy``, ``local_sigma`` and ``delta2``)."""
     e = epsilon_cdp(p, noisy)
-    return {**p.to_dict(), "noisy": int(noisy), "epsilon_cdp": e if math.isfinite(e) else None}
+    d = {**p.to_dict(), "noisy": int(noisy), "epsilon_cdp": e if math.isfinite(e) else None}
+    if release:
+        d.pop("clients")
+    return d
 
 
 def _log_comb(n: int, k: np.ndarray) -> np.ndarray:

@@ -39,7 +39,14 @@ from typing import Any, Iterable
 
 from popri.privacy import ledger as L
 from popri.core.io import AtomicOutputs
+from popri.core.runtime import fault_point
 from popri.privacy.noise import make_rng
+
+
+#: the label of every exact statistic of the clients' data written beside a DP release (research
+#: mode's diagnostics, or release mode's behind an explicit flag)
+NOT_PRIVATE = ("NOT PRIVATE: exact statistics of the clients' data (counts, norms, losses); "
+               "never publish them")
 
 
 @dataclass
@@ -120,22 +127,8 @@ def record(ledgers: Iterable[str | os.PathLike], entries: Iterable[L.LedgerEntry
     with L.LockedLedgers([Path(p) for p in ledgers]) as lk:
         lk.append(entries)
         try:
-            _fault_point("after-ledger")
+            fault_point("after-ledger")
             outputs.commit()
         except BaseException:
             lk.rollback()
             raise
-
-
-def _fault_point(name: str) -> None:
-    """Test hook between the ledger append and the commit: POPRI_FAULT=after-ledger makes the
-    commit fail there (the append is rolled back, no output appears); POPRI_FAULT=kill-after-ledger
-    kills the process there with SIGKILL (the entry stays, no output appears: over-counted,
-    never under-counted)."""
-    fault = os.environ.get("POPRI_FAULT")
-    if fault == name:
-        raise OSError(5, f"injected fault at {name} (POPRI_FAULT)")
-    if fault == f"kill-{name}":
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -48,6 +48,10 @@ AUDIT_BREAKS = ("no-clip", "half-noise")
 AUDIT_DATASETS = ("random", "adversarial")
 #: the number of base records in an audit's D, per mechanism (fred is replayed once per trial)
 AUDIT_CLIENTS = {"cosine": 20, "nn-histogram": 20, "fred": 3}
+#: the smallest claimed z an audit takes: at most 10^7 trials per world (half measure), a test
+#: with no error at all certifies at most mu ~ 9.6 (eps ~ 14), so a claim of z < 0.1 (mu = 1/z >
+#: 10, rdp eps ~ 100 and up) can never be refuted; z = 1e-300 printed 1/z with 300 digits
+AUDIT_Z_MIN = 0.1
 
 FIXED = ("Fixed-size sampling of L of N clients is accounted with the Poisson analysis at "
          "q = L/N, as POPri did (appendix D.1, 'client sampling ratio'): the papers' convention, "
@@ -248,8 +252,10 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
         None, "Releases per world (D and D'); half pick the threshold, half measure it. 10,000 "
               "runs in seconds.", short="-T", lo=100, hi=10_000_000)
     noise_multiplier: float | None = param(
-        None, "Claimed noise multiplier z (noise std / sensitivity). Exclusive with --epsilon.",
-        short="-z", lo=0, lo_open=True, hi=Z_MAX)
+        None, "Claimed noise multiplier z (noise std / sensitivity). Exclusive with --epsilon. "
+              f"At least {AUDIT_Z_MIN:g}: with at most 10^7 trials the audit's bounds stay "
+              "under mu ~ 9.6 (eps ~ 14), so a smaller z (mu = 1/z > 10) is a claim no audit "
+              "here can refute.", short="-z", lo=AUDIT_Z_MIN, hi=Z_MAX)
     epsilon: float | None = param(
         None, "Claimed epsilon of the release: z is calibrated to it (fred: its --epsilon per "
               "release, via --calibration; others: the smallest z the accountant accepts).",

@@ -199,8 +199,15 @@ def aggregate_cmd(
     clip: Optional[float] = option(FewFedPITSpec, "clip"),
     noise_multiplier: float = option(FewFedPITSpec, "noise_multiplier"),
     delta: float = typer.Option(3e-6, "--delta", help="delta of the ledger entry."),
-    release: bool = typer.Option(False, "--release/--research", help="Release mode: noise "
-                                 "from the OS CSPRNG, discrete Gaussian on a grid."),
+    release: bool = typer.Option(False, "--release/--research", envvar="POPRI_RELEASE",
+                                 help="Release mode: noise from the OS CSPRNG, discrete Gaussian "
+                                 "on a grid; round.json then holds no count of clients or "
+                                 "examples and no update norm. Default: research mode, or "
+                                 "POPRI_RELEASE=1."),
+    diagnostics: bool = typer.Option(False, "--diagnostics", help="Release mode: also write "
+                                     "the round's exact client count, example counts n_k and "
+                                     "mean update norm to round.json's private_diagnostics, "
+                                     "labelled NOT PRIVATE (research mode always writes them)."),
     lora_r: int = option(FewFedPITSpec, "lora_r"),
     lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
 ) -> None:
@@ -210,10 +217,17 @@ def aggregate_cmd(
     from popri.core.guard import check_outputs
     from popri.methods.fewfedpit.server import aggregate
 
-    spec = _spec(locals())
+    from popri.core.errors import InputError
+
+    spec = _spec({k: v for k, v in locals().items() if k != "diagnostics"})
+    if not 0.0 < delta < 1.0:
+        raise InputError(f"must be a number in (0, 1) (got {delta!r})", field="--delta")
+    if diagnostics and not release:
+        raise InputError("--diagnostics is for release mode (research mode always writes the "
+                         "exact statistics)", field="--diagnostics")
     check_outputs([out], [init, *uploads])
     aggregate(uploads, out, spec, round_=round_, init=init, clients_total=clients_total,
-              delta=delta, release=release)
+              delta=delta, release=release, diagnostics=diagnostics)
 
 
 def register(app: typer.Typer) -> None:

@@ -27,7 +27,7 @@ every round -- divides by the expected number of clients and takes a server step
 0.9 for ftrl) at --server-lr (default 1 - momentum: the same long-run step for both).
 
 Output: the directory --out (atomic): theta.npy (the global weights), server.npz (the server's
-momentum), round.json (clients, update norms, clipped share, local loss) and model/ (loadable by
+momentum), round.json (settings, the release id; in research mode also private_diagnostics: clients, update norms, clipped share, local loss, labelled NOT PRIVATE) and model/ (loadable by
 'popri eval accuracy --model OUT/model'). One ledger entry per round in OUT/../ledger.jsonl
 (subsampled_gaussian, or tree_aggregation for ftrl, which gets no amplification by sampling);
 'popri account ledger' totals them. Round t > 1 continues from --init, round t-1's directory.
@@ -82,6 +82,11 @@ def round_cmd(
     secagg_mechanism: str = option(FLSpec, "secagg_mechanism"),
     max_dropout: float = option(FLSpec, "max_dropout"),
     flower_timeout: float = option(FLSpec, "flower_timeout"),
+    diagnostics: bool = typer.Option(
+        False, "--diagnostics", help="Release mode: also write the round's exact statistics of "
+        "the clients' data (clients, participants, update norms, clipped share, local loss) "
+        "to round.json's private_diagnostics, labelled NOT PRIVATE (research mode always "
+        "writes them)."),
 ) -> None:
     from pathlib import Path
 
@@ -91,7 +96,7 @@ def round_cmd(
 
     if noise_multiplier is None:
         raise InputError("is required (popri run calibrates it to the budget; 'popri account "
-                         "calibrate' finds one)", field="--noise-multiplier")
+                         "sigma' finds the z of a target epsilon)", field="--noise-multiplier")
     spec = build(FLSpec, algorithm=algorithm, noise_multiplier=noise_multiplier, clip=clip,
                  client_lr=client_lr, local_epochs=local_epochs,
                  client_batch_size=client_batch_size, server_lr=server_lr, momentum=momentum,
@@ -102,9 +107,13 @@ def round_cmd(
                  secagg_mechanism=secagg_mechanism, max_dropout=max_dropout,
                  flower_timeout=flower_timeout)
     check_outputs([out], [data, init, model if Path(model).exists() else None])
+    if diagnostics and not release:
+        raise InputError("--diagnostics is for release mode (research mode always writes the "
+                         "exact statistics)", field="--diagnostics")
     lib.run_round(data, out, spec, round_=round_, noise_multiplier=noise_multiplier,
                   model=model, init=init, clients_per_round=clients_per_round,
-                  sample_rate=sample_rate, delta=delta, seed=seed, release=release, split=split)
+                  sample_rate=sample_rate, delta=delta, seed=seed, release=release, split=split,
+                  diagnostics=diagnostics)
     print(out, flush=True)
 
 

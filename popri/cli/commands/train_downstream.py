@@ -67,7 +67,9 @@ def train_downstream(
     max_samples: Optional[int] = option(DownstreamSpec, "max_samples"),
     max_val_samples: Optional[int] = option(DownstreamSpec, "max_val_samples"),
     eval_batch_size: int = option(DownstreamSpec, "eval_batch_size"),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
+    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out that popri "
+                               "wrote (a model of an earlier run); a directory popri did not "
+                               "write is never replaced."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
 ) -> None:
     from pathlib import Path

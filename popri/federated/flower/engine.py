@@ -12,11 +12,15 @@ computes its clients' vectors and its noise share (:mod:`popri.federated.flower.
 SecAgg+ sums the uploads of the nodes that survive; the server decodes and the caller finishes
 with the same aggregation code and writes the same SCORES.npy, sidecar and ledger entry.
 
-The job directory (``SCORES.flower-job/`` next to the output, removed after success unless
-``POPRI_FLOWER_KEEP=1``) holds ``settings.json`` (the mode, the SecAgg+ plan of
-:mod:`popri.federated.secagg`, the discrete Gaussian plan of :mod:`popri.privacy.ddg`),
-``syn.npy``, one ``node-K.npy`` embedding set per node, ``flower.log`` and the ServerApp's
-``result.json`` / ``result.npy``.  The simulation runs in a child process group
+The job directory (:func:`job_dir`: ``.popri-flower-PID-XXXX/`` next to the output, mode
+0700) holds ``settings.json`` (the mode, the SecAgg+ plan of :mod:`popri.federated.secagg`, the
+discrete Gaussian plan of :mod:`popri.privacy.ddg`), ``syn.npy``, one ``node-K.npy`` embedding
+set (or ``node-K.jsonl`` texts, ``popri fl round``) per node -- the clients' private data --,
+``flower.log`` and the ServerApp's ``result.json`` / ``result.npy``.  It is removed on every exit
+path (success, error, timeout, SIGTERM / SIGHUP / Ctrl-C); a failed round keeps only its
+``flower.log``, moved next to the output as ``.popri-flower-PID.log`` and named in the error; a
+SIGKILLed round's directory is removed by the next round run there (:func:`sweep_jobs`).
+``POPRI_FLOWER_KEEP=1`` keeps it (debugging, research data only).  The simulation runs in a child process group
 (:mod:`popri.federated.flower.simulate`, Ray backend) that is killed on timeout or interrupt.
 
 Noise mechanisms (``--secagg-mechanism``):
@@ -32,14 +36,17 @@ Noise mechanisms (``--secagg-mechanism``):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -128,8 +135,11 @@ def plans(*, mode: str, L: int, nodes: int, per_node: list[float], dim: int, z: 
     """(SecAgg+ plan, discrete Gaussian plan or None) of a round whose ``nodes`` SuperNodes
     hold ``L`` participants and upload at most ``per_node[k]`` (L2 / votes) before noise."""
     if L < 3 or nodes < 3:
+        # release mode: the realised participant count is private; say only that it fell short
+        has = ("fewer than 3 participating clients (the count is private in release mode)"
+               if release else f"{L} participating clients")
         raise InputError(f"--engine flower: secure aggregation needs at least 3 SuperNodes "
-                         f"(this round has {L} participating clients"
+                         f"(this round has {has}"
                          + (f", --supernodes {spec.supernodes}" if spec.supernodes else "")
                          + ")", field="--supernodes")
     mech = spec.secagg_mechanism
@@ -190,17 +200,52 @@ def execute(job: Path, spec, *, plan, ddg_plan, L: int, z: float, deployed: bool
                      f"contributions are missing from the sum; the noise of the {survivors} "
                      f"survivors gives noise multiplier {z_ok:.4g} (planned {z:g} for at least "
                      f"{plan.min_survivors})")
-    if os.environ.get(KEEP_ENV) != "1":
-        shutil.rmtree(job, ignore_errors=True)
     return FlowerRound(np.asarray(total, dtype=np.float64), nodes, survivors, plan,
                        ddg_plan.to_dict() if ddg_plan else None, seconds,
                        float(res.get("seconds") or 0.0), float(qbound), float(z_ok), notes)
 
 
-def new_job(job: Path) -> None:
-    if job.exists():
-        shutil.rmtree(job)
-    job.mkdir(parents=True)
+JOB_PREFIX = ".popri-flower-"
+
+
+def sweep_jobs(where: Path) -> None:
+    """Remove the job directories of dead processes in ``where`` (a SIGKILLed round: they hold
+    the clients' private data)."""
+    if not where.is_dir():
+        return
+    for d in where.glob(f"{JOB_PREFIX}*"):
+        pid = d.name[len(JOB_PREFIX):].split("-", 1)[0]
+        if not d.is_dir() or not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            pass
+
+
+@contextlib.contextmanager
+def job_dir(where: Path) -> Iterator[Path]:
+    """A private job directory for one Flower round in ``where`` (module docstring): created
+    0700 after the stale ones of dead processes are swept, removed on every exit path; on an
+    error its ``flower.log`` moves to ``where/.popri-flower-PID.log``."""
+    where = Path(where)
+    where.mkdir(parents=True, exist_ok=True)
+    sweep_jobs(where)
+    job = Path(tempfile.mkdtemp(prefix=f"{JOB_PREFIX}{os.getpid()}-", dir=where))
+    try:
+        yield job
+    except FlowerError as e:
+        logf = job / "flower.log"
+        if logf.is_file() and os.environ.get(KEEP_ENV) != "1":
+            kept = where / f"{JOB_PREFIX}{os.getpid()}.log"
+            os.replace(logf, kept)
+            raise FlowerError(str(e).replace(str(logf), str(kept))) from None
+        raise
+    finally:
+        if os.environ.get(KEEP_ENV) != "1":
+            shutil.rmtree(job, ignore_errors=True)
 
 
 def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.ndarray,
@@ -222,7 +267,7 @@ def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.
                            sensitivity=sensitivity, spec=spec, release=release)
 
     # ---- the job directory
-    new_job(job)
+    job.mkdir(mode=0o700, parents=True, exist_ok=True)  # normally job_dir's, already there
     if not deployed:  # simulation: the engine hands each virtual node its clients' rows
         members = np.asarray(part.members)
         mrows = keep if keep is not None else np.ones(len(codes), dtype=bool)

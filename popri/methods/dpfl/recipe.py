@@ -122,8 +122,13 @@ def results(run, noise: dict) -> dict:
         f = round_dir(run, t) / "round.json"
         if f.exists():
             r = json.loads(f.read_text(encoding="utf-8"))
-            rounds.append({k: r.get(k) for k in ("round", "participants", "update_norm_mean",
-                                                 "clipped_share", "local_loss")})
+            row = {"round": r.get("round")}
+            diag = r.get("private_diagnostics")  # research mode only (NOT PRIVATE)
+            if isinstance(diag, dict):
+                row["private_diagnostics"] = {k: diag.get(k) for k in (
+                    "private", "participants", "update_norm_mean", "clipped_share",
+                    "local_loss")}
+            rounds.append(row)
     return {"fl": {"algorithm": run.cfg.method, "model": model_name(run.cfg),
                    "clients_per_round": fl.clients_per_round, "sample_rate": fl.sample_rate,
                    "clip": fl.clip, "client_lr": fl.client_lr, "local_epochs": fl.local_epochs,

@@ -30,9 +30,12 @@ Sampling or Shuffling", arXiv:2103.00039, section 3, DP-FTRLM):
 The round's release -- one ledger entry, ``subsampled_gaussian`` (or ``gaussian`` at q = 1) for
 fedavg, ``tree_aggregation`` (one tree of one leaf) for ftrl -- goes through the release
 protocol (:mod:`popri.privacy.release`): the ledger append, then the output directory renamed
-into place, all or nothing.  The output directory holds ``theta.npy`` (the global weights),
-``server.npz`` (velocity), ``round.json`` (what happened: clients, update norms, clipped share,
-local loss, timings) and ``model/`` (the adapter or full model with its tokenizer and
+into place, all or nothing (:mod:`popri.core.outdir`: only an output popri wrote is ever
+replaced).  The output directory holds ``theta.npy`` (the global weights), ``server.npz``
+(velocity), ``round.json`` (the round's settings and release id; the exact statistics --
+clients, participants, update norms, clipped share, local loss -- in ``private_diagnostics``,
+labelled NOT PRIVATE, written in research mode and in release mode only on request; schema in
+docs/formats.md) and ``model/`` (the adapter or full model with its tokenizer and
 ``metrics.json``: ``popri eval accuracy --model OUT/model`` reads it).
 """
 
@@ -69,6 +72,9 @@ def client_texts(data: str, split: str = "train") -> tuple[list[str], dict[str, 
         by.setdefault(str(r["client_id"]), []).append(r["text"])
     if not by:
         raise InputError("no records", path=src)
+    if not any(t.strip() for ts in by.values() for t in ts):
+        raise InputError("every text is empty: the clients have nothing to train on (and a "
+                         "round would spend privacy budget on it)", path=src, field="text")
     return sorted(by), by, src
 
 
@@ -256,9 +262,8 @@ def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLS
     """The round's noisy sum on Flower's simulation runtime with SecAgg+
     (:mod:`popri.federated.flower.engine`): participant i's texts go to virtual SuperNode
     i mod N (``node-K.jsonl``), every node gets theta, trains its clients, uploads the sum of
-    their clipped updates plus its noise share; the survivors' sum is decoded here."""
-    import tempfile
-
+    their clipped updates plus its noise share; the survivors' sum is decoded here.  The texts
+    sit in a private job directory removed on every exit path (:func:`engine.job_dir`)."""
     from popri.core import io
     from popri.federated.flower import engine as E
 
@@ -270,10 +275,7 @@ def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLS
                              per_node=[len(g) * float(spec.clip) for g in groups],
                              dim=int(theta.size), z=z, sensitivity=float(spec.clip), spec=spec,
                              release=release)
-    where.mkdir(parents=True, exist_ok=True)
-    job = Path(tempfile.mkdtemp(prefix=f".popri-flower-fl{round_}-", dir=where))
-    ok = False
-    try:
+    with E.job_dir(where) as job:
         for k, g in enumerate(groups):
             rows = [{"client_id": members[i], "text": t} for i in g for t in texts_of[members[i]]]
             with io.atomic_write(job / f"node-{k}.jsonl") as fh:
@@ -287,73 +289,67 @@ def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLS
             "workers": int(os.environ.get("POPRI_THREADS") or os.cpu_count() or 1),
             "timeout": float(spec.flower_timeout)}
         io.write_json(settings, job / "settings.json")
-        r = E.execute(job, spec, plan=plan, ddg_plan=ddg_plan, L=L, z=z, deployed=False)
-        ok = True
-        return r
-    finally:
-        if ok and os.environ.get(E.KEEP_ENV) != "1":
-            shutil.rmtree(job, ignore_errors=True)
+        return E.execute(job, spec, plan=plan, ddg_plan=ddg_plan, L=L, z=z, deployed=False)
 
 
 # --------------------------------------------------------------------------- one round
-def _sweep_stale(out: Path) -> None:
-    """Remove the staging directories ``.OUT.tmpPID`` of earlier attempts whose process is
-    gone (a SIGKILL leaves one behind; nothing in it was ever committed)."""
-    for d in out.parent.glob(f".{out.name}.tmp*"):
-        pid = d.name.rsplit(".tmp", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
-        except PermissionError:
-            pass
+#: the files a round directory written before the ownership marker always holds
+ROUND_FILES = (THETA, SERVER, ROUND)
+def load_init(init: str, round_: int, spec: FLSpec) -> tuple[dict, np.ndarray, np.ndarray]:
+    """(round.json, theta, server velocity) of round t-1's directory ``init``, checked: a
+    broken or foreign directory is one :class:`InputError` naming the file."""
+    from popri.core import io
 
-
-def staging_dir(out: Path) -> Path:
-    """A fresh temporary directory next to ``out`` (stale ones of dead processes swept) in
-    which a stage's outputs are written before :class:`_DirOutput` renames them into place."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _sweep_stale(out)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
-
-
-class _DirOutput:
-    """The release protocol's outputs for one directory: renamed into place on commit."""
-
-    def __init__(self, tmp: Path, dest: Path):
-        self.tmp, self.dest = tmp, dest
-
-    def commit(self) -> None:
-        from popri.models.lora import replace_dir
-
-        replace_dir(self.tmp, self.dest)
-
-    def discard(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+    ip = Path(init)
+    for f in ROUND_FILES:
+        if not (ip / f).is_file():
+            raise InputError(f"not a 'popri fl round' output (no {f})", path=init)
+    prev = io.read_json(ip / ROUND, expect=dict)
+    if prev.get("round") != round_ - 1:
+        raise InputError(f"holds round {prev.get('round')}, expected {round_ - 1}",
+                         path=init, field="round")
+    pspec = prev.get("spec")
+    if not isinstance(pspec, dict) or not isinstance(prev.get("model"), str):
+        raise InputError("has no 'spec' object or 'model' name", path=str(ip / ROUND))
+    for k in ("algorithm", "lora", "lora_r", "lora_alpha"):
+        if pspec.get(k) != getattr(spec, k):
+            raise InputError(f"was made with {k}={pspec.get(k)!r}, this round has "
+                             f"{getattr(spec, k)!r}", path=init, field=k)
+    theta = io.load_npy(ip / THETA).astype(np.float32)
+    try:
+        with np.load(ip / SERVER, allow_pickle=False) as z:
+            vel = np.asarray(z["velocity"], dtype=np.float32)
+    except (OSError, ValueError, KeyError, EOFError) as e:
+        raise InputError(f"not a server state (velocity): {e}", path=str(ip / SERVER)) from None
+    if theta.ndim != 1 or not np.isfinite(theta).all():
+        raise InputError("is not a finite vector", path=str(ip / THETA))
+    if not np.isfinite(vel).all():
+        raise InputError("velocity is not finite", path=str(ip / SERVER))
+    return prev, theta, vel
 
 
 def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplier: float,
               model: str = "smollm2-135m", init: str | None = None,
               clients_per_round: int | None = None, sample_rate: float | None = None,
               delta: float = 3e-6, seed: int = 0, release: bool = False, split: str = "train",
-              device: str | None = None) -> dict:
+              device: str | None = None, diagnostics: bool = False) -> dict:
     """One DP round (module docstring): reads ``init`` (the previous round's directory; None in
     round 1: theta_0 from ``seed``), writes ``out`` and one ledger entry in
     ``OUT/../ledger.jsonl``.  ``seed`` is the run's seed: the LoRA initialisation, the tree's
     keyed noise (resumable from seed and round) and -- with the round -- the sampling, the
-    clients' data order and the Gaussian noise."""
+    clients' data order and the Gaussian noise.  Release mode writes no exact statistic of the
+    clients' data (counts, norms, losses, the seed) unless ``diagnostics`` (labelled NOT
+    PRIVATE)."""
+    from popri.core import outdir
     from popri.core.artifacts import path_digest
     from popri.federated.participation import sample_clients
     from popri.models import llm
     from popri.privacy.ledger import LedgerEntry
-    from popri.privacy.release import Release
+    from popri.privacy.release import NOT_PRIVATE, Release
 
     t0 = time.perf_counter()
+    outdir.check(out, inputs=[data, init, model if Path(model).exists() else None],
+                 legacy=ROUND_FILES)
     device = device or llm.default_device()
     out_p = Path(out)
     if round_ > 1 and init is None:
@@ -365,23 +361,11 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
                          field="clients_per_round")
     base = model
     if init is not None:
-        ip = Path(init)
-        for f in (THETA, SERVER, ROUND):
-            if not (ip / f).is_file():
-                raise InputError(f"not a 'popri fl round' output (no {f})", path=init)
-        prev = json.loads((ip / ROUND).read_text(encoding="utf-8"))
-        if prev.get("round") != round_ - 1:
-            raise InputError(f"holds round {prev.get('round')}, expected {round_ - 1}",
-                             path=init, field="round")
-        for k in ("algorithm", "lora", "lora_r", "lora_alpha"):
-            if prev["spec"].get(k) != getattr(spec, k):
-                raise InputError(f"was made with {k}={prev['spec'].get(k)!r}, this round has "
-                                 f"{getattr(spec, k)!r}", path=init, field=k)
+        prev, theta0, vel0 = load_init(init, round_, spec)
         base = prev["model"]
     m, tok, params = build_model(base, spec, seed, device)
-    theta = flat(params) if init is None else np.load(Path(init) / THETA).astype(np.float32)
-    vel = (np.zeros_like(theta) if init is None
-           else np.load(Path(init) / SERVER)["velocity"].astype(np.float32))
+    theta = flat(params) if init is None else theta0
+    vel = np.zeros_like(theta) if init is None else vel0
     if theta.shape != vel.shape or theta.size != sum(p.numel() for p in params):
         raise InputError("the saved weights do not fit the model", path=init)
     pad = prepare_tokenizer(tok, spec)
@@ -391,9 +375,12 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         rel.check_ledgers()
         part = sample_clients(n, rel.rng("sampling"), sample_rate=sample_rate,
                               clients_per_round=clients_per_round)
-        log.info(f"fl round {round_}: {len(part.members)} of {n} clients ({part.sampling}), "
-                 f"{spec.algorithm}, {theta.size:,} numbers per update, clip {spec.clip:g}, "
-                 f"z {noise_multiplier:g}, engine {spec.engine}")
+        who = (f"{len(part.members)} of {n} clients ({part.sampling})" if not release else
+               {"poisson": f"a Poisson sample at q={part.sample_rate:g}",
+                "fixed": f"{len(part.members)} clients per round",
+                "none": "every client"}[part.sampling] + " (counts private in release mode)")
+        log.info(f"fl round {round_}: {who}, {spec.algorithm}, {theta.size:,} numbers per "
+                 f"update, clip {spec.clip:g}, z {noise_multiplier:g}, engine {spec.engine}")
         members = [clients[k] for k in part.members]
         texts_of = {cid: cap_texts(by[cid], spec, client_rng(rseed, round_, cid))
                     for cid in members}
@@ -409,7 +396,8 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         else:
             total = np.zeros(theta.size, dtype=np.float64)
             with log.progress() as prog:
-                task = prog.add_task(f"round {round_} clients", total=len(members))
+                task = prog.add_task(f"round {round_} clients",
+                                     total=None if release else len(members))
                 for cid in members:
                     d, st = local_update(m, params, theta,
                                          encode_client(tok, texts_of[cid], spec), spec,
@@ -428,32 +416,11 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         rid = rel.release_id(path_digest(data), split, round_, spec.to_dict(),
                              float(noise_multiplier), clients_per_round, sample_rate,
                              init and path_digest(Path(init) / THETA), base)
-        q = float(part.sample_rate)
-        sampling = part.sampling
-        common = dict(noise_multiplier=float(z_eff), sample_rate=q, steps=1, delta=delta,
-                      sensitivity=float(spec.clip), sampling=sampling, release_id=rid,
-                      mode=rel.mode)
-        info = {"round": round_, "algorithm": f"dp-{spec.algorithm}", "dim": int(theta.size)}
-        if flower is not None:
-            info["engine"] = flower.params()
-            if spec.algorithm == "ftrl":  # a one-leaf tree is one Gaussian release, and tree
-                # aggregation takes no amplification by sampling: accounted at q = 1
-                common.update(sample_rate=1.0, sampling="none")
-        if flower is not None and spec.secagg_mechanism == "ddg":
-            from popri.privacy import ddg
-
-            info |= ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg), flower.survivors)
-            entry = LedgerEntry(stage=LEDGER_STAGE, mechanism="distributed_discrete_gaussian",
-                                params=info, **common)
-        elif spec.algorithm == "fedavg" or flower is not None:
-            entry = LedgerEntry(stage=LEDGER_STAGE, mechanism="subsampled_gaussian"
-                                if common["sample_rate"] < 1 else "gaussian", params=info,
-                                **common)
-        else:
-            entry = LedgerEntry(stage=LEDGER_STAGE, mechanism="tree_aggregation",
-                                params={**info, "leaves": 1}, **common)
-        tmp = staging_dir(out_p)
-        rel.outputs = _DirOutput(tmp, out_p)
+        entry = round_entry(spec, part, z_eff=float(z_eff), delta=delta, rid=rid,
+                            mode=rel.mode, round_=round_, dim=int(theta.size), flower=flower,
+                            release=release)
+        rel.outputs = outdir.DirOutput(out_p, kind="fl-round", legacy=ROUND_FILES)
+        tmp = rel.outputs.tmp
         np.save(tmp / THETA, theta)
         np.savez(tmp / SERVER, velocity=vel)
         set_flat(params, theta)
@@ -463,23 +430,38 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         arr = np.asarray(norms, dtype=np.float64)
         summary = {
             "round": round_, "model": str(base), "base_model": base_model,
-            "spec": spec.to_dict(), "algorithm": f"dp-{spec.algorithm}", "seed": seed,
-            "clients": n, "participants": int(len(part.members)), "sampling": sampling,
-            "sample_rate": q, "denominator": float(denom), "dim": int(theta.size),
+            "spec": spec.to_dict(), "algorithm": f"dp-{spec.algorithm}",
+            "sampling": part.sampling, "dim": int(theta.size),
             "noise_multiplier": float(noise_multiplier), "noise_multiplier_guaranteed": z_eff,
             "noise_std": float(noise_multiplier) * spec.clip, "momentum": mu,
             "server_lr": spec.server_lr_value(),
+            "mode": rel.mode, "release_id": rid, "source": src, "engine": spec.engine,
+        }
+        # q: the Poisson rate (a setting), 1, or L/N for a fixed L -- where the ledger's
+        # epsilon depends on it, so N is public by the accounting (use Poisson sampling when N
+        # itself must stay private)
+        summary["sample_rate"] = float(part.sample_rate)
+        if part.sampling == "fixed":
+            summary["clients_per_round"] = int(len(part.members))
+        if flower is not None:
+            summary["flower"] = {"supernodes_requested": spec.supernodes,
+                                 "secagg_mechanism": spec.secagg_mechanism}
+        private = {
+            "private": False, "note": NOT_PRIVATE, "seed": seed,
+            "clients": n, "participants": int(len(part.members)),
+            "denominator": float(denom),
             "update_norm_mean": float(arr.mean()) if arr.size else None,
             "update_norm_max": float(arr.max()) if arr.size else None,
             "clipped_share": float((arr > spec.clip).mean()) if arr.size else None,
             "local_loss": float(np.mean(losses)) if losses else None,
-            "mode": rel.mode, "release_id": rid, "source": src, "engine": spec.engine,
             **({"flower": {"supernodes": flower.nodes, "survivors": flower.survivors,
-                           "secagg_mechanism": spec.secagg_mechanism,
                            "quantisation_bound": flower.quantisation_bound,
-                           "round_seconds": round(flower.round_seconds, 2)}}
+                           "round_seconds": round(flower.round_seconds, 2),
+                           "engine": flower.params()}}
                if flower is not None else {}),
         }
+        if not release or diagnostics:
+            summary["private_diagnostics"] = private
         (tmp / ROUND).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         meta = {"model": str(base), "base_model": base_model, "lora": spec.lora,
                 "trainable_parameters": int(theta.size), "bos_token": tok.bos_token,
@@ -487,14 +469,49 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         (tmp / MODEL / "metrics.json").write_text(json.dumps(meta, indent=2) + "\n",
                                                   encoding="utf-8")
         rel.commit([entry])
-    summary["seconds"] = round(time.perf_counter() - t0, 2)
-    if flower is not None:
-        how = (f"Flower SecAgg+ over {flower.nodes} SuperNodes, {flower.survivors} survived "
-               "(update norms stay on the nodes)")
+    seconds = round(time.perf_counter() - t0, 2)
+    if release and not diagnostics:
+        how = "release mode: counts, update norms and losses stay private"
+    elif flower is not None:
+        how = (f"{private['participants']} clients, Flower SecAgg+ over {flower.nodes} "
+               f"SuperNodes, {flower.survivors} survived (update norms stay on the nodes)")
     else:
-        how = (f"mean update norm {summary['update_norm_mean']:.4g} (clipped "
-               f"{summary['clipped_share'] * 100:.0f}%), local loss "
-               f"{summary['local_loss'] if summary['local_loss'] is not None else float('nan'):.4f}")
-    log.info(f"fl round {round_}: {summary['participants']} clients, {how}, "
-             f"{summary['seconds']:.1f}s -> {out}")
-    return summary
+        loss = private["local_loss"]
+        how = (f"{private['participants']} clients, mean update norm "
+               f"{private['update_norm_mean'] if arr.size else float('nan'):.4g} (clipped "
+               f"{(private['clipped_share'] or 0) * 100:.0f}%), local loss "
+               f"{loss if loss is not None else float('nan'):.4f}")
+    log.info(f"fl round {round_}: {how}, {seconds:.1f}s -> {out}")
+    return {**summary, "seconds": seconds}
+
+
+def round_entry(spec: FLSpec, part, *, z_eff: float, delta: float, rid: str, mode: str,
+                round_: int, dim: int, flower=None, release: bool = False):
+    """The round's ledger entry: ``subsampled_gaussian`` (``gaussian`` at q = 1) for fedavg,
+    ``tree_aggregation`` (one tree of one leaf) for ftrl, ``distributed_discrete_gaussian`` on
+    Flower with the DDG.  Release mode records no exact client count in it."""
+    from popri.privacy.ledger import LedgerEntry
+
+    q = float(part.sample_rate)
+    sampling = part.sampling
+    common = dict(noise_multiplier=float(z_eff), sample_rate=q, steps=1, delta=delta,
+                  sensitivity=float(spec.clip), sampling=sampling, release_id=rid, mode=mode)
+    info = {"round": round_, "algorithm": f"dp-{spec.algorithm}", "dim": int(dim)}
+    if flower is not None:
+        if not release:
+            info["engine"] = flower.params()
+        if spec.algorithm == "ftrl":  # a one-leaf tree is one Gaussian release, and tree
+            # aggregation takes no amplification by sampling: accounted at q = 1
+            common.update(sample_rate=1.0, sampling="none")
+    if flower is not None and spec.secagg_mechanism == "ddg":
+        from popri.privacy import ddg
+
+        info |= ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg), flower.survivors,
+                                  release=release)
+        return LedgerEntry(stage=LEDGER_STAGE, mechanism="distributed_discrete_gaussian",
+                           params=info, **common)
+    if spec.algorithm == "fedavg" or flower is not None:
+        return LedgerEntry(stage=LEDGER_STAGE, mechanism="subsampled_gaussian"
+                           if common["sample_rate"] < 1 else "gaussian", params=info, **common)
+    return LedgerEntry(stage=LEDGER_STAGE, mechanism="tree_aggregation",
+                       params={**info, "leaves": 1}, **common)

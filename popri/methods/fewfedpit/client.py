@@ -51,10 +51,11 @@ _LORA_KEYS = ("lora_r", "lora_alpha", "target_modules")
 
 # --------------------------------------------------------------------------- data
 def client_examples(data: str, split: str, client: str | None) -> tuple[list[dict], str]:
-    """The instruction records (instruction / input / output) of one client (all with None)."""
-    from popri.models.embed import read_records
+    """The instruction records (instruction / input / output) of one client (all with None),
+    each checked (:func:`popri.data.instruct.check_example`)."""
+    from popri.data.instruct import read_examples
 
-    recs, src = read_records(data, split, ("instruction", "output"))
+    recs, src = read_examples(data, split)
     if client is not None:
         recs = [r for r in recs if str(r.get("client_id")) == str(client)]
         if not recs:
@@ -70,27 +71,65 @@ def rng_for(seed: int, round_: int, client: str, stream: str) -> random.Random:
 
 # --------------------------------------------------------------------------- weights dirs
 def read_meta(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> dict:
-    """The checked ``state.json`` of a weights directory (its weights not loaded)."""
+    """The checked ``state.json`` of a weights directory (its weights not loaded): a broken,
+    foreign or absurd one is one :class:`InputError` naming the file and field."""
+    from popri.core.io import read_json
+
     p = Path(path)
     if not (p / THETA).is_file() or not (p / STATE).is_file():
         raise InputError(f"not a FewFedPIT weights directory (no {THETA} / {STATE})", path=str(p))
-    try:
-        state = json.loads((p / STATE).read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise InputError(f"unreadable {STATE}: {e}", path=str(p)) from None
+    where = str(p / STATE)
+    state = read_json(p / STATE, expect=dict)
     if state.get("kind") not in kinds:
         raise InputError(f"holds {state.get('kind')!r} weights, expected one of "
                          f"{', '.join(kinds)}", path=str(p), field="kind")
+    r = state.get("round")
+    if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+        raise InputError(f"must be an integer >= 0 (got {r!r})", path=where, field="round")
+    lora = state.get("lora")
+    if not isinstance(lora, dict) or set(lora) != set(_LORA_KEYS) \
+            or not all(isinstance(lora[k], int) and not isinstance(lora[k], bool) and lora[k] > 0
+                       for k in ("lora_r", "lora_alpha")):
+        raise InputError(f"must be an object with {', '.join(_LORA_KEYS)} (got {lora!r})",
+                         path=where, field="lora")
+    for k in ("base_model",):
+        if not isinstance(state.get(k), str) or not state[k]:
+            raise InputError("must be a non-empty string", path=where, field=k)
+    seed = state.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InputError(f"must be an integer >= 0 (got {seed!r})", path=where, field="seed")
+    if "n_examples" in state:
+        n = state["n_examples"]
+        # an example count: a whole number, and one no client holds more of (2^31): a claimed
+        # 1e300 would silently take all of the n_k-weighted average
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < 2**31:
+            raise InputError(f"must be a whole number of examples in [1, 2^31) (got {n!r})",
+                             path=where, field="n_examples")
     return state
 
 
 def read_state(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> tuple[np.ndarray, dict]:
     """(theta, state) of a weights directory, checked."""
+    from popri.core.io import load_npy
+
     state = read_meta(path, kinds)
-    theta = np.load(Path(path) / THETA).astype(np.float32)
-    if theta.ndim != 1 or not np.isfinite(theta).all():
-        raise InputError("theta.npy is not a finite vector", path=str(Path(path) / THETA))
-    return theta, state
+    f = Path(path) / THETA
+    theta = load_npy(f)
+    if theta.ndim != 1 or theta.dtype.kind not in "fi" or not np.isfinite(theta).all():
+        raise InputError("is not a finite real vector", path=str(f))
+    return theta.astype(np.float32), state
+
+
+#: the files a weights directory written before the ownership marker always holds
+WEIGHTS_FILES = (THETA, STATE)
+
+
+def check_out(out: str, *inputs: str | None) -> None:
+    """The directory-output rule (:func:`popri.core.outdir.check`) for a weights directory:
+    before anything is read or trained."""
+    from popri.core import outdir
+
+    outdir.check(out, inputs=inputs, legacy=WEIGHTS_FILES)
 
 
 def stage_files(d: Path, theta: np.ndarray, state: dict, model=None, tok=None) -> None:
@@ -114,14 +153,13 @@ def stage_files(d: Path, theta: np.ndarray, state: dict, model=None, tok=None) -
 def write_state(out: str | os.PathLike, theta: np.ndarray, state: dict, model=None, tok=None
                 ) -> None:
     """Write a weights directory atomically: staged next to it, renamed into place."""
-    from popri.methods.dpfl.rounds import staging_dir
-    from popri.models.lora import replace_dir
+    from popri.core import outdir
 
     out_p = Path(out)
-    tmp = staging_dir(out_p)
+    tmp = outdir.staging_dir(out_p)
     try:
         stage_files(tmp, theta, state, model, tok)
-        replace_dir(tmp, out_p)
+        outdir.replace(tmp, out_p, kind=f"fewfedpit-{state['kind']}", legacy=WEIGHTS_FILES)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -156,6 +194,7 @@ def init_global(model: str, out: str, spec: FewFedPITSpec, *, seed: int = 0,
     from popri.methods.dpfl.rounds import flat
     from popri.models import llm
 
+    check_out(out, model if Path(model).exists() else None)
     device = device or llm.default_device()
     m, tok, params = build(model, spec, seed, device)
     state = {"kind": "global", "round": 0, "client": None, "base_model": str(model),
@@ -344,6 +383,7 @@ def run_local(data: str, client: str | None, out: str, spec: FewFedPITSpec, *, r
     from popri.models import llm
 
     t0 = time.perf_counter()
+    check_out(out, data, init)
     check_round(init, round_)
     device = device or llm.default_device()
     local, src = client_examples(data, split, client)
@@ -371,7 +411,7 @@ def run_selfgen(data: str, client: str, out: str, spec: FewFedPITSpec, *, round_
                 device: str | None = None) -> dict:
     """D^syn_k (Algorithm 1, line 7): every candidate with its fate to ``out`` (JSONL), the
     filter counts to ``stats_out`` (JSON)."""
-    from popri.core.io import write_json, write_jsonl
+    from popri.core.io import STDIO, AtomicOutputs, dumps, write_json, write_jsonl
     from popri.models import llm
 
     t0 = time.perf_counter()
@@ -391,8 +431,17 @@ def run_selfgen(data: str, client: str, out: str, spec: FewFedPITSpec, *, round_
         r.update({"id": f"r{round_}/{client}/syn{i}", "client_id": client, "round": round_})
     stats = {"round": round_, "client": client, "counts": counts, "local_examples": len(local),
              "seconds": seconds_since(t0), "spec": spec.to_dict(), "source": src}
-    write_jsonl(rows, out)
-    if stats_out:
+    # both files or neither: a failed --stats-out must not leave --out behind
+    with AtomicOutputs() as staged:
+        if out != STDIO:
+            with open(staged.path(out), "w", encoding="utf-8") as fh:
+                fh.writelines(dumps(r) + "\n" for r in rows)
+        if stats_out and stats_out != STDIO:
+            with open(staged.path(stats_out), "w", encoding="utf-8") as fh:
+                fh.write(json.dumps(stats, ensure_ascii=False, indent=2) + "\n")
+    if out == STDIO:
+        write_jsonl(rows, out)
+    if stats_out == STDIO:
         write_json(stats, stats_out)
     log.info(f"fewfedpit selfgen r{round_} {client}: {counts['generated']} instructions "
              f"generated, {counts['novel']} novel, {counts['scored']} with a response past the "
@@ -400,11 +449,28 @@ def run_selfgen(data: str, client: str, out: str, spec: FewFedPITSpec, *, round_
     return stats
 
 
-def kept_samples(path: str) -> list[dict]:
-    """The kept rows of a selfgen JSONL."""
-    from popri.core.io import read_jsonl
+def kept_samples(path: str, client: str | None = None, round_: int | None = None) -> list[dict]:
+    """The kept rows of a selfgen JSONL, each checked as an instruction record.  A row that
+    records its ``client_id`` / ``round`` (selfgen writes both) must be of ``client`` /
+    ``round_`` (when given): another client's or round's synthetic set is refused, as ``mix``
+    refuses another client's or round's weights."""
+    from popri.core.io import iter_jsonl
+    from popri.data.instruct import check_example
 
-    return [r for r in read_jsonl(path, ("instruction", "kept")) if r["kept"] is True]
+    out = []
+    for r in iter_jsonl(path, ("instruction", "kept"), locate=True):
+        where = {"path": r.pop("_path"), "line": r.pop("_line")}
+        if client is not None and r.get("client_id") is not None \
+                and str(r["client_id"]) != str(client):
+            raise InputError(f"a row of client {r['client_id']!r}, expected {client!r} (the "
+                             "synthetic set of this client's selfgen)", field="client_id",
+                             **where)
+        if round_ is not None and r.get("round") is not None and r["round"] != round_:
+            raise InputError(f"a row of round {r['round']!r}, expected {round_} (this round's "
+                             "selfgen)", field="round", **where)
+        if r["kept"] is True:
+            out.append(check_example(r, **where))
+    return out
 
 
 def run_train(synthetic: str, client: str, out: str, spec: FewFedPITSpec, *, round_: int,
@@ -417,10 +483,10 @@ def run_train(synthetic: str, client: str, out: str, spec: FewFedPITSpec, *, rou
     t0 = time.perf_counter()
     check_round(init, round_)
     device = device or llm.default_device()
-    syn = kept_samples(synthetic)
-    for r in syn:
-        if not isinstance(r.get("output"), str):
-            raise InputError("a kept row has no output", path=synthetic, field="output")
+    if spec.mode == "fedmit" and not data:
+        raise InputError("fedmit trains one model on the private and the synthetic examples "
+                         "together: give the private data (--data)", field="--data")
+    syn = kept_samples(synthetic, client, round_)
     private = client_examples(data, split, client)[0] if data else []
     examples = private + syn
     m, tok, params, theta_g, base, g = global_weights(init, spec, device)
@@ -448,6 +514,7 @@ def run_mix(out: str, spec: FewFedPITSpec, *, round_: int, init: str, local_dir:
     from popri.methods.dpfl.rounds import clip
     from popri.methods.fewfedpit.weights import mix
 
+    check_out(out, init, local_dir, public_dir)
     check_round(init, round_)
     theta_g, g = read_state(init, ("global",))
     beta = spec.beta_value()

@@ -242,7 +242,13 @@ def results(run, noise: dict) -> dict:
     for t in range(1, c.rounds + 1):
         g = global_dir(run, t) / "round.json"
         if g.exists():
-            rounds.append({k: read_json(g).get(k) for k in ("round", "clients", "n_k")})
+            r = read_json(g, expect=dict)
+            row = {"round": r.get("round")}
+            diag = r.get("private_diagnostics")  # research mode only (NOT PRIVATE)
+            if isinstance(diag, dict):
+                row["private_diagnostics"] = {k: diag.get(k) for k in ("private", "clients",
+                                                                       "n_k")}
+            rounds.append(row)
     return {"methods_instruct": methods, "leakage": leakage,
             "privacy_note": "no DP guarantee (eps = inf)" if not c.fewfedpit.noise_multiplier
             else "popri extension: client-level Gaussian noise on clipped uploads",

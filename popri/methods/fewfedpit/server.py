@@ -41,19 +41,24 @@ NO_DP = "no DP guarantee (eps = inf): FewFedPIT is an empirical defence against 
 
 def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: int,
               init: str, clients_total: int | None = None, delta: float = 3e-6,
-              release: bool = False, device: str | None = None) -> dict:
+              release: bool = False, device: str | None = None,
+              diagnostics: bool = False) -> dict:
     """Average the ``uploads`` (mixed weights directories of round ``round_``) into the global
-    weights directory ``out`` (with ``model/``), one ledger entry in ``OUT/../ledger.jsonl``."""
+    weights directory ``out`` (with ``model/``), one ledger entry in ``OUT/../ledger.jsonl``.
+    Release mode writes no count of the round's clients or their examples and no update norm
+    (round.json's ``private_diagnostics``, NOT PRIVATE, only with ``diagnostics``)."""
     from popri.core.artifacts import path_digest
-    from popri.methods.dpfl.rounds import _DirOutput, add_noise, set_flat, staging_dir
+    from popri.core import outdir
+    from popri.methods.dpfl.rounds import add_noise, set_flat
     from popri.models import llm
     from popri.privacy.ledger import LedgerEntry
-    from popri.privacy.release import Release
+    from popri.privacy.release import NOT_PRIVATE, Release
     from popri.specs.fl import FLSpec
 
     t0 = time.perf_counter()
     if not uploads:
         raise InputError("no uploads to aggregate", field="UPLOADS")
+    C.check_out(out, init, *uploads)
     device = device or llm.default_device()
     C.check_round(init, round_)
     m, tok, params, theta_g, base, gstate = C.global_weights(init, spec, device)
@@ -103,8 +108,10 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
         rid = rel.release_id(round_, sorted(path_digest(Path(u) / C.THETA) for u in uploads),
                              spec.to_dict(), path_digest(Path(init) / C.THETA), base)
         private = z > 0
-        info = {"round": round_, "method": spec.mode, "clients": K,
-                **({} if private else {"note": NO_DP})}
+        # release mode: the number of uploads K is the round's participant count, private
+        # under add/remove-one-client neighbours; the accountant needs only q
+        info = {"round": round_, "method": spec.mode,
+                **({} if release else {"clients": K}), **({} if private else {"note": NO_DP})}
         entry = LedgerEntry(stage=LEDGER_STAGE,
                             mechanism=("subsampled_gaussian" if K < N else "gaussian")
                             if private else "gaussian",
@@ -113,22 +120,26 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
                             sensitivity=float(spec.clip) if spec.clip is not None else 1.0,
                             sampling=("fixed" if K < N else "none") if private else "none",
                             release_id=rid, mode=rel.mode, params=info)
-        tmp = staging_dir(out_p)
-        rel.outputs = _DirOutput(tmp, out_p)
+        rel.outputs = outdir.DirOutput(out_p, kind="fewfedpit-global", legacy=C.WEIGHTS_FILES)
+        tmp = rel.outputs.tmp
         set_flat(params, new)
         state = {"kind": "global", "round": round_, "client": None, "base_model": str(base),
                  "lora": C.lora_settings(spec), "mode": spec.mode, "seed": seed}
         C.stage_files(tmp, new, state, m, tok)
         summary = {"round": round_, "method": spec.mode, "beta": spec.beta_value(),
-                   "clients": K, "clients_total": N, "n_k": n_k, "weights": weights,
-                   "noise_multiplier": z, "clip": spec.clip,
-                   "update_norm_mean": float(np.mean(norms)) if norms else None,
+                   "weights": weights, "noise_multiplier": z, "clip": spec.clip,
                    "privacy": "client-level DP (popri extension), see the ledger" if private
-                   else NO_DP, "mode": rel.mode, "release_id": rid, "base_model": str(base),
-                   "uploads": [str(u) for u in uploads]}
+                   else NO_DP, "mode": rel.mode, "release_id": rid, "base_model": str(base)}
+        diag = {"private": False, "note": NOT_PRIVATE, "clients": K, "clients_total": N,
+                "n_k": n_k, "update_norm_mean": float(np.mean(norms)) if norms else None,
+                "uploads": [str(u) for u in uploads]}
+        if not release or diagnostics:
+            summary["private_diagnostics"] = diag
         (tmp / ROUND).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
         rel.commit([entry])
     summary["seconds"] = round(time.perf_counter() - t0, 2)
-    log.info(f"fewfedpit aggregate round {round_}: {K} clients ({weights}), "
+    who = "the uploads (count private in release mode)" if release and not diagnostics \
+        else f"{K} clients"
+    log.info(f"fewfedpit aggregate round {round_}: {who} ({weights}), "
              f"{'z ' + format(z, 'g') if private else NO_DP} -> {out}")
     return summary

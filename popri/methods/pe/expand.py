@@ -217,6 +217,14 @@ def _read_done(out: Path, manifest: dict, seen: HashSet) -> list[dict]:
     return done
 
 
+def _is_expansion(p: Path) -> bool:
+    """A directory ``popri expand`` wrote: its manifest is an expansion manifest."""
+    try:
+        return json.loads((p / MANIFEST).read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _clean_temps(out: Path) -> None:
     """Temp files a killed run left (atomic writes rename them only when complete)."""
     for f in out.glob(".shard-*.jsonl.*.tmp"):
@@ -285,10 +293,12 @@ def expand(records: Sequence[dict], spec: ExpandSpec | None = None, *, num_sampl
            "min_words": int(spec.min_words),
            "template_sha256": hashlib.sha256(template.encode()).hexdigest(),
            "bf16": bool(spec.bf16), "attempt_factor": float(spec.attempt_factor)}
-    out = Path(out_dir)
+    from popri.core import outdir
+
+    # '-', a file, a device, a link, a directory holding the seeds, and a non-empty directory
+    # that is not an expansion of ours are refused (--force starts over only in ours)
+    out = outdir.check(out_dir, inputs=[source or None], whole=False, legacy=_is_expansion)
     mpath = out / MANIFEST
-    if out.exists() and not out.is_dir():
-        raise InputError("exists and is not a directory", path=str(out))
     quotas = plan(num_samples, shard_size)
     seen = HashSet()
     done: list[dict] = []

@@ -1,0 +1,312 @@
+"""Release mode writes no exact statistic of the clients' data (issue 22, cases fl02, fl100,
+ff72, env1, rr11, fw02-04): every DP-releasing command runs in release mode on tiny data, and
+every file it writes and every JSON field in them is checked against an allowlist.  A new field
+fails here until someone decides it is public (a setting, a shape, a noised value) and adds it.
+
+    python -m pytest -q tests/test_release_fields.py
+
+What is public: settings the user typed (q, z, C, L per round, the model), shapes (the
+dimension, the number of synthetic samples), noised outputs and what is derived from them only,
+the ledger's accounting parameters (the accountant needs them), ids and modes.  What is private
+(add/remove-one-client neighbours): the number of clients N, the realised participants L under
+Poisson sampling, example counts, update norms, clipped shares, losses, research seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import emb_set, write_jsonl
+from test_run_privacy import dataset  # noqa: F401  (fixture)
+
+N_CLIENTS = 13  # private: must never be written (nor printed) in release mode
+
+needs_flower = pytest.mark.skipif(__import__("importlib").util.find_spec("flwr") is None,
+                                  reason="the flower extra is not installed")
+
+
+def keys(obj, prefix: str = "") -> set[str]:
+    """Every key path of a JSON value: ``a.b``, ``a[].c`` for a list of objects."""
+    out: set[str] = set()
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            p = f"{prefix}.{k}" if prefix else k
+            out.add(p)
+            out |= keys(v, p)
+    elif isinstance(obj, list):
+        for v in obj:
+            out |= keys(v, prefix + "[]")
+    return out
+
+
+#: model files a weights directory carries (the DP-trained weights and the public tokenizer)
+MODEL_FILES = {"README.md", "adapter_config.json", "adapter_model.safetensors",
+               "chat_template.jinja", "tokenizer.json", "tokenizer_config.json",
+               "special_tokens_map.json", "generation_config.json", "config.json",
+               "model.safetensors"}
+LEDGER = {"stage", "mechanism", "noise_multiplier", "sample_rate", "steps", "delta",
+          "sensitivity", "sampling", "neighbouring", "release_id", "params", "mode",
+          "popri_version"}
+SCORE_PARAMS = {"mode", "round", "noise_multiplier", "clip", "standardize", "sample_rate",
+                "clients_per_round", "sampling", "max_samples_per_client", "threshold",
+                "release", "delta", "reduce", "public_clients", "embedding_model"}
+FLOWER_ENGINE = {"engine", "engine.engine", "engine.supernodes_requested",
+                 "engine.secagg_mechanism"}
+#: the distributed discrete Gaussian's accounting record (its parameters are the plan's)
+DDG_LEDGER = {"clip", "gamma", "bits", "dim", "min_noisy", "local_sigma", "beta", "delta2", "modulus",
+              "noisy", "epsilon_cdp"}
+
+
+def _ledger_keys(params: set[str]) -> set[str]:
+    return LEDGER | {f"params.{k}" for k in params}
+
+
+def _score_side(extra_params=frozenset()) -> set[str]:
+    p = SCORE_PARAMS | set(extra_params)
+    return ({"ids", "mode", "round", "privacy_mode", "params", "ledger"}
+            | {f"params.{k}" for k in p}
+            | {f"ledger[].{k}" for k in _ledger_keys(
+                p | {"noise", "nominal_noise_multiplier"} | (DDG_LEDGER | {"secagg"}
+                                                             if extra_params else set()))})
+
+
+FL_SPEC = {"lora_r", "lora_alpha", "target_modules", "bf16", "max_length", "count_eos",
+           "bos_token", "eos_token", "algorithm", "clip", "client_lr", "local_epochs",
+           "client_batch_size", "server_lr", "momentum", "lora", "max_samples_per_client",
+           "noise_multiplier", "clients_per_round", "sample_rate", "delta", "release",
+           "engine", "supernodes", "secagg_mechanism", "max_dropout", "flower_timeout"}
+FL_ROUND = ({"round", "model", "base_model", "spec", "algorithm", "sampling", "dim",
+             "noise_multiplier", "noise_multiplier_guaranteed", "noise_std", "momentum",
+             "server_lr", "mode", "release_id", "source", "engine", "sample_rate",
+             "clients_per_round", "flower", "flower.supernodes_requested",
+             "flower.secagg_mechanism"} | {f"spec.{k}" for k in FL_SPEC})
+FL_MODEL_METRICS = {"model", "base_model", "lora", "trainable_parameters", "bos_token",
+                    "eos_token", "fl_round", "algorithm"}
+WEIGHTS_STATE = {"kind", "round", "client", "base_model", "lora", "lora.lora_r",
+                 "lora.lora_alpha", "lora.target_modules", "mode", "seed"}
+FFP_ROUND = {"round", "method", "beta", "weights", "noise_multiplier", "clip", "privacy",
+             "mode", "release_id", "base_model"}
+FFP_MODEL_METRICS = {"model", "base_model", "lora", "trainable_parameters", "method", "round"}
+MARKER = {"format", "kind", "popri_version"}
+
+#: relative path (glob) -> allowed JSON keys (None: not JSON, allowed as a whole)
+ALLOW = {
+    "score": {"s/scores.npy": None, "s/scores.json": _score_side(),
+              "s/ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise",
+                                                             "nominal_noise_multiplier"})},
+    "fl": {"R/ledger.jsonl": _ledger_keys({"round", "algorithm", "dim", "leaves"}),
+           "R/r1/.popri-output": MARKER, "R/r1/theta.npy": None, "R/r1/server.npz": None,
+           "R/r1/round.json": FL_ROUND, "R/r1/model/metrics.json": FL_MODEL_METRICS,
+           **{f"R/r1/model/{f}": None for f in MODEL_FILES}},
+    "fred": {"f/stats.npz": None, "f/ledger.jsonl": _ledger_keys(
+        {"release", "epsilon", "delta", "calibration", "noise_std_on_sum", "claim", "noise",
+         "nominal_noise_multiplier"}),
+        "f/stats.json": {"kind", "private", "dim", "privacy_mode", "n", "n_public",
+                         "embedding_model", "normalize", "source", "split", "neighbouring",
+                         "params", "ledger"} | {f"params.{k}" for k in (
+                             "epsilon", "delta", "clip", "relation", "level",
+                             "max_samples_per_client", "calibration", "seed", "release",
+                             "noise_multiplier", "mean_sensitivity", "cov_sensitivity",
+                             "noise_std_sum1", "noise_std_sum2", "tau1", "tau2",
+                             "count_public", "count_weight", "count_noise_std", "count_clamped",
+                             "covariance", "noise_edge", "noise", "effective_noise_multiplier",
+                             "effective_noise_multiplier.mean",
+                             "effective_noise_multiplier.covariance")}
+        | {f"ledger[].{k}" for k in _ledger_keys(
+            {"release", "epsilon", "delta", "calibration", "noise_std_on_sum", "claim", "noise",
+             "nominal_noise_multiplier"})}},
+    "ffp": {"G/ledger.jsonl": _ledger_keys({"round", "method"}),
+            "G/r1/.popri-output": MARKER, "G/r1/theta.npy": None, "G/r1/state.json":
+            WEIGHTS_STATE, "G/r1/round.json": FFP_ROUND,
+            "G/r1/model/metrics.json": FFP_MODEL_METRICS,
+            **{f"G/r1/model/{f}": None for f in MODEL_FILES}},
+}
+ALLOW["fl-flower"] = {k.replace("R/", "FR/"): v for k, v in ALLOW["fl"].items()}
+ALLOW["fl-flower"]["FR/ledger.jsonl"] = _ledger_keys({"round", "algorithm"} | DDG_LEDGER)
+ALLOW["score-flower"] = {"fw/scores.npy": None,
+                         "fw/scores.json": _score_side(FLOWER_ENGINE),
+                         "fw/ledger.jsonl": _ledger_keys(
+                             SCORE_PARAMS | FLOWER_ENGINE | DDG_LEDGER
+                             | {"noise", "nominal_noise_multiplier", "secagg"})}
+
+
+def check_files(root: Path, allow: dict) -> None:
+    """Every file under ``root`` is allowed, and so is every key of every JSON in it."""
+    seen = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    unknown = [f for f in seen if f not in allow]
+    assert not unknown, f"files written in release mode that no allowlist covers: {unknown}"
+    for f in seen:
+        want = allow[f]
+        if want is None:
+            continue
+        text = (root / f).read_text(encoding="utf-8")
+        docs = ([json.loads(x) for x in text.splitlines() if x.strip()]
+                if f.endswith(".jsonl") else [json.loads(text)])
+        got = set().union(*(keys(d) for d in docs))
+        extra = sorted(got - want)
+        assert not extra, f"{f}: fields written in release mode outside the allowlist: {extra}"
+
+
+PRIVATE_LINE = re.compile(r"\b(\d+) (?:of \d+ )?(clients|participants|uploads|examples)\b"
+                          r"|update norms? [\d.]|local loss [\d.]|clipped \d|n_k")
+
+
+def check_stderr(err: str, public_counts=()) -> None:
+    """No private count or statistic in the log: 'N clients' only for a public L per round."""
+    for m in PRIVATE_LINE.finditer(err):
+        if m.group(1) is not None and int(m.group(1)) in public_counts \
+                and "clients per round" in err[m.start():m.end() + 20]:
+            continue
+        raise AssertionError(f"release mode printed a private statistic: {m.group(0)!r} in "
+                             f"{err!r}")
+    assert not re.search(rf"\b{N_CLIENTS}\b", err), err
+
+
+# --------------------------------------------------------------------------- the commands
+@pytest.fixture
+def emb(tmp_path):
+    rng = np.random.default_rng(0)
+    cid = [f"c{i % N_CLIENTS}" for i in range(4 * N_CLIENTS)]
+    emb_set(tmp_path / "in" / "priv.npy", rng.normal(size=(len(cid), 8)).astype(np.float32), cid)
+    emb_set(tmp_path / "in" / "syn.npy", rng.normal(size=(10, 8)).astype(np.float32))
+    return tmp_path / "in"
+
+
+def _fl_data(d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    return write_jsonl(d / "data.jsonl", [
+        {"client_id": f"c{i % N_CLIENTS}", "text": f"the quick brown fox {i} jumps over"}
+        for i in range(2 * N_CLIENTS)])
+
+
+@pytest.mark.parametrize("mode,sampling,public", [
+    ("cosine", ["--sample-rate", "0.5"], ()),
+    ("nn-histogram", ["--clients-per-round", "5"], (5,)),
+])
+def test_score_release_writes_only_public_fields(emb, tmp_path, run_popri, mode, sampling,
+                                                 public):
+    out = tmp_path / "o"
+    p = run_popri(["score", "--mode", mode, "--private", emb / "priv.npy", "--synthetic",
+                   emb / "syn.npy", "-z", "1", *sampling, "--release", "--out",
+                   out / "s" / "scores.npy"], check=True)
+    check_files(out, ALLOW["score"])
+    check_stderr(p.stderr, public)
+
+
+def test_fred_stats_release_writes_only_public_fields(emb, tmp_path, run_popri):
+    out = tmp_path / "o"
+    p = run_popri(["fred", "stats", "--private", emb / "priv.npy", "--epsilon", "0.5", "--delta",
+                   "1e-5", "--level", "user", "--max-samples-per-client", "4", "--release",
+                   "--out", out / "f" / "stats.npz"], check=True)
+    check_files(out, ALLOW["fred"])
+    side = json.loads((out / "f" / "stats.json").read_text())
+    assert side["n"] != 4 * N_CLIENTS  # the count is private at user level: noised
+    check_stderr(p.stderr)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "ftrl"])
+def test_fl02_fl100_fl_round_release_writes_only_public_fields(tiny_lm, tmp_path, run_popri,
+                                                               algorithm):
+    data = _fl_data(tmp_path / "in")
+    out = tmp_path / "o"
+    p = run_popri(["fl", "round", "--data", data, "--model", tiny_lm, "--round", "1", "-z", "1",
+                   "--sample-rate", "0.5", "--algorithm", algorithm, "--release", "--no-bf16",
+                   "--out", out / "R" / "r1"], check=True)
+    check_files(out, ALLOW["fl"])
+    check_stderr(p.stderr)
+    # the exact statistics only behind --diagnostics, labelled NOT PRIVATE
+    p = run_popri(["fl", "round", "--data", data, "--model", tiny_lm, "--round", "1", "-z", "1",
+                   "--sample-rate", "0.5", "--release", "--diagnostics", "--no-bf16",
+                   "--out", tmp_path / "d" / "r1"], check=True)
+    diag = json.loads((tmp_path / "d" / "r1" / "round.json").read_text())["private_diagnostics"]
+    assert diag["private"] is False and "NOT PRIVATE" in diag["note"]
+    assert diag["clients"] == N_CLIENTS and diag["update_norm_max"] is not None
+
+
+@pytest.fixture
+def uploads(tiny_lm, tmp_path):
+    from popri.methods.fewfedpit import client as C
+    from popri.specs.fewfedpit import FewFedPITSpec
+
+    spec = FewFedPITSpec(lora_r=8, lora_alpha=16, bf16=False)
+    d = tmp_path / "in"
+    C.init_global(tiny_lm, str(d / "r0"), spec, seed=0, device="cpu")
+    theta0, st0 = C.read_state(d / "r0")
+    ups = []
+    for k, n in enumerate((N_CLIENTS, 7)):  # private example counts n_k
+        C.write_state(d / f"m{k}", theta0 + 0.001 * (k + 1),
+                      {**st0, "kind": "mixed", "round": 1, "client": f"c{k}", "n_examples": n})
+        ups.append(d / f"m{k}")
+    return d / "r0", ups
+
+
+@pytest.mark.parametrize("how", ["flag", "env1"])
+def test_ff72_env1_fewfedpit_aggregate_release_writes_only_public_fields(uploads, tmp_path,
+                                                                       run_popri, how):
+    init, ups = uploads
+    out = tmp_path / "o"
+    flag, env = (["--release"], None) if how == "flag" else ([], {"POPRI_RELEASE": "1"})
+    p = run_popri(["fewfedpit", "aggregate", *ups, "--round", "1", "--init", init, "--clip",
+                   "1", "-z", "1", "--clients-total", "10", "--lora-r", "8", "--lora-alpha",
+                   "16", *flag, "--out", out / "G" / "r1"], env=env, check=True)
+    check_files(out, ALLOW["ffp"])
+    led = json.loads((out / "G" / "ledger.jsonl").read_text().splitlines()[0])
+    assert led["mode"] == "release"  # env1: POPRI_RELEASE=1 is release mode here too
+    check_stderr(p.stderr)
+    assert "7" not in re.findall(r"\b\d+\b", p.stderr)
+
+
+def test_env1_a_typo_in_popri_release_is_refused(run_popri):
+    p = run_popri(["account", "epsilon", "-z", "1", "-q", "1", "-T", "1"],
+                  env={"POPRI_RELEASE": "maybe"})
+    assert p.returncode == 2 and "POPRI_RELEASE" in p.stderr
+
+
+@needs_flower
+def test_fw03_fw02_score_on_flower_release_writes_only_public_fields(emb, tmp_path, run_popri):
+    out = tmp_path / "o"
+    p = run_popri(["score", "--engine", "flower", "--supernodes", "3", "--private",
+                   emb / "priv.npy", "--synthetic", emb / "syn.npy", "-z", "1", "--sample-rate",
+                   "0.8", "--release", "--out", out / "fw" / "scores.npy"],
+                  env={"POPRI_THREADS": "2"}, check=True)
+    check_files(out, ALLOW["score-flower"])
+    check_stderr(p.stderr)
+
+
+@needs_flower
+def test_fl_round_on_flower_release_writes_only_public_fields(tiny_lm, tmp_path, run_popri):
+    data = _fl_data(tmp_path / "in")
+    out = tmp_path / "o"
+    p = run_popri(["fl", "round", "--data", data, "--model", tiny_lm, "--round", "1", "-z", "1",
+                   "--sample-rate", "0.8", "--engine", "flower", "--supernodes", "3",
+                   "--release", "--no-bf16", "--out", out / "FR" / "r1"],
+                  env={"POPRI_THREADS": "2"}, check=True)
+    check_files(out, ALLOW["fl-flower"])
+    check_stderr(p.stderr)
+
+
+def test_rr11_popri_run_dp_fl_release_writes_no_exact_statistic(tmp_path, dataset, tiny_lm,
+                                                               run_popri):
+    """``popri run`` with a DP-FL method in release mode: results.json's rounds hold no
+    participant count, norm or loss, and the log prints no client count."""
+    from test_dpfl import _run_args
+
+    run = tmp_path / "run"
+    n_train = json.loads((dataset / "manifest.json").read_text())["counts"]["train"]["clients"]
+    p = run_popri(_run_args(run, dataset, tiny_lm, "dp-fedavg", "--set", "rounds=1",
+                            "--set", "fl.clients_per_round=null", "--set",
+                            "fl.sample_rate=0.5", "--set", "privacy.epsilon=20", "--release"),
+                  check=True)
+    res = json.loads((run / "results.json").read_text())
+    assert res["mode"] == "release"
+    assert [sorted(r) for r in res["fl"]["rounds"]] == [["round"]]
+    assert "private_diagnostics" not in json.loads((run / "fl" / "round1" / "round.json")
+                                                   .read_text())
+    for m in PRIVATE_LINE.finditer(p.stderr):
+        raise AssertionError(f"popri run printed {m.group(0)!r}")
+    assert not re.search(rf"\b{n_train}\b", p.stderr.replace(str(tmp_path), "")), p.stderr
