@@ -188,7 +188,7 @@ def _fl_data(d: Path) -> Path:
     ("cosine", ["--sample-rate", "0.5"], ()),
     ("nn-histogram", ["--clients-per-round", "5"], (5,)),
 ])
-def test_score_release_writes_only_public_fields(emb, tmp_path, run_popri, mode, sampling,
+def test_fw04_score_release_writes_only_public_fields(emb, tmp_path, run_popri, mode, sampling,
                                                  public):
     out = tmp_path / "o"
     p = run_popri(["score", "--mode", mode, "--private", emb / "priv.npy", "--synthetic",
