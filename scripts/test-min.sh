@@ -105,6 +105,7 @@ print('test-min (flower): ' + ', '.join(f'{n} {v(n)}' for n in ('flwr', 'ray', '
 #   .venv-min/bin/python -m pytest -m slow tests/test_flower.py tests/test_flower_deploy.py
 POPRI_THREADS=${POPRI_THREADS:-2} "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
   -m "not slow" "$@" tests/test_flower.py tests/test_flower_deploy.py tests/test_flower_staging.py \
+  "tests/test_ddg_scale.py::test_a_flower_round_with_hundreds_of_clients_on_four_nodes" \
   "tests/test_release_fields.py::test_fw03_fw02_score_on_flower_release_writes_only_public_fields" \
   "tests/test_release_fields.py::test_fl_round_on_flower_release_writes_only_public_fields" \
   "tests/test_dpfl.py::test_flower_round_equals_in_process_at_z0_and_ledgers_the_ddg" \

@@ -174,3 +174,45 @@ def test_cli_help_lists_audit_and_its_options(run_popri):
                 "--max-samples-per-client", "--clients", "--synthetic", "--dim", "--seed",
                 "--json", "--break", "VIOLATION: empirical lower bound X > claimed eps Y"):
         assert opt in p.stdout, opt
+
+
+# --------------------------------------------------------------------------- issue 23, item 5
+def _spec(mechanism, trials, **kw):
+    from popri.specs.privacy import AuditSpec
+
+    return AuditSpec(mechanism=mechanism, trials=trials, synthetic=50, **kw)
+
+
+@pytest.mark.parametrize("mechanism,kw,brk", [
+    # the distributed discrete Gaussian through the Flower nodes' encoding (4 SuperNodes):
+    # the canary's unclipped vector (10 C) is certified by (eps, delta) alone
+    ("ddg", dict(noise_multiplier=2.0), "no-clip"),
+    # a DP-FTRL tree of 8 leaves, every prefix released; the canary in two leaves of one tree
+    # (what epoch-wise participation forbids) doubles its weight in the shared nodes
+    ("tree", dict(noise_multiplier=2.0), "two-leaves"),
+    ("tree", dict(noise_multiplier=2.0), "half-noise"),
+    # a Poisson-subsampled cosine round at q = 0.01, claimed with PLD: a sample the adversary
+    # can recompute (the canary always in it) voids the amplification the ledger claims
+    ("subsampled", dict(noise_multiplier=1.0, accountant="pld", delta=1e-5), "public-sample"),
+])
+def test_every_mechanism_keeps_its_claim_and_its_broken_variant_is_flagged(mechanism, kw, brk):
+    real = A.run(_spec(mechanism, 2000, **kw), seed=0)
+    assert real["verdict"] == "ok", real["violations"]
+    assert real["epsilon_lower_bound"] <= real["claimed_epsilon"]
+    bad = A.run(_spec(mechanism, 2000, brk=brk, **kw), seed=0)
+    assert bad["verdict"] == "violation", bad
+    assert bad["claimed_epsilon"] == pytest.approx(real["claimed_epsilon"])
+
+
+def test_the_new_mechanisms_claim_their_ledger_entrys_epsilon():
+    from popri.privacy import accounting as Acc
+    from popri.privacy.tree import depth
+
+    r = A.run(_spec("tree", 200, noise_multiplier=2.0, leaves=8), seed=0)
+    assert r["claimed_mu"] == pytest.approx(math.sqrt(depth(8)) / 2.0)
+    assert r["claimed_epsilon"] == pytest.approx(
+        Acc.epsilon(2.0 / math.sqrt(depth(8)), 1.0, 1, r["delta"], "rdp"))
+    s = A.run(_spec("subsampled", 200, noise_multiplier=1.0, sample_rate=0.05), seed=0)
+    assert s["claimed_epsilon"] == pytest.approx(Acc.epsilon(1.0, 0.05, 1, s["delta"], "rdp"))
+    d = A.run(_spec("ddg", 200, noise_multiplier=2.0), seed=0)
+    assert d["claimed_mu"] == pytest.approx(0.5, rel=1e-6) and d["nodes"] == 4

@@ -208,21 +208,29 @@ def test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes(tmp_path, dataset
     assert "fid_to_val" not in res and not (run / "synthetic.jsonl").exists()
     assert not (run / "embeddings").exists() and not (run / "data" / "public").exists()
     entries = read_ledger(run / "fl" / "ledger.jsonl")
-    assert [e.mechanism for e in entries] == [mechanism] * 2
-    assert [e.params["round"] for e in entries] == [1, 2]
+    n = json.loads((dataset / "manifest.json").read_text())["counts"]["train"]["clients"]
+    if method == "dp-fedavg":
+        assert [e.mechanism for e in entries] == [mechanism] * 2
+        assert [e.params["round"] for e in entries] == [1, 2]
+    else:  # both rounds are leaves of one epoch's tree (R = N // 6 rounds): one release
+        assert [e.mechanism for e in entries] == [mechanism]
+        assert entries[0].params["leaves"] == n // 6 and entries[0].sample_rate == 1.0
+        r2 = json.loads((run / "fl" / "round2" / R.ROUND).read_text())["ftrl"]
+        assert r2["tree_release_id"] == entries[0].release_id and r2["leaf"] == 2
     # the ledger total is the budget (calibrated to it), never above
     assert res["epsilon"] <= 1.0 * (1 + 1e-6) and res["epsilon"] == pytest.approx(1.0, abs=2e-3)
-    if method == "dp-ftrl":  # no amplification by sampling: z as at q = 1
+    if method == "dp-ftrl":  # one tree, no amplification by sampling: z / sqrt(depth) at q = 1
         from popri.privacy.calibration import noise_multiplier
+        from popri.privacy.tree import depth
 
-        assert res["noise_multiplier"] == pytest.approx(noise_multiplier(1.0, 1.0, 2, 3e-6),
-                                                        abs=2e-3)
+        assert res["noise_multiplier"] == pytest.approx(
+            noise_multiplier(1.0, 1.0, 1, 3e-6) * math.sqrt(depth(n // 6)), rel=2e-3)
     assert "DP-" in (run / "results.md").read_text()
     # a second run resumes: every stage cached, no new ledger entry
     p = run_popri(_run_args(run, dataset, tiny_lm, method), check=True)
     assert "[fl-round1] up to date, skipped" in p.stderr
     assert "[fl-round2] up to date, skipped" in p.stderr
-    assert len(read_ledger(run / "fl" / "ledger.jsonl")) == 2
+    assert len(read_ledger(run / "fl" / "ledger.jsonl")) == len(entries)
 
 
 def test_dry_run_plans_t_fl_rounds_and_no_embedding(tmp_path, dataset, run_popri, tiny_lm):
@@ -255,7 +263,7 @@ def test_flower_round_equals_in_process_at_z0_and_ledgers_the_ddg(tiny_lm, tmp_p
     assert np.abs(a - b).max() <= r["flower"]["quantisation_bound"] / 5 + 1e-6
     assert r["flower"]["survivors"] == 3 and not list((tmp_path / "fl").glob(".popri-flower*"))
     run_popri([*base, "-z", "2", "--out", tmp_path / "fz" / "round1", "--engine", "flower",
-               "--supernodes", "3", "--algorithm", "ftrl"], check=True)
+               "--supernodes", "3", "--algorithm", "ftrl", "--restart", "round"], check=True)
     (e,) = read_ledger(tmp_path / "fz" / "ledger.jsonl")
     assert e.mechanism == "distributed_discrete_gaussian" and e.noise_multiplier >= 2 * (1 - 1e-9)
     assert (e.sample_rate, e.sampling) == (1.0, "none")  # ftrl: no amplification by sampling

@@ -59,7 +59,7 @@ FLOWER_ENGINE = {"engine", "engine.engine", "engine.supernodes_requested",
                  "engine.secagg_mechanism"}
 #: the distributed discrete Gaussian's accounting record (its parameters are the plan's)
 DDG_LEDGER = {"clip", "gamma", "bits", "dim", "min_noisy", "local_sigma", "beta", "delta2", "modulus",
-              "noisy", "epsilon_cdp"}
+              "noisy", "epsilon_cdp", "uploaders", "padded_dim", "rotation_seed", "vector_dim"}
 
 
 def _ledger_keys(params: set[str]) -> set[str]:

@@ -166,6 +166,7 @@ class FLConfig(Spec):
     client_batch_size: int = same(FLSpec, "client_batch_size")
     server_lr: float | None = same(FLSpec, "server_lr")
     momentum: float | None = same(FLSpec, "momentum")
+    restart: str = same(FLSpec, "restart")
     lora: bool = same(FLSpec, "lora")
     lora_r: int = same(FLSpec, "lora_r")
     lora_alpha: int = same(FLSpec, "lora_alpha")

@@ -97,8 +97,9 @@ def _methods() -> dict[str, Method]:
           for a, label, summary in (
               ("fedavg", "DP-FedAvg", "DP-FedAvg (POPri C.1): T rounds of clipped client "
                                       "updates of the downstream model + Gaussian noise"),
-              ("ftrl", "DP-FTRL", "DP-FTRL (POPri C.2): T rounds, tree-aggregation noise "
-                                  "restarted every round, server momentum 0.9"))),
+              ("ftrl", "DP-FTRL", "DP-FTRL (POPri C.2): T rounds, tree-aggregation noise on "
+                                  "the prefix sums, a tree per epoch (TreeRestart), server "
+                                  "momentum 0.9"))),
         *(Method(m, ffp.LABELS[m], ffp.recipe, results=ffp.results, shape=ffp.shape,
                  participation=ffp.participation, round_entries=ffp.round_entries,
                  model_out=ffp.model_out, embeds=False, dp=False, data_kind="instruct",

@@ -307,6 +307,9 @@ class Setup:
     level: str = "sample"  # fred
     brk: str | None = None
     dataset: str = "random"  # or "adversarial": every other record mirrors the canary
+    sample_rate: float = 0.1  # subsampled
+    leaves: int = 8  # tree
+    nodes: int = 4  # ddg
     notes: list = field(default_factory=list)
 
     @property
@@ -439,11 +442,188 @@ def _fred_worlds(s: Setup):
     return s0, s1, what, shift
 
 
+def _cosine_vectors(s: Setup, rng):
+    """The synthetic samples, the base clients' embeddings and ids, and the canary client (its
+    embeddings = synthetic sample 0: a standardised score vector of norm sqrt(n) before the
+    clip) -- the cosine data of the ddg and subsampled audits."""
+    n, d = s.synthetic, s.dim
+    syn = rng.standard_normal((n, d))
+    emb, ids = _base_rows(rng, s.n_clients, d, 4) if s.n_clients else (np.zeros((0, d)), [])
+    canary = np.repeat(syn[:1], 1, axis=0)
+    return syn, emb, ids, canary
+
+
+def _client_vectors(emb, ids, syn, clip: float):
+    """Every client's clipped, standardised cosine vector, as a Flower node computes it
+    (:func:`popri.federated.flower.node.client_vectors`)."""
+    from popri.federated.flower import node
+
+    return node.client_vectors({"mode": "cosine", "clip": clip, "standardize": True}, syn,
+                               np.asarray(emb, dtype=np.float32), list(ids), None)
+
+
+def _ddg_worlds(s: Setup):
+    """The distributed discrete Gaussian of a cosine round on ``s.nodes`` SuperNodes, replayed
+    through the nodes' own encoding (:func:`popri.federated.flower.node.upload`: clip, round on
+    the plan's grid, one noise share per node, centred residues mod m) and the server's decode
+    (sum mod m, :func:`popri.privacy.ddg.decode`).  The canary is one more client (on node 0)."""
+    from popri.federated.flower import node
+    from popri.privacy import ddg
+    from popri.privacy.noise import make_rng
+
+    rng = make_rng(s.seed, stream="audit-data")
+    syn, emb, ids, canary = _cosine_vectors(s, rng)
+    n, C = s.synthetic, s.clip
+    # the round's real plan (no dropouts: every node's share is in the sum)
+    plan = ddg.plan_round(clip=C, noise_multiplier=s.z, dim=n, clients=s.n_clients + 1,
+                          uploaders=s.nodes, min_noisy=s.nodes)
+    s.notes.append(plan)  # the claim is this plan's (audit() reads it)
+    run = plan
+    if s.brk == "half-noise":
+        from dataclasses import replace
+
+        run = replace(plan, local_sigma=plan.local_sigma / 2.0)
+    clip_run = C * CANARY_FACTOR * 10 if s.brk == "no-clip" else C
+    if s.brk == "no-clip":  # the clients do not clip: the plan's grid, an unbounded norm
+        from dataclasses import replace
+
+        run = replace(plan, clip=clip_run,
+                      delta2=ddg.rounded_l2_bound(clip_run / plan.gamma, plan.beta, plan.dim))
+    settings = {"mode": "cosine", "clip": clip_run, "standardize": True,
+                "secagg": {"mechanism": "ddg"}, "ddg": run.to_dict()}
+    worlds = [(emb, ids), (np.concatenate([emb, canary]), ids + ["canary"])]
+
+    def node_rows(world, k):
+        e, who = worlds[world]
+        clients = sorted(set(who))
+        mine = {c for j, c in enumerate(clients) if j % s.nodes == k}
+        sel = [i for i, c in enumerate(who) if c in mine]
+        return np.asarray(e[sel], dtype=np.float32), [who[i] for i in sel]
+
+    parts = [[node_rows(w, k) for k in range(s.nodes)] for w in (0, 1)]
+
+    def release(world, trial_seed):
+        g = make_rng(int(trial_seed), stream="noise")
+        total = np.zeros(run.noise_dim)
+        for e, who in parts[world]:
+            total += node.upload(settings, syn, e, who, g)
+        return ddg.decode(np.rint(total), run)
+
+    mu = [np.sum(_client_vectors(*worlds[w], syn, clip_run), axis=0) if worlds[w][1]
+          else np.zeros(n) for w in (0, 1)]
+    outs = [np.stack([release(w, t) for t in trial_seeds(s.seed, w, s.trials)])
+            for w in (0, 1)]
+    s0, s1, shift = _projection(outs[0], outs[1], mu[0], mu[1])
+    what = (f"1 more client (embeddings = synthetic sample 0: a score vector of norm sqrt(n) = "
+            f"{math.sqrt(n):.4g} before the clip C = {C:g}) on {s.nodes} SuperNodes, "
+            f"{'rotated' if plan.rotated else 'unrotated'} grid gamma = {plan.gamma:.3g}")
+    return s0, s1, what, shift
+
+
+def _tree_worlds(s: Setup):
+    """A DP-FTRL tree of ``s.leaves`` rounds (:func:`popri.methods.dpfl.rounds.tree_noise`, the
+    rounds' own noise): every noisy prefix sum P_1..P_R released.  The canary's clipped update
+    (norm C along e_1) is in leaf 1 -- the leaf in the most nodes -- (``two-leaves``: also in
+    leaf 2, which epoch-wise participation forbids).  The attacker reads every used node off
+    the prefixes (node (l, i) = P_(i+1)2^l - P_i2^l, one independent noise each) and sums its
+    projections on the canary's shift (the likelihood-ratio test)."""
+    from popri.methods.dpfl.rounds import tree_noise
+    from popri.privacy.noise import make_rng
+    from popri.privacy.tree import leaf_nodes
+    from popri.specs.fl import FLSpec
+
+    rng = make_rng(s.seed, stream="audit-data")
+    R, d, C = int(s.leaves), s.dim, s.clip
+    base = rng.standard_normal((R, d))  # the other clients' (clipped) round sums
+    v = np.zeros(d)
+    v[0] = C * (CANARY_FACTOR if s.brk == "no-clip" else 1.0)
+    leaves_in = [0, 1] if s.brk == "two-leaves" and R > 1 else [0]
+    spec = FLSpec(algorithm="ftrl", clip=C)
+    z = run_z(s.z, s.brk)
+
+    class _Rel:  # research mode: the release's seeded streams (no ledger: nothing is released)
+        secure = False
+
+    def prefixes(world, seed):
+        out, acc = [], np.zeros(d)
+        for t in range(1, R + 1):
+            leaf = base[t - 1] + (v if world == 1 and t - 1 in leaves_in else 0.0)
+            noisy, _, _ = tree_noise(leaf, spec, z, t, R, _Rel(), int(seed))
+            acc = acc + noisy
+            out.append(acc.copy())
+        return np.stack(out)
+
+    used = sorted({nd for leaf in range(1, R + 1) for nd in leaf_nodes(leaf, R)})
+
+    def nodes_of(P):
+        cols = []
+        for lv, i in used:
+            hi = (i + 1) * 2 ** lv
+            lo = i * 2 ** lv
+            cols.append(P[hi - 1] - (P[lo - 1] if lo > 0 else 0.0))
+        return np.concatenate(cols)
+
+    exp = [nodes_of(np.cumsum(base + np.stack([(v if w == 1 and r in leaves_in else 0 * v)
+                                                 for r in range(R)]), axis=0)) for w in (0, 1)]
+    outs = [np.stack([nodes_of(prefixes(w, t)) for t in trial_seeds(s.seed, w, s.trials)])
+            for w in (0, 1)]
+    s0, s1, shift = _projection(outs[0], outs[1], exp[0], exp[1])
+    what = (f"1 client's clipped update (norm {C * (CANARY_FACTOR if s.brk == 'no-clip' else 1):g}"
+            f" along e_1) in leaf {' and '.join(str(x + 1) for x in leaves_in)} of a tree of "
+            f"{R} leaves; all {R} prefix sums released ({len(used)} nodes)")
+    return s0, s1, what, shift
+
+
+def _subsampled_worlds(s: Setup):
+    """A cosine round on a Poisson sample at rate q (the library's :func:`~popri.federated.
+    participation.sample_clients`, one sample per trial from that trial's sampling stream),
+    the noisy sum released (:func:`popri.feedback.cosine.cosine_round`).  The canary joins the
+    round with probability q in D'; ``public-sample`` makes it always join (a sample the
+    adversary can recompute) while the claim keeps q."""
+    from popri.federated import participation
+    from popri.feedback import cosine
+    from popri.privacy.noise import make_rng
+
+    rng = make_rng(s.seed, stream="audit-data")
+    syn, emb, ids, canary = _cosine_vectors(s, rng)
+    n, C, q = s.synthetic, s.clip, float(s.sample_rate)
+    worlds = [(emb, ids), (np.concatenate([emb, canary]), ids + ["canary"])]
+    z = run_z(s.z, s.brk)
+
+    def release(world, seed):
+        e, who = worlds[world]
+        codes, clients = participation.factorize(who)
+        part = participation.sample_clients(len(clients), make_rng(int(seed), stream="sampling"),
+                                            sample_rate=q)
+        if s.brk == "public-sample" and world == 1:
+            k = clients.index("canary")
+            if k not in set(part.members.tolist()):
+                part = participation.Participation(np.sort(np.append(part.members, k)),
+                                                   part.total, part.sampling, q)
+        return cosine.cosine_round(np.asarray(e, dtype=np.float32), codes, part, syn,
+                                   noise_multiplier=z, clip=C, standardize=True,
+                                   noise_rng=make_rng(int(seed), stream="noise"))
+
+    # the attacker's shift: the canary's own clipped vector (what its participation adds)
+    u = _client_vectors(canary, ["canary"], syn, C)[0]
+    base = np.zeros(n)
+    with broken("cosine", s.brk):
+        outs = [np.stack([np.asarray(release(w, t), dtype=np.float64).reshape(-1)
+                          for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
+    # the base clients' expected contribution under sampling: q * their sum
+    if ids:
+        base = q * np.sum(_client_vectors(emb, ids, syn, C), axis=0)
+    s0, s1, shift = _projection(outs[0], outs[1], base, base + u)
+    what = (f"1 more client (embeddings = synthetic sample 0, clipped to C = {C:g}) joining a "
+            f"Poisson sample at q = {q:g}" + ("; ALWAYS joins (public-sample)"
+                                              if s.brk == "public-sample" else ""))
+    return s0, s1, what, shift
+
+
 def worlds(s: Setup):
     """(statistics on D, statistics on D', canary description, |mu_1 - mu_0|)."""
-    if s.mechanism == "fred":
-        return _fred_worlds(s)
-    return _score_worlds(s)
+    return {"fred": _fred_worlds, "ddg": _ddg_worlds, "tree": _tree_worlds,
+            "subsampled": _subsampled_worlds}.get(s.mechanism, _score_worlds)(s)
 
 
 # --------------------------------------------------------------------------- claim and verdict
@@ -475,16 +655,52 @@ def claimed_epsilon(mechanism: str, *, delta: float, accountant: str = "rdp",
             accountant)
 
 
+#: mechanisms whose claim is a Gaussian's (mu-GDP with mu = 1/z, or sqrt(depth)/z for a tree),
+#: so the GDP bound may flag them; the DDG's claim is its concentrated-DP epsilon and a
+#: subsampled Gaussian is not GDP: only the (eps, delta) bound judges those
+GDP_CLAIM = ("cosine", "nn-histogram", "fred", "tree")
+
+
+def entry_claim(s: Setup, *, delta: float, accountant: str) -> tuple[float, float, str]:
+    """(the mechanism's z as the ledger records it, the claimed epsilon of that ledger entry,
+    how) for ddg / tree / subsampled: the entry the release would record, totalled by the
+    accountant, as ``popri account ledger`` would."""
+    from popri.privacy import accounting as A
+    from popri.privacy.ledger import LedgerEntry
+
+    common = dict(stage="audit", steps=1, delta=delta, sensitivity=s.clip, release_id="audit")
+    if s.mechanism == "ddg":
+        from popri.privacy import ddg
+
+        plan = next(x for x in s.notes if isinstance(x, ddg.DDGPlan))
+        z = ddg.effective_noise_multiplier(plan, s.nodes)
+        e = LedgerEntry(mechanism="distributed_discrete_gaussian", noise_multiplier=z,
+                        sample_rate=1.0, params=ddg.ledger_params(plan, s.nodes), **common)
+        how = f"{accountant}, distributed_discrete_gaussian"
+    elif s.mechanism == "tree":
+        z = s.z
+        e = LedgerEntry(mechanism="tree_aggregation", noise_multiplier=z, sample_rate=1.0,
+                        params={"leaves": int(s.leaves)}, **common)
+        how = f"{accountant}, tree_aggregation ({s.leaves} leaves)"
+    else:
+        z = s.z
+        e = LedgerEntry(mechanism="subsampled_gaussian", noise_multiplier=z,
+                        sample_rate=float(s.sample_rate), sampling="poisson", **common)
+        how = f"{accountant}, subsampled_gaussian (q = {s.sample_rate:g})"
+    return float(z), A.compose([e], delta, accountant).epsilon, how
+
+
 def violations(result: dict) -> list[str]:
     """The VIOLATION lines of an audit result (empty: the claim stands)."""
     claim, out = result["claimed_epsilon"], []
     if result["epsilon_lower_bound"] > claim:
         out.append(f"VIOLATION: empirical lower bound {result['epsilon_lower_bound']:.4f} > "
                    f"claimed eps {claim:.4f}")
-    if result["gdp_epsilon"] > claim:
+    if result["mechanism"] in GDP_CLAIM and result["gdp_epsilon"] > claim \
+            and result.get("claimed_mu") and result["mu_lower_bound"] > result["claimed_mu"]:
         out.append(f"VIOLATION: empirical lower bound {result['gdp_epsilon']:.4f} > claimed eps "
-                   f"{claim:.4f} (GDP: mu >= {result['mu_lower_bound']:.4f} > 1/z = "
-                   f"{1 / result['noise_multiplier']:.4f})")
+                   f"{claim:.4f} (GDP: mu >= {result['mu_lower_bound']:.4f} > the claim's "
+                   f"{result['claimed_mu']:.4f})")
     return out
 
 
@@ -493,6 +709,15 @@ def audit(s: Setup, *, claimed: float, delta: float, confidence: float = 0.95,
     """Run the audit of ``s`` and return one JSON-ready dict (see ``popri audit release``)."""
     s0, s1, what, shift = worlds(s)
     st = audit_statistics(s0, s1, delta=delta, confidence=confidence)
+    claimed_mu = 1.0 / s.z
+    if s.mechanism in ("ddg", "tree", "subsampled"):
+        z_led, claimed, claim_from = entry_claim(s, delta=delta, accountant=claim_from)
+        if s.mechanism == "tree":
+            from popri.privacy.tree import depth
+
+            claimed_mu = math.sqrt(depth(int(s.leaves))) / s.z
+        elif s.mechanism == "ddg":
+            claimed_mu = 1.0 / z_led
     res = {
         "mechanism": s.mechanism, "break": s.brk, "noise_multiplier": s.z,
         "noise_multiplier_run": run_z(s.z, s.brk), "claimed_epsilon": claimed, "delta": delta,
@@ -500,12 +725,18 @@ def audit(s: Setup, *, claimed: float, delta: float, confidence: float = 0.95,
         "confidence": confidence, "trials": s.trials, **{k: v for k, v in st.items()
                                                          if k not in ("epsilon_lower_bound",
                                                                       "ci")},
-        "claimed_mu": 1.0 / s.z, "canary": what, "canary_shift": shift,
+        "claimed_mu": claimed_mu, "canary": what, "canary_shift": shift,
         "clients": s.n_clients, "dim": s.dim, "dataset": s.dataset, "seed": s.seed,
     }
-    if s.mechanism != "fred":
+    if s.mechanism in ("cosine", "nn-histogram", "ddg", "subsampled"):
         res["synthetic"] = s.synthetic
-    if s.mechanism == "cosine":
+    if s.mechanism == "ddg":
+        res.update(clip=s.clip, nodes=s.nodes)
+    elif s.mechanism == "tree":
+        res.update(clip=s.clip, leaves=s.leaves)
+    elif s.mechanism == "subsampled":
+        res.update(clip=s.clip, sample_rate=s.sample_rate)
+    elif s.mechanism == "cosine":
         res["clip"] = s.clip
         res["max_samples_per_client"] = s.max_samples_per_client
     elif s.mechanism == "nn-histogram":
@@ -531,13 +762,16 @@ def run(spec: AuditSpec, *, seed: int = 0) -> dict:
                                       accountant=spec.accountant,
                                       noise_multiplier=spec.noise_multiplier,
                                       epsilon=spec.epsilon, calibration=spec.calibration)
+    if spec.mechanism in ("ddg", "tree", "subsampled"):
+        how = spec.accountant  # audit() claims the ledger entry's epsilon with this accountant
     fred = spec.mechanism == "fred"
     setup = Setup(spec.mechanism, z, spec.trials, seed=seed, clients=spec.clients,
                   synthetic=spec.synthetic, dim=spec.dim,
                   clip=1.0 if spec.clip is None else float(spec.clip),
                   max_samples_per_client=spec.max_samples_per_client,
                   relation=spec.relation if fred else "replace-one",
-                  level=spec.level if fred else "sample", brk=spec.brk, dataset=spec.dataset)
+                  level=spec.level if fred else "sample", brk=spec.brk, dataset=spec.dataset,
+                  sample_rate=spec.sample_rate, leaves=spec.leaves, nodes=spec.nodes)
     t0 = time.perf_counter()
     r = audit(setup, claimed=claimed, delta=spec.delta, confidence=spec.confidence,
               claim_from=how)

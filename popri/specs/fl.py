@@ -12,7 +12,8 @@ appendix C.1 DP-FedAvg, C.2 DP-FTRL, D.1 the noise multipliers).
 - DP-FTRL: Kairouz, McMahan, Song, Thakkar, Thakurta, Xu, "Practical and Private (Deep)
   Learning without Sampling or Shuffling" (ICML 2021, arXiv:2103.00039), section 3 and
   appendix (DP-FTRLM): tree-aggregation noise on the prefix sums of the clipped updates, heavy
-  ball server momentum 0.9 (POPri C.2), the tree restarted every round.
+  ball server momentum 0.9 (PrE-Text D.2, for both baselines), the tree restarted every epoch
+  of floor(N / L) rounds with each client in at most one round of it (TreeRestart, appendix D).
 
 Pure Python (no torch / numpy import).
 """
@@ -27,6 +28,7 @@ from popri.specs.feedback import ScoreSpec
 from popri.specs.training import LoraSpec, PrecisionSpec, SequenceSpec
 
 ALGORITHMS = ("fedavg", "ftrl")
+RESTARTS = ("epoch", "round")
 
 
 @dataclass(frozen=True)
@@ -34,8 +36,16 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
     """One round of DP-FedAvg / DP-FTRL on a LoRA adapter (CPU default) or the full model."""
 
     algorithm: str = param("fedavg", "fedavg (DP-FedAvg, Gaussian noise) | ftrl (DP-FTRL, "
-                           "tree-aggregation noise restarted every round, server momentum).",
+                           "tree-aggregation noise on the prefix sums, server momentum).",
                            cite="POPri C.1, C.2", choices=ALGORITHMS)
+    restart: str = param("epoch", "ftrl: restart the tree every epoch of floor(N / L) rounds, "
+                         "each client in at most one round of an epoch (the epoch's order "
+                         "shuffled with the sampling stream): Kairouz et al.'s TreeRestart, "
+                         "which POPri Table 3's DP-FTRL noise levels assume; needs "
+                         "--clients-per-round (or everyone). 'round': a one-leaf tree every "
+                         "round on a fresh sample (DP-SGD with momentum, no amplification).",
+                         cite="Kairouz et al. 2021 (arXiv:2103.00039) appendix D",
+                         choices=RESTARTS)
     clip: float = param(0.01, "L2 clip C of a client's model update (POPri C.1 searches "
                         "[0.01, 0.4]; on sotu at eps = 1, 10 of 100 clients per round, the C.1 "
                         "search picked 0.01 over 0.1 for both methods by validation accuracy: "
@@ -48,10 +58,11 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
     client_batch_size: int = param(2, "Client batch size.", cite="POPri C.1", lo=1)
     server_lr: float | None = param(None, "Server learning rate on the averaged noisy update "
                                     "(default: 1 - momentum, so that every method takes the same "
-                                    "long-run step: 1 for FedAvg, 0.1 for DP-FTRLM's momentum "
-                                    "0.9).", lo=0, lo_open=True, hi=100)
-    momentum: float | None = param(None, "Server heavy-ball momentum (default: 0 for fedavg, "
-                                   "0.9 for ftrl, POPri C.2).", cite="POPri C.2", lo=0, hi=1,
+                                    "long-run step: 0.1 at the default momentum 0.9).", lo=0,
+                                    lo_open=True, hi=100)
+    momentum: float | None = param(None, "Server heavy-ball momentum (default 0.9 for both "
+                                   "baselines, PrE-Text D.2's setting for DP-FedAvg and DP-FTRL; "
+                                   "POPri C.1/C.2 give none).", cite="PrE-Text D.2", lo=0, hi=1,
                                    hi_open=True)
     lora: bool = param(True, "Train a LoRA adapter (the CPU default: ~1.2M numbers per update "
                        "for SmolLM2-135M at r = 4) or the full model (the paper's DistilGPT2 "
@@ -87,7 +98,7 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
     def momentum_value(self) -> float:
         if self.momentum is not None:
             return float(self.momentum)
-        return 0.9 if self.algorithm == "ftrl" else 0.0
+        return 0.9
 
     def check(self) -> None:
         super().check()
@@ -103,3 +114,18 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
         if self.release and self.noise_multiplier == 0:
             raise ConfigError("0 with --release would publish the exact sum of the updates",
                               field="noise_multiplier")
+        if self.epoch_trees:
+            if self.sample_rate is not None:
+                raise ConfigError("DP-FTRL's epoch-wise participation takes a fixed number of "
+                                  "clients per round (--clients-per-round), not Poisson "
+                                  "sampling (tree aggregation gets no amplification by "
+                                  "sampling); or --restart round", field="sample_rate")
+        if self.algorithm == "ftrl" and self.engine == "flower" and self.restart == "epoch":
+            raise ConfigError("DP-FTRL on Flower restarts the tree every round (the SuperNodes' "
+                              "noise shares are one release each): add --restart round",
+                              field="restart")
+
+    @property
+    def epoch_trees(self) -> bool:
+        """DP-FTRL with a tree per epoch (TreeRestart) and epoch-wise participation."""
+        return self.algorithm == "ftrl" and self.restart == "epoch"

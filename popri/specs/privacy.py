@@ -43,11 +43,16 @@ CALIBRATIONS = ("classic", "analytic")
 #: samples kept per client at FreD --level user (PrE-Text's cap, popri's user-level M)
 DEFAULT_USER_CAP = 8
 #: what popri audit release replays, how it can be broken, on what data
-AUDIT_MECHANISMS = ("cosine", "nn-histogram", "fred")
-AUDIT_BREAKS = ("no-clip", "half-noise")
+AUDIT_MECHANISMS = ("cosine", "nn-histogram", "fred", "ddg", "tree", "subsampled")
+AUDIT_BREAKS = ("no-clip", "half-noise", "two-leaves", "public-sample")
+#: the breaks that only one mechanism has: tree (the canary in two leaves of a tree: the
+#: epoch-wise participation dropped) and subsampled (the canary always in the "random" sample:
+#: a sample anyone can recompute, amplification claimed but not had)
+AUDIT_BREAK_ONLY = {"two-leaves": "tree", "public-sample": "subsampled"}
 AUDIT_DATASETS = ("random", "adversarial")
 #: the number of base records in an audit's D, per mechanism (fred is replayed once per trial)
-AUDIT_CLIENTS = {"cosine": 20, "nn-histogram": 20, "fred": 3}
+AUDIT_CLIENTS = {"cosine": 20, "nn-histogram": 20, "fred": 3, "ddg": 11, "tree": 0,
+                 "subsampled": 5}
 #: the smallest claimed z an audit takes: at most 10^7 trials per world (half measure), a test
 #: with no error at all certifies at most mu ~ 9.6 (eps ~ 14), so a claim of z < 0.1 (mu = 1/z >
 #: 10, rdp eps ~ 100 and up) can never be refuted; z = 1e-300 printed 1/z with 300 digits
@@ -246,8 +251,17 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
     required (None: not given)."""
 
     mechanism: str | None = param(
-        None, "cosine (popri score), nn-histogram (popri score --mode nn-histogram) or fred "
-              "(popri fred stats).", short="-m", choices=AUDIT_MECHANISMS)
+        None, "cosine (popri score), nn-histogram (popri score --mode nn-histogram), fred "
+              "(popri fred stats), ddg (a cosine round's distributed discrete Gaussian through "
+              "the Flower nodes' encoding), tree (a DP-FTRL tree: every prefix sum released) or "
+              "subsampled (a cosine round on a Poisson sample at --sample-rate).", short="-m",
+              choices=AUDIT_MECHANISMS)
+    sample_rate: float = param(0.01, "subsampled: the Poisson rate q of the claim.", lo=0,
+                               lo_open=True, hi=1, hi_open=True)
+    leaves: int = param(8, "tree: rounds (leaves) of the tree; every prefix is released.",
+                        lo=1, hi=1024)
+    nodes: int = param(4, "ddg: the SuperNodes (uploaders) each adding a noise share.", lo=3,
+                       hi=64)
     trials: int | None = param(
         None, "Releases per world (D and D'); half pick the threshold, half measure it. 10,000 "
               "runs in seconds.", short="-T", lo=100, hi=10_000_000)
@@ -274,8 +288,9 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
     confidence: float = param(0.95, "Joint confidence of the bounds (default 0.95).", lo=0.5,
                               hi=1, hi_open=True)
     brk: str | None = param(
-        None, "Audit a deliberately broken mechanism: no-clip or half-noise.", flag="--break",
-        choices=AUDIT_BREAKS)
+        None, "Audit a deliberately broken mechanism: no-clip, half-noise, two-leaves (tree: "
+              "the canary in two leaves) or public-sample (subsampled: the canary always "
+              "sampled).", flag="--break", choices=AUDIT_BREAKS)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_given", frozenset(
@@ -312,6 +327,11 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
         if (self.noise_multiplier is None) == (self.epsilon is None):
             raise ConfigError("give exactly one of --noise-multiplier and --epsilon",
                               field="noise_multiplier")
+        only = AUDIT_BREAK_ONLY.get(self.brk or "")
+        if only is not None and only != self.mechanism:
+            raise ConfigError(f"applies to --mechanism {only} only", field="brk")
+        if self.dataset == "adversarial" and self.mechanism in ("ddg", "tree", "subsampled"):
+            raise ConfigError("applies to cosine, nn-histogram and fred", field="dataset")
 
     @property
     def n_clients(self) -> int:

@@ -29,7 +29,10 @@ app = typer.Typer(
 HELP = """Audit one release: an empirical lower bound on its epsilon, next to the claimed one.
 
 Replays the library's own mechanism (cosine: scoring.cosine_round + finish; nn-histogram:
-scoring.histogram_round + finish; fred: fred.release, release 1) --trials times on a small
+scoring.histogram_round + finish; fred: fred.release, release 1; ddg: a cosine round through the
+Flower nodes' encoding, node.upload + ddg.decode, on --nodes SuperNodes; tree: a DP-FTRL tree of
+--leaves rounds, every prefix sum; subsampled: a cosine round on a Poisson sample at
+--sample-rate) --trials times on a small
 seeded random private set D (--clients, --dim, --synthetic; everyone takes part, q = 1) and as
 many times on D' = D + one worst-case canary record (a client whose contribution before the
 clip / cap is 10x the sensitivity), with research-mode seeded noise (one seed per trial).  The
@@ -45,7 +48,13 @@ steps=1, --delta, --accountant) for cosine / nn-histogram (the ledger entry's wo
 --epsilon per release.
 
 --break no-clip | half-noise audits a deliberately broken copy (clipping / the cap off, or the
-noise multiplier halved while z is still claimed); the library is untouched.  When a lower bound
+noise multiplier halved while z is still claimed); two-leaves (tree: the canary in two leaves of
+one tree, what epoch-wise participation forbids) and public-sample (subsampled: the canary always
+in the sample while the claim keeps q) break the participation instead; the library is
+untouched.  ddg, tree and subsampled are held to the epsilon of the ledger entry they would
+record (distributed_discrete_gaussian, tree_aggregation, subsampled_gaussian); the GDP bound
+judges only the claims that are a Gaussian's (not the DDG's concentrated-DP bound, not a
+subsampled Gaussian).  When a lower bound
 exceeds the claim a line 'VIOLATION: empirical lower bound X > claimed eps Y' is printed and the
 exit status is 1.  Writes nothing (no release happens, no ledger)."""
 
@@ -68,7 +77,7 @@ def _table(r: dict) -> list[str]:
     lo, hi = r["ci"]
     row = (name, f"{r['noise_multiplier']:g}", _fmt(r["claimed_epsilon"]),
            _fmt(r["epsilon_lower_bound"]), f"[{_fmt(lo)}, {_fmt(hi)}]",
-           f"{r['mu_lower_bound']:.4f} (1/z {1 / r['noise_multiplier']:.4f})",
+           f"{r['mu_lower_bound']:.4f} (claim {r['claimed_mu']:.4f})",
            _fmt(r["gdp_epsilon"]), str(r["trials"]), f"{r['fpr']:.4f}", f"{r['fnr']:.4f}",
            r["verdict"].upper() if r["verdict"] != "ok" else "ok")
     width = [max(len(a), len(b)) for a, b in zip(head, row)]
@@ -105,6 +114,9 @@ def release_cmd(
                                      help="fred: replace-one (default) or add-remove."),
     level: Optional[str] = option(AuditSpec, "level", help="fred: sample (default) or user."),
     dataset: str = option(AuditSpec, "dataset"),
+    sample_rate: float = option(AuditSpec, "sample_rate"),
+    leaves: int = option(AuditSpec, "leaves"),
+    nodes: int = option(AuditSpec, "nodes"),
     seed: int = typer.Option(0, "--seed", help="Seed of the data and of every trial's noise."),
     confidence: float = option(AuditSpec, "confidence"),
     brk: Optional[str] = option(AuditSpec, "brk"),
@@ -121,7 +133,8 @@ def release_cmd(
                  accountant=accountant, calibration=calibration, clip=clip,
                  max_samples_per_client=max_samples_per_client, clients=clients,
                  synthetic=synthetic, dim=dim, relation=relation, level=level, dataset=dataset,
-                 confidence=confidence, brk=brk)
+                 confidence=confidence, brk=brk, sample_rate=sample_rate, leaves=leaves,
+                 nodes=nodes)
     try:
         r = A.run(spec, seed=seed)
     except ParameterError as e:

@@ -22,9 +22,11 @@ DP-FedAvg, C.2 DP-FTRL). Clients are sampled (--clients-per-round L of N, --samp
 all); each sampled client trains the global model (a LoRA adapter by default, --full for the
 whole model) for --local-epochs of SGD at --client-lr, batch 2, 64-token sequences, and uploads
 its update clipped to L2 norm --clip C. The server sums the updates as they arrive (never all in
-memory), adds noise -- fedavg: N(0, z^2 C^2); ftrl: tree-aggregation noise, the tree restarted
-every round -- divides by the expected number of clients and takes a server step with momentum (0 for fedavg,
-0.9 for ftrl) at --server-lr (default 1 - momentum: the same long-run step for both).
+memory), adds noise -- fedavg: N(0, z^2 C^2); ftrl: tree-aggregation noise on the prefix sums, the
+tree restarted every epoch of floor(N / L) rounds in which each client takes part once (--restart
+epoch, Kairouz et al.'s TreeRestart; --restart round: a one-leaf tree per round) -- divides by the
+expected number of clients and takes a server step with momentum (default 0.9 for both, PrE-Text
+D.2) at --server-lr (default 1 - momentum).
 
 Output: the directory --out (atomic): theta.npy (the global weights), server.npz (the server's
 momentum), round.json (settings, the release id; in research mode also private_diagnostics: clients, update norms, clipped share, local loss, labelled NOT PRIVATE) and model/ (loadable by
@@ -57,6 +59,7 @@ def round_cmd(
     seed: int = typer.Option(0, "--seed", help="The run's seed: LoRA init, tree noise keys; with "
                              "the round: sampling, data order, noise."),
     algorithm: str = option(FLSpec, "algorithm"),
+    restart: str = option(FLSpec, "restart"),
     noise_multiplier: float = option(FLSpec, "noise_multiplier", "--noise-multiplier", "-z"),
     clip: float = option(FLSpec, "clip"),
     client_lr: float = option(FLSpec, "client_lr"),
@@ -97,7 +100,8 @@ def round_cmd(
     if noise_multiplier is None:
         raise InputError("is required (popri run calibrates it to the budget; 'popri account "
                          "sigma' finds the z of a target epsilon)", field="--noise-multiplier")
-    spec = build(FLSpec, algorithm=algorithm, noise_multiplier=noise_multiplier, clip=clip,
+    spec = build(FLSpec, algorithm=algorithm, restart=restart,
+                 noise_multiplier=noise_multiplier, clip=clip,
                  client_lr=client_lr, local_epochs=local_epochs,
                  client_batch_size=client_batch_size, server_lr=server_lr, momentum=momentum,
                  clients_per_round=clients_per_round, sample_rate=sample_rate,

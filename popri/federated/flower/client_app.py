@@ -55,14 +55,7 @@ def node_index(context) -> int:
     return int(cfg["partition-id"]) if "partition-id" in cfg else int(context.node_id)
 
 
-def node_rng(settings: dict, index: int):
-    if settings.get("release"):
-        from popri.privacy.noise import SecureRandom
-
-        return SecureRandom()
-    # a stream apart from the in-process sampling / cap / noise streams of the same seed
-    return np.random.default_rng([int(settings["seed"]), int(settings["round"]), index,
-                                  0x666C77])
+node_rng = node.node_rng  # the node's random source (popri.federated.flower.node)
 
 
 def load_data(context, settings: dict):

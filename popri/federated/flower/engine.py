@@ -37,6 +37,7 @@ Noise mechanisms (``--secagg-mechanism``):
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import signal
@@ -95,46 +96,53 @@ def require_flower() -> None:
                          "(flwr 1.41 with its simulation runtime)", field="--engine")
 
 
+def node_count(supernodes: int | None, L: int, release: bool) -> int:
+    """The virtual SuperNodes of a simulated round: ``--supernodes`` (default 10).  Research
+    mode uses no more nodes than participants; release mode always the asked number, so that
+    neither the node count nor the plan it sizes follows the private participant count (a node
+    without clients uploads its noise share alone)."""
+    S = int(supernodes or DEFAULT_SUPERNODES)
+    return S if release else min(S, L)
+
+
+def rotation_seed(seed: int, round_: int, release: bool) -> int:
+    """The public seed of the DDG rotation's signs: from the run's seed and the round in
+    research mode (reproducible), from the OS in release mode (it protects nothing, but a fixed
+    rotation would let an adversary pick inputs that it does not flatten)."""
+    if release:
+        import secrets
+
+        return secrets.randbits(31)
+    return (int(seed) * 1000 + int(round_)) & 0x7FFFFFFF
+
+
 def assign(L: int, nodes: int) -> list[np.ndarray]:
     """Participant indices of each node: participant i goes to node i mod ``nodes``."""
     return [np.arange(k, L, nodes) for k in range(nodes)]
 
 
-def plan_ddg(mode: str, z: float, sensitivity: float, dim: int, clients: int, n_min: int):
-    """The discrete Gaussian plan of a round (:func:`popri.privacy.ddg.plan`; bits: the most
-    that ``clients``' sum fits, below Flower's 2^32), its noise scaled to the ROUNDED
-    sensitivity Delta_2: sqrt(n_min) * local_sigma / Delta_2 = z, so the ledger's noise
-    multiplier is the z asked for (``popri run`` calibrates z with this mechanism's
-    accounting), not the slightly smaller z * (C / gamma) / Delta_2 of noise scaled to C."""
-    import dataclasses
-
+def plan_ddg(mode: str, z: float, sensitivity: float, dim: int, clients: int, n_min: int,
+             uploaders: int | None = None, rotation_seed: int = 0, release: bool = False):
+    """The discrete Gaussian plan of a round (:func:`popri.privacy.ddg.plan_round`): the
+    modulus sized by the ``uploaders`` (the SuperNodes; Flower's constraint), the noise scaled
+    to the ROUNDED sensitivity so the ledger's noise multiplier is the z asked for (``popri
+    run`` calibrates z with this mechanism's accounting), the grid fine enough that the noise
+    on the sum is within 5% of z * C (the randomized Hadamard rotation where the modulus needs
+    it), or a ValueError naming what to change.  ``release``: a grid that does not follow the
+    private participant count (:func:`~popri.privacy.ddg.plan_round`'s ``fixed_grid``)."""
     from popri.privacy import ddg
 
-    if mode == "nn-histogram":
-        # integer votes: gamma = 2^-j, the finest grid that fits, so the votes stay exact and
-        # each noise share is wide in integer units (gamma = 1 leaves tau, hence epsilon, large)
-        g = ddg.integer_gamma(clip=sensitivity, noise_multiplier=z, clients=clients,
-                              min_noisy=n_min)
-        return ddg.plan(clip=sensitivity, noise_multiplier=z, dim=dim, clients=clients,
-                        min_noisy=n_min, gamma=g, integer_inputs=True)
-    p = ddg.plan(clip=sensitivity, noise_multiplier=z, dim=dim, clients=clients,
-                 min_noisy=n_min)
-    if z <= 0:
-        return p
-    for _ in range(8):  # Delta_2 * gamma / C -> 1 as gamma shrinks: converges in 2-3 steps
-        if ddg.effective_noise_multiplier(p, n_min) >= z * (1 - 1e-12):
-            return p
-        zz = z * p.delta2 * p.gamma / sensitivity
-        p = ddg.plan(clip=sensitivity, noise_multiplier=zz * (1 + 1e-9), dim=dim,
-                     clients=clients, min_noisy=n_min, integer_inputs=(mode == "nn-histogram"))
-    return dataclasses.replace(p, local_sigma=z * p.delta2 / n_min ** 0.5)
+    return ddg.plan_round(clip=sensitivity, noise_multiplier=z, dim=dim, clients=clients,
+                          uploaders=uploaders or clients, min_noisy=n_min,
+                          integer_inputs=(mode == "nn-histogram"),
+                          rotation_seed=rotation_seed, fixed_grid=release)
 
 
 def plans(*, mode: str, L: int, nodes: int, per_node: list[float], dim: int, z: float,
-          sensitivity: float, spec, release: bool):
+          sensitivity: float, spec, release: bool, rotation_seed: int = 0):
     """(SecAgg+ plan, discrete Gaussian plan or None) of a round whose ``nodes`` SuperNodes
     hold ``L`` participants and upload at most ``per_node[k]`` (L2 / votes) before noise."""
-    if L < 3 or nodes < 3:
+    if nodes < 3:
         # release mode: the realised participant count is private; say only that it fell short
         has = ("fewer than 3 participating clients (the count is private in release mode)"
                if release else f"{L} participating clients")
@@ -152,7 +160,9 @@ def plans(*, mode: str, L: int, nodes: int, per_node: list[float], dim: int, z: 
     try:
         if mech == "ddg":
             n_min = secagg.min_survivors(nodes, spec.max_dropout)
-            ddg_plan = plan_ddg(mode, z, float(sensitivity), dim, L, n_min)
+            ddg_plan = plan_ddg(mode, z, float(sensitivity), dim, max(L, 1), n_min,
+                                uploaders=nodes, rotation_seed=rotation_seed,
+                                release=release)
             plan = secagg.plan(nodes=nodes, max_dropout=spec.max_dropout, dim=dim,
                                value_bound=bound, mechanism="ddg", ddg_bits=ddg_plan.bits)
         else:
@@ -186,7 +196,10 @@ def execute(job: Path, spec, *, plan, ddg_plan, L: int, z: float, deployed: bool
 
         ints = np.rint(mean * survivors).astype(np.int64)
         total = ddg.decode(ints, ddg_plan)
-        qbound = L * ddg_plan.gamma
+        # each client's rounding moves a coordinate by less than gamma; rotated back, one
+        # coordinate moves by at most the error vector's norm (sqrt(D) gamma per client)
+        qbound = L * ddg_plan.gamma * (math.sqrt(ddg_plan.noise_dim) if ddg_plan.rotated
+                                       else 1.0)
         z_ok = ddg.effective_noise_multiplier(ddg_plan, survivors)
     else:
         total = mean * survivors
@@ -256,7 +269,7 @@ def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.
     deployed = spec.federation is not None
     L, n = len(part.members), len(syn)
     # a deployment: every SuperNode takes part, one client each (their data stay there)
-    nodes = L if deployed else min(spec.supernodes or DEFAULT_SUPERNODES, L)
+    nodes = L if deployed else node_count(spec.supernodes, L, release)
     groups = assign(L, nodes)
     if mode == "nn-histogram":
         per_node = [int(len(g)) * spec.max_samples_per_client for g in groups]
@@ -264,7 +277,8 @@ def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.
         per_node = [int(len(g)) * float(spec.clip) for g in groups]
     z = float(noise_multiplier)
     plan, ddg_plan = plans(mode=mode, L=L, nodes=nodes, per_node=per_node, dim=n, z=z,
-                           sensitivity=sensitivity, spec=spec, release=release)
+                           sensitivity=sensitivity, spec=spec, release=release,
+                           rotation_seed=rotation_seed(seed, round_, release))
 
     # ---- the job directory
     job.mkdir(mode=0o700, parents=True, exist_ok=True)  # normally job_dir's, already there

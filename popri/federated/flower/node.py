@@ -30,6 +30,21 @@ from popri.feedback import cosine, histogram
 from popri.federated.participation import factorize
 
 
+def node_rng(settings: dict, index: int):
+    """The node's random source (rounding, noise share, caps): the OS CSPRNG in release mode
+    and on every deployed SuperNode -- a seeded stream there would be known to the server (it
+    sends the seed), which could regenerate every noise share and subtract it from the SecAgg+
+    sum; seeded by (seed, round, node) only in a simulation's research mode, where the server
+    and the nodes are one process tree anyway and reruns are byte-identical."""
+    if settings.get("release") or settings.get("deployed"):
+        from popri.privacy.noise import SecureRandom
+
+        return SecureRandom()
+    # a stream apart from the in-process sampling / cap / noise streams of the same seed
+    return np.random.default_rng([int(settings["seed"]), int(settings["round"]), index,
+                                  0x666C77])
+
+
 def client_vectors(settings: dict, syn: np.ndarray, emb, client_ids, rng):
     """Every client's clipped vector (float64 [n]) in first-appearance order: its feedback on
     the synthetic embeddings ``syn``; or, in a DP-FL round (mode ``fl``), its model update from
@@ -67,7 +82,7 @@ def upload(settings: dict, syn: np.ndarray, emb: np.ndarray, client_ids, rng) ->
         from popri.privacy import ddg
 
         p = ddg.DDGPlan.from_dict(settings["ddg"])
-        ints = np.zeros(n, dtype=np.int64)
+        ints = np.zeros(p.noise_dim, dtype=np.int64)  # D when the plan rotates
         for v in vecs:
             ints += ddg.round_client(v, p, rng)
         ints += ddg.noise_share(p, rng)

@@ -10,10 +10,12 @@ each continuing the previous round's directory; the last round's ``model/`` is t
 model the driver evaluates on the private test split, next to eps = 0 and eps = inf.  There is
 no synthetic set (no FID column).  The noise multiplier is calibrated to privacy.epsilon over
 the T rounds' ledger entries: ``subsampled_gaussian`` at q = fl.clients_per_round / N for
-DP-FedAvg; ``tree_aggregation`` (one tree of one leaf per round) for DP-FTRL, which tree
-aggregation gets no amplification by sampling for -- so at q < 1 DP-FTRL is calibrated as at
-q = 1, and the paper's partial-participation DP-FTRL multipliers (POPri Table 3, which do not
-reproduce under per-round restarts) are not used.
+DP-FedAvg; for DP-FTRL ``tree_aggregation`` of one tree per epoch of R = floor(N / L) rounds
+(``fl.restart: epoch``, Kairouz et al.'s TreeRestart: each client in at most one round of an
+epoch, so a client is in one leaf of each tree and the tree is the Gaussian at z / sqrt(depth
+R), no amplification by sampling).  T = 20 R rounds (20 trees) reproduce POPri Table 3's
+partial-participation DP-FTRL noise multipliers (tests/test_dp_review_023.py).  ``fl.restart:
+round`` is a one-leaf tree per round on fresh samples.
 """
 
 from __future__ import annotations
@@ -74,6 +76,21 @@ def round_entries(run, t: int, z: float | None, q: float | None) -> list:
     if algorithm(c) == "fedavg" or fl.engine == "flower":
         return [LedgerEntry(mechanism="subsampled_gaussian" if common["sample_rate"] < 1
                             else "gaussian", params=info, **common)]
+    if fl.restart == "epoch":
+        # one tree per epoch of R = floor(N / L) rounds: the tree is one release, recorded by
+        # each of its rounds under one id (counted once), so only its first round plans it
+        from popri.methods.dpfl.rounds import epoch_schedule
+
+        n = run._clients()
+        if n is None:
+            return []  # a dry run before the fetch: z is set after it
+        R, e, r = epoch_schedule(n, fl.clients_per_round or n, t)
+        if r > 1:
+            return []
+        common.update(sample_rate=1.0, sampling="none")
+        return [LedgerEntry(mechanism="tree_aggregation",
+                            params={**info, "leaves": R, "tree": e, "restart": "epoch"},
+                            **common)]
     return [LedgerEntry(mechanism="tree_aggregation", params={**info, "leaves": 1}, **common)]
 
 
@@ -85,6 +102,8 @@ def fl_args(run, z) -> list[str]:
     if fl.engine != "inprocess":
         vals |= {k: getattr(fl, k) for k in ("engine", "supernodes", "secagg_mechanism",
                                               "max_dropout", "flower_timeout")}
+    if algorithm(c) == "ftrl":
+        vals["restart"] = fl.restart
     a = step_argv(FLSpec, algorithm=algorithm(c), noise_multiplier=z, delta=c.privacy.delta,
                   release=run.release, **vals)
     a.append("--lora" if fl.lora else "--full")
@@ -146,6 +165,13 @@ def shape(r: dict) -> str:
 
 def plan_notes(run) -> list[str]:
     if algorithm(run.cfg) == "ftrl":
+        if run.cfg.fl.restart == "epoch":
+            n = run._clients()
+            L = run.cfg.fl.clients_per_round or n
+            R = f"{max(1, n // L)}" if n else "floor(N / L)"
+            return [f"DP-FTRL: a tree per epoch of {R} rounds (TreeRestart), each client in one "
+                    "round of an epoch (the epoch's order shuffled with the sampling stream); no "
+                    "amplification by sampling: z is calibrated at q = 1 over the trees"]
         return ["DP-FTRL: tree aggregation restarted every round (one leaf per tree), no "
                 "amplification by sampling: z is calibrated as at q = 1"]
     return []

@@ -17,10 +17,14 @@ Sampling or Shuffling", arXiv:2103.00039, section 3, DP-FTRLM):
    (streaming: one client's update in memory at a time, never all of them -- a full-model
    update of a 135M model is 538 MB);
 3. noise on the sum: ``fedavg`` adds N(0, z^2 C^2) (release mode: the discretised Gaussian of
-   :func:`popri.privacy.noise.discrete_gaussian_release`); ``ftrl`` adds the tree-aggregation
-   noise of the prefix sum within the current tree (:class:`popri.privacy.tree.TreeNoise`),
-   the tree restarted every round -- the setting whose accounting is valid when every client
-   takes part in every round (each client in at most one leaf per tree);
+   :func:`popri.privacy.noise.discrete_gaussian_release`); ``ftrl`` adds the increment of the
+   tree-aggregation noise of the prefix sums (:func:`tree_noise`,
+   :class:`popri.privacy.tree.TreeNoise`).  By default (``--restart epoch``, Kairouz et al.'s
+   TreeRestart) a tree covers an epoch of R = floor(N / L) rounds whose participants are the
+   epoch's client order cut into blocks of L (:func:`epoch_schedule`, :func:`epoch_order`):
+   each client is in one leaf of each tree, the condition of the tree's accounting (one ledger
+   entry per tree, ``leaves`` R, q = 1).  ``--restart round``: a one-leaf tree per round on a
+   fresh sample;
 4. the server step on avg = noisy sum / D (D: L, or q N under Poisson sampling, or N):
    v_t = mu v_{t-1} + avg, theta_t = theta_{t-1} + eta_s v_t (FedAvg: mu = 0, eta_s = 1;
    DP-FTRLM: mu = 0.9, POPri C.2; eta_s = 1 - mu by default, the same long-run step; within a
@@ -233,7 +237,7 @@ def clip(delta: np.ndarray, c: float) -> tuple[np.ndarray, float]:
 def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int
               ) -> tuple[np.ndarray, float]:
     """(sum + noise, the noise multiplier guaranteed): fedavg's Gaussian, or ftrl's tree noise
-    of round t's tree (one leaf: restarted every round).  Release mode snaps the sum to a grid
+    of round t's one-leaf tree (``--restart round``; epoch trees: :func:`tree_noise`).  Release mode snaps the sum to a grid
     and adds discrete-Gaussian integers on it (safe in floating point)."""
     from popri.privacy import noise as N
 
@@ -256,6 +260,75 @@ def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int
     return total + tree.prefix(t), z
 
 
+def tree_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, leaves: int, rel,
+               seed: int, state: dict | None = None):
+    """(sum + the tree noise of round t's leaf, the noise multiplier guaranteed, the TreeNoise)
+    for DP-FTRL with a tree of ``leaves`` rounds: the increment prefix(t) - prefix(t - 1) of
+    the tree's noisy prefix sums (:meth:`popri.privacy.tree.TreeNoise.increment`; the server's
+    running state adds the increments, so it follows the noisy prefix sums exactly).  Research
+    mode recomputes every node from (seed, tree, level, index); release mode draws them from the
+    OS CSPRNG on the sum's grid and needs the previous round's ``state`` (secret)."""
+    from popri.privacy import noise as N
+    from popri.privacy.tree import TreeNoise
+
+    C, d = float(spec.clip), total.size
+    if z == 0:
+        return total.copy(), 0.0, None
+    std = z * C
+    if rel.secure:
+        g = N.snap_grid(C, d)
+        tree = (TreeNoise.from_state(state) if state is not None
+                else TreeNoise(d, std, leaves, seed=None, secure=True, grid=g))
+        if tree.secure is not True or tree.grid != g or tree.leaves_per_tree != leaves:
+            raise InputError("the saved tree state does not fit this round", field="init")
+        # increment(t): exact multiples of g from the nodes of t - 1 (held in the state) and t
+        return g * np.rint(total / g) + tree.increment(t), N.effective_multiplier(z, C, d), tree
+    tree = TreeNoise(d, std, leaves, seed=seed, secure=False)
+    return total + tree.increment(t), z, tree
+
+
+# --------------------------------------------------------------------------- DP-FTRL epochs
+FTRL_STATE = "ftrl-state.npz"
+
+
+def epoch_schedule(n: int, L: int, round_: int) -> tuple[int, int, int]:
+    """(leaves R, epoch e, leaf r) of round t under epoch-wise participation: an epoch is
+    R = floor(N / L) rounds of L distinct clients each (the N - R L left over sit the epoch
+    out), one tree per epoch (Kairouz et al. 2021, arXiv:2103.00039, appendix D,
+    TreeRestart); e 0-based, r 1-based."""
+    R = max(1, n // max(1, L))
+    e, r = divmod(int(round_) - 1, R)
+    return R, e, r + 1
+
+
+def epoch_order(n: int, seed: int, epoch: int, secure: bool) -> np.ndarray:
+    """The epoch's client order: a uniform permutation, seeded by (seed, epoch) in research
+    mode, from the OS CSPRNG in release mode (drawn at the epoch's first round, then kept in
+    the round directory's secret state)."""
+    if secure:
+        from popri.privacy.noise import SecureRandom
+
+        return np.asarray(SecureRandom().permutation(n), dtype=np.int64)
+    return np.random.default_rng([int(seed), int(epoch), 0x45504F43]).permutation(n)
+
+
+def load_ftrl_state(init: str | None) -> dict | None:
+    """The secret state (epoch order, tree id, tree nodes) a release-mode DP-FTRL round left in
+    its directory, for the next round of the same epoch."""
+    if init is None:
+        return None
+    f = Path(init) / FTRL_STATE
+    if not f.is_file():
+        raise InputError(f"has no {FTRL_STATE} (the secret state of a release-mode DP-FTRL "
+                         "epoch); the next round of an epoch continues from its previous round",
+                         path=init)
+    try:
+        with np.load(f, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(f"unreadable DP-FTRL state: {e}", path=str(f)) from None
+
+
 # --------------------------------------------------------------------------- Flower
 def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLSpec, *,
                 base: str, seed: int, round_: int, z: float, release: bool, where: Path):
@@ -269,12 +342,13 @@ def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLS
 
     E.require_flower()
     L = len(members)
-    nodes = min(spec.supernodes or E.DEFAULT_SUPERNODES, L)
+    nodes = E.node_count(spec.supernodes, L, release)
     groups = E.assign(L, nodes)
     plan, ddg_plan = E.plans(mode="fl", L=L, nodes=nodes,
                              per_node=[len(g) * float(spec.clip) for g in groups],
                              dim=int(theta.size), z=z, sensitivity=float(spec.clip), spec=spec,
-                             release=release)
+                             release=release, rotation_seed=E.rotation_seed(seed, round_,
+                                                                             release))
     with E.job_dir(where) as job:
         for k, g in enumerate(groups):
             rows = [{"client_id": members[i], "text": t} for i in g for t in texts_of[members[i]]]
@@ -328,6 +402,53 @@ def load_init(init: str, round_: int, spec: FLSpec) -> tuple[dict, np.ndarray, n
     return prev, theta, vel
 
 
+def tree_release_id(data: str, split: str, spec: FLSpec, z: float, L: int, seed: int,
+                    base: str, epoch: int) -> str:
+    """Research mode: the release id every round of epoch ``epoch``'s tree records (the tree is
+    one release): a function of the data, the settings, the seed and the epoch, never of the
+    round."""
+    from popri.core.artifacts import path_digest
+    from popri.privacy.ledger import make_release_id
+
+    return make_release_id(LEDGER_STAGE, "research", seed, "ftrl-tree", int(epoch),
+                           path_digest(data), split, spec.to_dict(), float(z), int(L),
+                           str(base), secure=False)
+
+
+def _ftrl_epoch(data, split, spec, z, n, clients_per_round, round_, prev, init, seed, release,
+                base):
+    """(leaves R, epoch e, leaf r, the epoch's client order, the tree's release id, the secret
+    state) of a DP-FTRL round with a tree per epoch, checked against round t-1's directory."""
+    L = clients_per_round or n
+    R, e, r = epoch_schedule(n, L, round_)
+    state = None
+    if r > 1:  # inside an epoch: round t-1 must be this epoch's previous leaf
+        info = (prev or {}).get("ftrl") or {}
+        if (info.get("leaves"), info.get("epoch"), info.get("leaf")) != (R, e, r - 1):
+            raise InputError(f"round {round_} is leaf {r} of epoch {e} ({R} rounds of {L} "
+                             f"clients); --init holds {info or 'no DP-FTRL epoch'}: continue "
+                             "from that epoch's previous round with the same data and "
+                             "--clients-per-round", path=init, field="init")
+        tree_id = str(info.get("tree_release_id"))
+        if release:
+            state = load_ftrl_state(init)
+            order = np.asarray(state.pop("order"), dtype=np.int64)
+            if str(state.pop("tree_id")) != tree_id or order.size != n:
+                raise InputError("the DP-FTRL state does not belong to this epoch or data",
+                                 path=init, field="init")
+        else:
+            order = epoch_order(n, seed, e, False)
+    else:
+        order = epoch_order(n, seed, e, release)
+        if release:
+            from popri.privacy.ledger import make_release_id
+
+            tree_id = make_release_id(LEDGER_STAGE, "release", None, "ftrl-tree", secure=True)
+        else:
+            tree_id = tree_release_id(data, split, spec, z, L, seed, base, e)
+    return R, e, r, order, tree_id, state
+
+
 def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplier: float,
               model: str = "smollm2-135m", init: str | None = None,
               clients_per_round: int | None = None, sample_rate: float | None = None,
@@ -342,9 +463,8 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
     PRIVATE)."""
     from popri.core import outdir
     from popri.core.artifacts import path_digest
-    from popri.federated.participation import sample_clients
+    from popri.federated.participation import Participation, sample_clients
     from popri.models import llm
-    from popri.privacy.ledger import LedgerEntry
     from popri.privacy.release import NOT_PRIVATE, Release
 
     t0 = time.perf_counter()
@@ -360,9 +480,24 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         raise InputError(f"{clients_per_round} clients per round, but {src} has {n} clients",
                          field="clients_per_round")
     base = model
+    prev = None
     if init is not None:
         prev, theta0, vel0 = load_init(init, round_, spec)
         base = prev["model"]
+    epoch = None  # DP-FTRL's tree per epoch: (leaves R, epoch e, leaf r, order, tree id, state)
+    tree = None
+    if spec.epoch_trees:
+        epoch = _ftrl_epoch(data, split, spec, float(noise_multiplier), n, clients_per_round,
+                            round_, prev, init, seed, release, base)
+        done = Path(out) / ROUND
+        if release and done.is_file():  # this leaf was released already: once is all
+            from popri.core import io
+
+            info = io.read_json(done, expect=dict).get("ftrl") or {}
+            if info.get("tree_release_id") == epoch[4] and info.get("leaf") == epoch[2]:
+                raise InputError(f"holds leaf {epoch[2]} of this DP-FTRL tree, released "
+                                 "already; releasing it again with fresh noise would let the "
+                                 "two noises average out", path=str(out), field="--out")
     m, tok, params = build_model(base, spec, seed, device)
     theta = flat(params) if init is None else theta0
     vel = np.zeros_like(theta) if init is None else vel0
@@ -373,8 +508,14 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
     ledger = out_p.parent / "ledger.jsonl"
     with Release(LEDGER_STAGE, rseed, secure=release, ledgers=[ledger]) as rel:
         rel.check_ledgers()
-        part = sample_clients(n, rel.rng("sampling"), sample_rate=sample_rate,
-                              clients_per_round=clients_per_round)
+        if epoch is not None:  # the epoch's r-th block of L clients: each once per epoch
+            R, e, r, order, tree_id, _ = epoch
+            L = clients_per_round or n
+            part = Participation(np.sort(order[(r - 1) * L: r * L]), n,
+                                 "fixed" if L < n else "none", L / n)
+        else:
+            part = sample_clients(n, rel.rng("sampling"), sample_rate=sample_rate,
+                                  clients_per_round=clients_per_round)
         who = (f"{len(part.members)} of {n} clients ({part.sampling})" if not release else
                {"poisson": f"a Poisson sample at q={part.sample_rate:g}",
                 "fixed": f"{len(part.members)} clients per round",
@@ -408,7 +549,12 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
                     if st["loss"] is not None:
                         losses.append(st["loss"])
                     prog.advance(task)
-            noisy, z_eff = add_noise(total, spec, float(noise_multiplier), round_, rel, seed)
+            if epoch is not None:
+                noisy, z_eff, tree = tree_noise(total, spec, float(noise_multiplier), round_,
+                                                epoch[0], rel, seed, state=epoch[5])
+            else:
+                noisy, z_eff = add_noise(total, spec, float(noise_multiplier), round_, rel,
+                                         seed)
         denom = part.denominator or 1.0
         mu = spec.momentum_value()
         vel = (mu * vel.astype(np.float64) + noisy / max(denom, 1e-12)).astype(np.float32)
@@ -418,11 +564,17 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
                              init and path_digest(Path(init) / THETA), base)
         entry = round_entry(spec, part, z_eff=float(z_eff), delta=delta, rid=rid,
                             mode=rel.mode, round_=round_, dim=int(theta.size), flower=flower,
-                            release=release)
+                            release=release, epoch=epoch)
         rel.outputs = outdir.DirOutput(out_p, kind="fl-round", legacy=ROUND_FILES)
         tmp = rel.outputs.tmp
         np.save(tmp / THETA, theta)
         np.savez(tmp / SERVER, velocity=vel)
+        if epoch is not None and release and tree is not None:
+            # the epoch's secret state for its next round: the client order, the tree's id and
+            # the noise nodes still needed (never publish it: it is the noise)
+            f = tmp / FTRL_STATE
+            np.savez(f, order=epoch[3], tree_id=np.asarray(epoch[4]), **tree.state())
+            os.chmod(f, 0o600)
         set_flat(params, theta)
         base_model = llm.recorded_name(base)
         m.save_pretrained(tmp / MODEL)
@@ -446,6 +598,11 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         if flower is not None:
             summary["flower"] = {"supernodes_requested": spec.supernodes,
                                  "secagg_mechanism": spec.secagg_mechanism}
+        if epoch is not None:
+            summary["ftrl"] = {"restart": "epoch", "leaves": epoch[0], "epoch": epoch[1],
+                               "leaf": epoch[2], "tree_release_id": epoch[4],
+                               **({"state": f"{FTRL_STATE} (secret: the tree's noise and the "
+                                  "epoch's client order; never publish it)"} if release else {})}
         private = {
             "private": False, "note": NOT_PRIVATE, "seed": seed,
             "clients": n, "participants": int(len(part.members)),
@@ -486,11 +643,24 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
 
 
 def round_entry(spec: FLSpec, part, *, z_eff: float, delta: float, rid: str, mode: str,
-                round_: int, dim: int, flower=None, release: bool = False):
+                round_: int, dim: int, flower=None, release: bool = False, epoch=None):
     """The round's ledger entry: ``subsampled_gaussian`` (``gaussian`` at q = 1) for fedavg,
-    ``tree_aggregation`` (one tree of one leaf) for ftrl, ``distributed_discrete_gaussian`` on
-    Flower with the DDG.  Release mode records no exact client count in it."""
+    ``tree_aggregation`` for ftrl -- with epoch trees one entry per TREE: every round of an
+    epoch records it under the tree's release id, so the ledger counts the tree once (R leaves,
+    each client in one of them, q = 1); with per-round restarts one tree of one leaf --,
+    ``distributed_discrete_gaussian`` on Flower with the DDG.  Release mode records no exact
+    client count in it."""
     from popri.privacy.ledger import LedgerEntry
+
+    if epoch is not None:
+        R, e, r = epoch[:3]
+        return LedgerEntry(stage=LEDGER_STAGE, mechanism="tree_aggregation",
+                           noise_multiplier=float(z_eff), sample_rate=1.0, steps=1,
+                           delta=delta, sensitivity=float(spec.clip), sampling="none",
+                           release_id=epoch[4], mode=mode,
+                           params={"round": round_, "algorithm": f"dp-{spec.algorithm}",
+                                   "dim": int(dim), "leaves": R, "tree": e,
+                                   "restart": "epoch"})
 
     q = float(part.sample_rate)
     sampling = part.sampling

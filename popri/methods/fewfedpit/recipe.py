@@ -79,14 +79,60 @@ def train_clients(run) -> list[str] | None:
     return sorted(ids)
 
 
-def sampled(seed: int, t: int, clients: list[str], k: int) -> list[str]:
-    """Round t's K clients: a seeded choice without replacement (no DP: sampling here is not a
-    privacy mechanism, so it is seeded even in release mode)."""
+def sampled(seed: int, t: int, clients: list[str], k: int, rng=None) -> list[str]:
+    """Round t's K clients, chosen without replacement: from ``rng`` when given (release mode:
+    the OS CSPRNG), else seeded by (seed, t) -- research mode, where anyone holding the config
+    can recompute the sample."""
     import numpy as np
 
-    rng = np.random.default_rng([int(seed), int(t), 0x464650])
-    idx = rng.choice(len(clients), size=min(k, len(clients)), replace=False)
-    return [clients[i] for i in sorted(idx)]
+    if rng is None:
+        rng = np.random.default_rng([int(seed), int(t), 0x464650])
+        idx = rng.choice(len(clients), size=min(k, len(clients)), replace=False)
+    else:  # a SecureRandom draws a uniform permutation (a uniform K-subset: its first K)
+        idx = np.asarray(rng.permutation(len(clients)))[:min(k, len(clients))]
+    return [clients[int(i)] for i in sorted(idx)]
+
+
+SAMPLES = "samples.json"
+
+
+def round_samples(run, clients: list[str], k: int) -> dict[int, list[str]]:
+    """Every round's K clients.  With the DP extension in release mode the sample must be
+    secret for its amplification to hold (the ledger records subsampled_gaussian at q = K/N): a
+    sample anyone can recompute from the config's seed is no sample (issue 23: the worst client
+    of a seeded run had eps ~12.9 where the ledger said 2.56).  So release mode draws every
+    round's sample from the OS CSPRNG once, keeps it in RUN/fewfedpit/samples.json (the
+    server's own record: publishing it with the model voids the amplification) and reuses it
+    on every rerun; research mode (no privacy claim) seeds it.  A dry run shows placeholders
+    for a release-mode sample not drawn yet."""
+    from popri.core.io import read_json, write_json
+
+    c, f = run.cfg, run.cfg.fewfedpit
+    if not (run.release and f.noise_multiplier):
+        return {t: sampled(c.seed, t, clients, k) for t in range(1, c.rounds + 1)}
+    path = root(run) / SAMPLES
+    if path.is_file():
+        rec = read_json(path, expect=dict)
+        got = {int(t): list(v) for t, v in (rec.get("rounds") or {}).items()}
+        if rec.get("clients") == clients and rec.get("k") == k \
+                and set(got) >= set(range(1, c.rounds + 1)):
+            return got
+        from popri.core.errors import ConfigError
+
+        raise ConfigError("holds the secret client samples of another client set or "
+                          "clients_per_round: use a new run_dir", path=str(path),
+                          field="fewfedpit.clients_per_round")
+    if run.dry_run:
+        return {t: [f"SECRET{j + 1}" for j in range(min(k, len(clients)))]
+                for t in range(1, c.rounds + 1)}
+    from popri.privacy.noise import make_rng
+
+    rng = make_rng(None, secure=True, stream="sampling")
+    out = {t: sampled(c.seed, t, clients, k, rng=rng) for t in range(1, c.rounds + 1)}
+    write_json({"mode": "release", "note": "the secret client samples of this run's rounds "
+                "(OS CSPRNG): never publish them", "clients": clients, "k": k,
+                "rounds": {str(t): v for t, v in out.items()}}, path)
+    return out
 
 
 def _opts(fields, **extra) -> list[str]:
@@ -130,8 +176,9 @@ def recipe(run) -> Iterator[Stage]:
     clients = train_clients(run)
     n = len(clients) if clients else None
     prev = r0
+    samples = round_samples(run, clients, f.clients_per_round) if clients else {}
     for t in range(1, c.rounds + 1):
-        who = (sampled(c.seed, t, clients, f.clients_per_round) if clients
+        who = (samples[t] if clients
                else [f"CLIENT{k + 1}" for k in range(f.clients_per_round)])  # dry run, no data
         base = ["--round", str(t), "--init", str(prev)]
         uploads = []
