@@ -269,7 +269,8 @@ def test_cli_dpo_selects_the_checkpoint_by_fid(tiny_lm, tiny_st_model, tmp_path,
     out = tmp_path / "dpo"
     p = run_popri(["dpo", "--pairs", pairs, "--model", tiny_lm, "--out", out, "--epochs", "2",
                    "--batch-size", "2", "--no-bf16", "--select-on", val, "--select-prompts", sp,
-                   "--select-samples", "4", "--embed-model", tiny_st_model], check=True)
+                   "--select-samples", "4", "--embed-model", tiny_st_model, "--select-by",
+                   "fid"], check=True)
     sel = json.loads((out / "selection.json").read_text())
     assert [Path(r["checkpoint"]).name for r in sel["results"]] == ["checkpoint-1", "checkpoint-2"]
     best = min(sel["results"], key=lambda r: r["fid"])["checkpoint"]

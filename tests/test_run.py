@@ -81,9 +81,14 @@ def test_dry_run_plans_every_stage_of_the_loop(tmp_path, capsys):
     cmds = run.runner.commands
     names = [c.split()[1] for c in cmds]
     assert names[:2] == ["bench", "bench"]
-    assert names.count("gen") == 3 and names.count("dpo") == 2 and names.count("prefs") == 2
-    assert names.count("train-downstream") == 2 and names[-1] == "account"
-    round2_gen = [c for c in cmds if " gen " in f" {c} " and "--round 2" in c][0]
+    # 2 rounds + the synthetic set + the T = 0 control's set + 3 probes (rounds 0, 1, 2)
+    assert names.count("gen") == 7 and names.count("dpo") == 2 and names.count("prefs") == 2
+    assert sum(" eval probe " in f" {c} " for c in cmds) == 3
+    assert any("synthetic_t0.jsonl" in c and "--adapter" not in c for c in cmds)
+    assert any(" eval diff " in f" {c} " for c in cmds)
+    assert names.count("train-downstream") == 3 and names[-1] == "account"
+    round2_gen = [c for c in cmds if " gen " in f" {c} " and "--round 2" in c
+                  and "samples.jsonl" in c][0]
     assert "--adapter" in round2_gen and "round1/dpo/adapter" in round2_gen
     assert any("--noise-multiplier 1.5" in c for c in cmds)
 

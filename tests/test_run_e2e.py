@@ -49,7 +49,7 @@ def tiny_overrides(run_dir, data, pub, lm, st, method="popri"):
             "samples_per_prompt=5", "num_synthetic=12", "dpo.rejected_rank=5", "dpo.epochs=1",
             "dpo.select_samples=4", f"downstream.model={lm}", "downstream.epochs=1",
             "downstream.eval_max_samples=24", "downstream.bootstrap=50", "downstream.lr=0.003",
-            "pe.num_syn=8",
+            "pe.num_syn=8", "probe.prompts=2", "probe.samples_per_prompt=2",
             "privacy.epsilon=1.0"]
 
 
@@ -91,8 +91,17 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
         assert (run / ".stages" / f"{name}.json").stat().st_mtime_ns == done_before[f"{name}.json"]
     assert (run / "round1" / "scores.npy").read_bytes() == scores_before
     assert "| POPri |" in r.stdout and "gap closed" in r.stdout, r.stdout
+    assert "| POPri, T = 0 (untuned generator) |" in r.stdout and "learning: POPri minus" in r.stdout
     res = json.loads((run / "results.json").read_text())
-    assert set(res["methods"]) == {"popri", "eps0", "epsinf"}
+    assert set(res["methods"]) == {"popri", "t0", "eps0", "epsinf"}
+    assert res["control"]["acc_minus_control"] == pytest.approx(
+        res["methods"]["popri"]["accuracy"] - res["methods"]["t0"]["accuracy"], abs=1e-9)
+    assert res["gap_closed"]["control"]["acc"] == pytest.approx(res["methods"]["t0"]["accuracy"])
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    probes = [x for x in rows if x["stage"] == "probe"]
+    assert [x["round"] for x in probes] == [0, 1] and all(x["private_diagnostic"] for x in probes)
+    assert {"score", "dpo"} <= {x["stage"] for x in rows}
+    assert res["probe"]["last_round"] == 1 and res["probe"]["delta_mean_cosine_se"] >= 0
     assert res["epsilon"] == pytest.approx(1.0, abs=2e-3)  # the ledger totals the budget
     assert res["fid_to_val"] is not None and res["fid_to_val"] >= 0
     # a third run has nothing left to do
@@ -111,7 +120,7 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
     nn = method == "popri-nn"  # POPri's scoring ablation: DP nearest-neighbour votes
     method = "popri" if nn else method
     ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model, method=method)
-    ov += ["baselines=false", "pe.variation=paraphrase"]
+    ov += ["baselines=false", "pe.variation=paraphrase", "control=false", "probe.enabled=false"]
     if nn:
         ov += ["score.mode=nn-histogram", "score.threshold=0"]
     r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)

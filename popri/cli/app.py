@@ -129,7 +129,7 @@ def root(
 # Order in `popri --help`: the pipeline order.  Every module in popri.cli.commands that has a
 # register() is added; an import error there is a bug and is not swallowed.
 _ORDER = ("run", "bench", "instruct", "embed", "gen", "vary", "expand", "score", "aggregate", "pe", "prefs",
-          "dpo", "sft", "train_downstream", "eval", "fl", "fewfedpit", "account", "audit", "fred")
+          "dpo", "sft", "train_downstream", "eval", "fl", "fewfedpit", "account", "audit", "report", "fred")
 
 
 def _register() -> None:

@@ -417,11 +417,37 @@ def micro_accuracy(rows: Sequence[dict]) -> float:
     return sum(float(r["correct"]) for r in rows) / t if t else float("nan")
 
 
+def control_diff(method: str, control: str, *, n_boot: int = 1000, seed: int = 0) -> dict:
+    """The method minus its control (e.g. POPri minus the untuned generator's T = 0 row: what
+    the DP feedback and the tuning bought), paired over the same test clients."""
+    tabs = [read_per_client(p) for p in (method, control)]
+    if {str(r["client_id"]) for r in tabs[0]} != {str(r["client_id"]) for r in tabs[1]}:
+        raise InputError("the control's per-client file covers other test clients", path=control,
+                         field="client_id")
+    d = paired_bootstrap(tabs, lambda a, c: a - c, n_boot=n_boot, seed=seed)
+    return {"acc_control": micro_accuracy(tabs[1]), "acc_minus_control": d["value"],
+            "acc_minus_control_se": d["se"],
+            "acc_minus_control_ci": [d["ci_low"], d["ci_high"]]}
+
+
 def gap_from_files(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, seed: int = 0,
-                   allow_undefined: bool = False) -> dict:
+                   allow_undefined: bool = False, control: str | None = None) -> dict:
     """Gap closed on the clients common to three per-client files, with a paired bootstrap SE.
     When eps=0 and eps=inf score the same the gap is undefined: an error, or with
-    ``allow_undefined`` a result whose ``gap_closed`` is None and ``undefined`` says why."""
+    ``allow_undefined`` a result whose ``gap_closed`` is None and ``undefined`` says why.
+    ``control``: a fourth per-client file (the method's control, e.g. its T = 0 row): its own
+    gap closed and the method minus the control (:func:`control_diff`) are added."""
+    res = _gap_from_files(method, eps0, epsinf, n_boot=n_boot, seed=seed,
+                          allow_undefined=allow_undefined)
+    if control is not None:
+        res["control"] = _gap_from_files(control, eps0, epsinf, n_boot=n_boot, seed=seed,
+                                         allow_undefined=allow_undefined)
+        res.update(control_diff(method, control, n_boot=n_boot, seed=seed))
+    return res
+
+
+def _gap_from_files(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, seed: int = 0,
+                    allow_undefined: bool = False) -> dict:
     tabs = [read_per_client(p) for p in (method, eps0, epsinf)]
     ids = [{str(r["client_id"]) for r in t} for t in tabs]
     if not (ids[0] == ids[1] == ids[2]):

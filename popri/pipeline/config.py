@@ -113,6 +113,8 @@ class DPOConfig(Spec):
     rejected_rank: int = same(PrefsSpec, "rejected_rank")
     select_checkpoint: bool = param(True, "false = select_on: none (kept for older configs).")
     select_samples: int = same(SelectSpec, "select_samples", 16)
+    select_by: str = same(SelectSpec, "select_by")
+    holdout: float = same(DPOSpec, "holdout", 0.25)   # held-out pairs: metrics.jsonl
     select_on: str = param("private", "What checkpoint selection reads.",
                            choices=("private", "public", "dp", "none"))
     select_epsilon: float = param(0.1, "dp: epsilon of each of the two FreD releases.", lo=0,
@@ -250,6 +252,19 @@ class FewFedPITConfig(Spec):
 
 
 @dataclass(frozen=True)
+class ProbeConfig(Spec):
+    """The per-round view of a generator (issue 24; popri/eval/probe.py): each round's
+    generator (round 0: the untuned one) writes a fixed-prompt sample -- the same held prompts
+    and seeds every round -- whose distance to the private validation split (mean-embedding
+    cosine, unbiased MMD^2), fluency (the public model's perplexity) and diversity (distinct-1/2)
+    go to RUN/metrics.jsonl.  A private diagnostic: read without noise, never released."""
+    enabled: bool = param(True, "Probe every round (POPri and PE+SFT).")
+    prompts: int = param(16, "Held prompts (built from Omega with their own seed).", lo=1)
+    samples_per_prompt: int = param(4, "Samples per held prompt.", lo=1)
+    perplexity: bool = param(True, "Also the public model's perplexity of the sample.")
+
+
+@dataclass(frozen=True)
 class RunConfig(Spec):
     run_dir: str = param("runs/default", "The run directory.", nonempty=True)
     method: str = param("popri", "popri | pe (PrE-Text) | pe-sft (POPri's PE+SFT baseline) | "
@@ -263,6 +278,10 @@ class RunConfig(Spec):
     num_synthetic: int = param(160, "Final N (paper: 1,000,000).", lo=1)
     embedder: str = same(EmbedSpec, "model")
     baselines: bool = param(True, "eps = 0 and eps = inf runs.")
+    control: bool = param(True, "The control row of a generator method (POPri, PE+SFT): the "
+                          "untuned generator (T = 0) writes the synthetic set with the same "
+                          "prompts, N, seed and downstream recipe; the method minus it, paired "
+                          "over test clients, is what the DP feedback and the tuning bought.")
     # release mode: every DP stage (and every stage that samples clients) gets --release: OS
     # CSPRNG noise, nothing reproducible from a seed.  false = research mode: noise is seeded and
     # reproducible from the sidecars (fine for experiments, not for releasing data).
@@ -272,6 +291,7 @@ class RunConfig(Spec):
     privacy: PrivacyConfig = param(default_factory=PrivacyConfig)
     score: ScoreConfig = param(default_factory=ScoreConfig)
     dpo: DPOConfig = param(default_factory=DPOConfig)
+    probe: ProbeConfig = param(default_factory=ProbeConfig)
     pe: PEConfig = param(default_factory=PEConfig)
     downstream: DownstreamConfig = param(default_factory=DownstreamConfig)
     fl: FLConfig = param(default_factory=FLConfig)

@@ -313,6 +313,19 @@ class Run(Budget):
             yield st
             st, per[name] = evaluate(name, ["--model", ckpt], [ckpt])
             yield st
+        control = self.method.control is not None and c.control
+        if control:  # the untuned generator's T = 0 row (issue 24): same prompts, N, recipe
+            st = self.method.control(self)
+            yield st
+            st, ck = train("t0", [st.outputs[0]], [st.outputs[0]])
+            yield st
+            st, per["t0"] = evaluate("t0", ["--model", ck], [ck])
+            yield st
+            yield Stage("control-diff", [
+                "eval", "diff", "--method", per[name], "--control", per["t0"],
+                *step_argv(GapSpec, ds, only=["bootstrap"]), "--seed", str(c.seed), "--json"],
+                outputs=[str(E / "control.json")], inputs=[per[name], per["t0"]],
+                stdout_to=str(E / "control.json"))
         if c.baselines:
             st, per["eps0"] = evaluate("eps0", ["--model", ds.model], [])
             yield st
@@ -326,6 +339,7 @@ class Run(Budget):
             yield Stage("gap-closed", [
                 "eval", "gap", "--method", per[name], "--eps0", per["eps0"],
                 "--epsinf", per["epsinf"], *step_argv(GapSpec, ds, allow_undefined=True),
+                *(["--control", per["t0"]] if control else []),
                 "--seed", str(c.seed), "--json"],
                 outputs=[str(E / "gap.json")], inputs=list(per.values()),
                 stdout_to=str(E / "gap.json"))
@@ -417,6 +431,10 @@ class Run(Budget):
         self.account_stage()
         if self.dry_run:
             return {}
+        if self.method.metrics is not None:
+            rows = self.method.metrics(self)
+            with atomic_write(self.run / "metrics.jsonl") as fh:
+                fh.write("".join(json.dumps(r) + "\n" for r in rows))
         results = self.results(self.noise)
         with atomic_write(self.run / "results.json") as fh:
             json.dump(results, fh, indent=2)
@@ -453,7 +471,9 @@ class Run(Budget):
                "mode": "release" if self.release else "research",
                "mode_note": MODE_NOTES["release" if self.release else "research"]}
         out.update(self.method.results(self, noise))
-        for name in (c.method, "eps0", "epsinf"):
+        if (E / "control.json").exists():
+            out["control"] = read_json(E / "control.json")
+        for name in (c.method, "t0", "eps0", "epsinf"):
             f = E / f"{name}.json"
             if f.exists():
                 r = read_json(f)
@@ -488,6 +508,7 @@ def results_table(r: dict) -> str:
              "| method | epsilon | delta | next-token accuracy | SE (clients) | loss | FID to val |",
              "|---|---|---|---|---|---|---|"]
     labels = {method: (label, _fmt(eps, 3)),
+              "t0": (f"{label}, T = 0 (untuned generator)", _fmt(eps, 3)),
               "eps0": ("eps=0 (public model)", "0"), "epsinf": ("eps=inf (private data)", "inf")}
     for k, (lab, e) in labels.items():
         mm = r["methods"].get(k)
@@ -496,6 +517,20 @@ def results_table(r: dict) -> str:
             lines.append(f"| {lab} | {e} | {r.get('delta') if k == method else '-'} | "
                          f"{_fmt(mm.get('accuracy'))} | {_fmt(mm.get('accuracy_se'))} | "
                          f"{_fmt(mm.get('loss'))} | {fid} |")
+    ctl = r.get("control")
+    if ctl and ctl.get("acc_minus_control") is not None:
+        se = ctl.get("acc_minus_control_se")
+        lines += ["", f"learning: {label} minus its T = 0 row (the untuned generator, same "
+                      f"prompts, N and recipe): {ctl['acc_minus_control']:+.4f}"
+                      + (f" +- {se:.4f}" if se is not None else "")
+                      + " accuracy (paired over test clients)"]
+    pr = r.get("probe")
+    if pr and pr.get("delta_mean_cosine") is not None:
+        lines.append(f"distance to the private validation split (fixed-prompt probe, a private "
+                     f"diagnostic): mean-embedding cosine {pr['first_mean_cosine']:.4f} at round "
+                     f"0 -> {pr['last_mean_cosine']:.4f} at round {pr['last_round']} "
+                     f"({pr['delta_mean_cosine']:+.4f} +- {pr['delta_mean_cosine_se']:.4f}); "
+                     f"distinct-2 {pr['first_distinct_2']:.3f} -> {pr['last_distinct_2']:.3f}")
     g = r.get("gap_closed")
     if g and g.get("gap_closed") is None:
         lines += ["", f"gap closed: undefined ({g.get('undefined', 'eps=0 = eps=inf')})"]

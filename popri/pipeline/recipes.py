@@ -66,6 +66,12 @@ class Method:
     # evaluation(run) -> Iterator[Stage]; and the results table of such a run
     evaluation: Callable[..., Iterable] | None = None
     table: Callable[[dict], str] | None = None
+    # a generator method's control (issue 24): control(run) -> the Stage writing the synthetic
+    # set of the untuned generator (T = 0) with the same prompts, N and seed; the driver trains
+    # and evaluates it next to the method and reports the paired difference
+    control: Callable[..., object] | None = None
+    # per-round rows of RUN/metrics.jsonl: metrics(run) -> [dict]
+    metrics: Callable[..., list] | None = None
 
     def __post_init__(self):
         if self.shape is None:
@@ -82,13 +88,15 @@ def _methods() -> dict[str, Method]:
 
     return {m.name: m for m in (
         Method("popri", "POPri", popri.recipe, results=popri.results,
-               plan_notes=popri.plan_notes,
+               plan_notes=popri.plan_notes, control=popri.control_stage,
+               metrics=popri.round_metrics,
                summary="POPri: T rounds of gen, DP scores, preference pairs, DPO; then N samples"),
         Method("pe", "PE (PrE-Text)", pe.recipe, score_mode=lambda cfg: "nn-histogram",
                results=pe.results, shape=pe.shape,
                summary="PrE-Text: T rounds of DP nearest-neighbour votes, draws, variations; "
                        "then Expand"),
         Method("pe-sft", "PE+SFT", popri.recipe_sft, results=popri.results_sft,
+               control=popri.control_stage, metrics=popri.round_metrics,
                summary="POPri's PE+SFT baseline: SFT on each prompt's top-scored sample"),
         *(Method(f"dp-{a}", label, dpfl.recipe, results=dpfl.results, shape=dpfl.shape,
                  plan_notes=dpfl.plan_notes, participation=dpfl.participation,

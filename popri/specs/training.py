@@ -133,6 +133,11 @@ class DPOSpec(TrainSpec):
                       choices=("dpo", "ipo"))
     beta: float = param(0.01, "DPO beta = POPri tau (reference code: training.beta 0.01).",
                         cite="POPri 4.2", lo=0, lo_open=True)
+    holdout: float = param(0.0, "Fraction of the pairs (whole prompts, seeded) held out of "
+                           "training: after training, the exact (fp32) reward margin and "
+                           "preference accuracy on them, next to the same on the training "
+                           "pairs (metrics.json 'holdout', 'train_eval').", lo=0, hi=1,
+                           hi_open=True)
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,14 @@ class SelectSpec(Spec):
     """Checkpoint selection by FID (POPri B.1): per round keep the checkpoint whose samples are
     closest to the validation split."""
 
-    select_samples: int = param(24, "Samples per checkpoint for the FID.", cite="POPri B.1", lo=2)
+    select_samples: int = param(24, "Samples per checkpoint.", cite="POPri B.1", lo=2)
+    select_by: str = param(
+        "mean-cosine", "The distance a checkpoint's samples are selected by: mean-cosine (the "
+        "cosine between the mean embeddings, highest wins; low variance at a few dozen "
+        "samples, and it needs only the target's mean, so it works on 'popri fred stats'), "
+        "mmd (unbiased MMD^2, RBF at the median bandwidth; needs target samples) or fid "
+        "(POPri B.1; its covariance term is mostly estimation error at n << d).",
+        cite="POPri B.1 (fid)", choices=("mean-cosine", "mmd", "fid"))
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,8 @@ def dpo(
     select_prompts: Optional[str] = typer.Option(None, "--select-prompts", help="Prompts for the "
                                                  "selection samples (JSONL 'prompt', or Omega 'text')."),
     select_samples: int = option(SelectSpec, "select_samples"),
+    select_by: str = option(SelectSpec, "select_by"),
+    holdout: float = option(DPOSpec, "holdout"),
     embed_model: Optional[str] = typer.Option(None, "--embed-model", envvar="POPRI_EMBED_MODEL",
                                               help="Embedder for the FID (default all-MiniLM-L6-v2)."),
 ) -> None:
@@ -103,8 +105,8 @@ def dpo(
                  target_modules=target_modules, lr=lr, min_lr_ratio=min_lr_ratio, epochs=epochs,
                  batch_size=batch_size, grad_accum=grad_accum, max_length=max_length,
                  save_steps=save_steps, max_steps=max_steps, bf16=bf16,
-                 gradient_checkpointing=gradient_checkpointing)
-    sel = build(SelectSpec, select_samples=select_samples)
+                 gradient_checkpointing=gradient_checkpointing, holdout=holdout)
+    sel = build(SelectSpec, select_samples=select_samples, select_by=select_by)
     if bool(select_on) != bool(select_prompts):
         raise InputError("checkpoint selection needs both --select-on and --select-prompts")
     o = Path(out)

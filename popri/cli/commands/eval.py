@@ -140,6 +140,10 @@ def gap(
     seed: int = typer.Option(0, help="Seed of the bootstrap."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
     allow_undefined: bool = option(GapSpec, "allow_undefined"),
+    control: Optional[str] = typer.Option(None, "--control", help="The method's control (a "
+                                          "per-client file), e.g. POPri's T = 0 row (the "
+                                          "untuned generator): adds its gap closed and the "
+                                          "method minus the control, paired, with its SE."),
 ) -> None:
     """Gap closed = (acc - acc_eps0) / (acc_epsinf - acc_eps0), POPri's headline metric.
 
@@ -162,9 +166,11 @@ def gap(
                              field="epsinf")
         res = {"gap_closed": None if math.isnan(g) else g, "gap_closed_se": None, "acc": nums[0],
                "acc_eps0": nums[1], "acc_epsinf": nums[2]}
+    elif control is not None and not all(n is None for n in nums):
+        raise InputError("--control needs the per-client files, not numbers", field="--control")
     elif all(n is None for n in nums):
         res = gap_from_files(method, eps0, epsinf, n_boot=spec.bootstrap, seed=seed,
-                             allow_undefined=spec.allow_undefined)
+                             allow_undefined=spec.allow_undefined, control=control)
     else:
         raise InputError("give --method/--eps0/--epsinf all as numbers or all as per-client files")
     if json_out:
@@ -227,8 +233,84 @@ def instruct(
                    f"{res['examples']}  clients {res['clients']}  model {res['model']}")
 
 
+def diff(
+    method: str = typer.Option(..., "--method", help="The method's per-client file ('popri "
+                               "eval accuracy --per-client-out')."),
+    control: str = typer.Option(..., "--control", help="Its control's per-client file on the "
+                                "same test clients (e.g. POPri's T = 0 row)."),
+    bootstrap: int = option(GapSpec, "bootstrap", min=2, help="Paired bootstrap resamples of "
+                            "test clients."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
+) -> None:
+    """The method's accuracy minus its control's, paired over the same test clients (one
+    bootstrap resample of clients for both), with the SE and a 95% percentile interval: e.g.
+    POPri minus its untuned generator (T = 0), what the DP feedback and DPO bought."""
+    from popri.core.io import dumps
+    from popri.eval.downstream import control_diff, micro_accuracy, read_per_client
+
+    res = {"acc": micro_accuracy(read_per_client(method)),
+           **control_diff(method, control, n_boot=bootstrap, seed=seed),
+           "bootstrap": int(bootstrap), "seed": int(seed)}
+    if json_out:
+        typer.echo(dumps(res))
+    else:
+        se = res["acc_minus_control_se"]
+        typer.echo(f"{res['acc_minus_control']:+.4f}" + (f" +- {se:.4f}" if se is not None else "")
+                   + f"  (acc {res['acc']:.4f}, control {res['acc_control']:.4f})")
+
+
+def probe(
+    samples: str = typer.Argument(..., metavar="SAMPLES", help="The fixed-prompt sample: "
+                                  "JSONL with 'text' ('popri gen' output)."),
+    target: str = typer.Option(..., "--target", help="The private validation embeddings (an "
+                               "embedding set .npy, JSONL texts or a dataset dir's --split)."),
+    split: str = typer.Option("val", help="Split of a dataset-dir target."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The public model whose "
+                                        "perplexity of the sample measures fluency (omit: no "
+                                        "perplexity)."),
+    embed_model: Optional[str] = typer.Option(None, "--embed-model", envvar="POPRI_EMBED_MODEL",
+                                              help="Sentence embedder (default all-MiniLM-L6-v2)."),
+    bf16: bool = option(EvalSpec, "bf16"),
+    seed: int = typer.Option(0, help="Seed of the bootstrap."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
+) -> None:
+    """A generator's fixed-prompt sample against the private validation split (popri/eval/
+    probe.py): mean-embedding cosine and unbiased MMD^2 (RBF, median bandwidth) with bootstrap
+    SEs, the public model's perplexity (fluency), distinct-1/2 and the mean pairwise cosine
+    (diversity).  Reads the private validation embeddings without noise: the output says
+    private_diagnostic true (a research measurement, never a release)."""
+    from popri.core.errors import InputError
+    from popri.core.io import dumps, read_jsonl
+    from popri.eval import probe as P
+    from popri.models.embed import as_embedding_set, check_compatible
+
+    recs = read_jsonl(samples, ("text",))
+    texts = [r["text"] for r in recs]
+    if len(texts) < 2:
+        raise InputError(f"need at least 2 samples, got {len(texts)}", path=samples)
+    sa = as_embedding_set(samples, records=recs, model=embed_model, what="samples")
+    tb = as_embedding_set(target, model=embed_model, split=split, what="target")
+    check_compatible(sa, tb)
+    res = {"private_diagnostic": True, "note": "reads the private validation split without "
+           "noise: a research measurement, never a release",
+           **P.distances(sa.embeddings, tb.embeddings, seed=seed),
+           "distinct_1": P.distinct_n(texts, 1), "distinct_2": P.distinct_n(texts, 2)}
+    if model:
+        res |= {"ppl_model": model, **P.perplexity(model, texts, bf16=bf16)}
+    if json_out:
+        typer.echo(dumps(res))
+    else:
+        typer.echo(f"mean cosine {res['mean_cosine']:.4f} +- {res['mean_cosine_se']:.4f}  MMD^2 "
+                   f"{res['mmd2']:.5f} +- {res['mmd2_se']:.5f}  distinct-1/2 "
+                   f"{res['distinct_1']:.3f}/{res['distinct_2']:.3f}"
+                   + (f"  perplexity {res['perplexity']:.2f}" if model else ""))
+
+
 def register(app: typer.Typer) -> None:
     eval_app.command("accuracy", help=unwrap(_ACC_HELP.strip()))(accuracy)
+    eval_app.command("probe", help=unwrap(probe.__doc__.strip()))(probe)
+    eval_app.command("diff", help=unwrap(diff.__doc__.strip()))(diff)
     eval_app.command("fid", help=unwrap(fid.__doc__.strip()))(fid)
     eval_app.command("gap", help=unwrap(gap.__doc__.strip()))(gap)
     eval_app.command("instruct", help=unwrap(instruct.__doc__.strip()))(instruct)

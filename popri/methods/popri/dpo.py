@@ -145,19 +145,32 @@ def train_dpo(pairs_path_or_records, spec: DPOSpec | None = None, *, model: str,
     then the checkpoint it selects ("selected" in the result)."""
     records = load_pairs(pairs_path_or_records)
     spec = _spec(DPOSpec, spec, overrides)
+    held: list[dict] = []
+    if spec.holdout > 0:
+        records, held = split_holdout(records, spec.holdout, seed)
     eval_records = records[:max(int(eval_pairs), 0)]
 
     def after(trainer) -> dict:
-        if not eval_records:
-            return {"eval_margin": None}
-        # exact (fp32) margins: bf16 logged rewards carry rounding noise ~1e-3
-        ev = margin_stats(trainer.model, trainer.processing_class, eval_records, spec.beta,
-                          spec.max_length)
-        ev["margins"] = [float(x) for x in ev["margins"]]
-        log.info(f"dpo: fp32 reward margin on {ev['pairs']} training pairs: {ev['margin']:+.4g} "
-                 f"(accuracy {ev['accuracy']:.2f}; dlogp chosen {ev['dlogp_chosen']:+.3g}, "
-                 f"rejected {ev['dlogp_rejected']:+.3g})")
-        return {"eval_margin": ev}
+        out: dict = {"eval_margin": None}
+        tok = trainer.processing_class
+        if eval_records:
+            # exact (fp32) margins: bf16 logged rewards carry rounding noise ~1e-3
+            ev = margin_stats(trainer.model, tok, eval_records, spec.beta, spec.max_length)
+            ev["margins"] = [float(x) for x in ev["margins"]]
+            log.info(f"dpo: fp32 reward margin on {ev['pairs']} training pairs: "
+                     f"{ev['margin']:+.4g} (accuracy {ev['accuracy']:.2f}; dlogp chosen "
+                     f"{ev['dlogp_chosen']:+.3g}, rejected {ev['dlogp_rejected']:+.3g})")
+            out["eval_margin"] = ev
+        if held:  # the same on pairs DPO never saw, and on the ones it trained on
+            for key, recs in (("holdout", held), ("train_eval", records)):
+                ev = margin_stats(trainer.model, tok, recs, spec.beta, spec.max_length)
+                ev.pop("margins")
+                out[key] = ev
+            h, t = out["holdout"], out["train_eval"]
+            log.info(f"dpo: reward margin {t['margin']:+.4g} (accuracy {t['accuracy']:.2f}) on "
+                     f"{t['pairs']} training pairs, {h['margin']:+.4g} (accuracy "
+                     f"{h['accuracy']:.2f}) on {h['pairs']} held-out pairs")
+        return out
 
     res = _train("dpo", records, spec, build_dpo_trainer, model=model, out_dir=out_dir, seed=seed,
                  adapter=adapter, resume=resume, after=after, logging_steps=logging_steps,
@@ -165,6 +178,20 @@ def train_dpo(pairs_path_or_records, spec: DPOSpec | None = None, *, model: str,
     if select is not None:
         res["adapter"] = res["selected"] = select(res["checkpoints"], Path(out_dir))
     return res
+
+
+def split_holdout(records: list[dict], frac: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(training pairs, held-out pairs): a seeded ``frac`` of the prompts (all their pairs)
+    held out, at least one prompt and at least one left to train on."""
+    keys = sorted({str(r.get("prompt_id", r["prompt"])) for r in records})
+    if len(keys) < 2:
+        return records, []
+    k = min(max(1, round(frac * len(keys))), len(keys) - 1)
+    rng = np.random.default_rng([int(seed), 0x484F4C44])
+    held = set(rng.choice(len(keys), size=k, replace=False).tolist())
+    out = {keys[i] for i in held}
+    return ([r for r in records if str(r.get("prompt_id", r["prompt"])) not in out],
+            [r for r in records if str(r.get("prompt_id", r["prompt"])) in out])
 
 
 # --------------------------------------------------------------------------- SFT (PE+SFT)

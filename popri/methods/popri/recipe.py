@@ -102,21 +102,60 @@ def sft_stage(run, t: int, adapter: str | None) -> Stage:
         inputs=[str(samples), str(scores), *([adapter] if adapter else [])])
 
 
-def synthetic_stage(run, adapter: str | None) -> Stage:
-    """The final adapter writes N samples from Omega prompts."""
+def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
+                    out: Path | None = None) -> Stage:
+    """The final adapter writes N samples from Omega prompts (``adapter`` None with ``name``
+    synthetic-t0: the control, the untuned generator on the same prompts and seeds)."""
     c = run.cfg
-    return Stage("synthetic", [
+    out = out or run.p["synthetic"]
+    return Stage(name, [
         "gen", *run.omega, "--num-samples", str(c.num_synthetic), "--samples-per-prompt",
         str(c.samples_per_prompt), "--round", str(c.rounds + 1), "--out",
-        str(run.p["synthetic"]), "--stats-out", str(run.run / "synthetic_stats.json"),
+        str(out), "--stats-out", str(Path(out).with_name(Path(out).stem + "_stats.json")
+                                         if name != "synthetic"
+                                         else run.run / "synthetic_stats.json"),
         *run.gen_args(adapter=adapter, seed=final_seed(c.seed))],
-        outputs=[str(run.p["synthetic"])],
-        inputs=[*run.omega_inputs, *([adapter] if adapter else [])])
+        outputs=[str(out)], inputs=[*run.omega_inputs, *([adapter] if adapter else [])])
+
+
+def control_stage(run) -> Stage:
+    """The T = 0 control (issue 24): the untuned generator writes the synthetic set with the
+    final stage's prompts, N and seed; the driver trains and evaluates it like the method's."""
+    return synthetic_stage(run, None, name="synthetic-t0",
+                           out=run.run / "synthetic_t0.jsonl")
+
+
+def probe_seed(seed: int) -> int:
+    """The probe's prompts and sampling seeds: the same every round (``seed * 1000 + 998``)."""
+    return seed * 1000 + 998
+
+
+def probe_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
+    """Round t's generator (round 0: untuned) on the held prompts, then its distance to the
+    private validation split, fluency and diversity (``popri eval probe``, a private
+    diagnostic): a row of RUN/metrics.jsonl."""
+    c, pr = run.cfg, run.cfg.probe
+    if not pr.enabled:
+        return
+    P = run.run / "probe"
+    samples = P / f"round{t}.jsonl"
+    yield Stage(f"probe{t}-gen", [
+        "gen", *run.omega, "--prompts", str(pr.prompts), "--samples-per-prompt",
+        str(pr.samples_per_prompt), "--round", str(t), "--out", str(samples),
+        *run.gen_args(adapter=adapter, seed=probe_seed(c.seed))],
+        outputs=[str(samples)], inputs=[*run.omega_inputs, *([adapter] if adapter else [])])
+    yield Stage(f"probe{t}", [
+        "eval", "probe", str(samples), "--target", str(run.p["emb_val"]), "--embed-model",
+        c.embedder, *(["--model", c.generator.model] if pr.perplexity else []),
+        "--bf16" if c.generator.bf16 else "--no-bf16", "--seed", str(c.seed), "--json"],
+        outputs=[str(P / f"round{t}.json")], inputs=[str(samples), str(run.p["emb_val"])],
+        stdout_to=str(P / f"round{t}.json"))
 
 
 def _rounds(run, tune) -> Iterator[Stage]:
     c = run.cfg
     adapter = None
+    yield from probe_stages(run, 0, None)
     for t in range(1, c.rounds + 1):
         R = run.run / f"round{t}"
         yield gen_stage(run, t, adapter)
@@ -126,7 +165,68 @@ def _rounds(run, tune) -> Iterator[Stage]:
             yield st
             last = st
         adapter = last.outputs[0]
+        yield from probe_stages(run, t, adapter)
     yield synthetic_stage(run, adapter)
+
+
+def round_metrics(run) -> list[dict]:
+    """RUN/metrics.jsonl (docs/formats.md): one row per round and stage -- the released scores
+    (mean over the round's samples, of the chosen and of the rejected: post-processing of the
+    release), the tuning (DPO / SFT loss, reward margin and preference accuracy on the training
+    and the held-out pairs), the recovery rate (a private diagnostic) and the probe's distance,
+    fluency and diversity (a private diagnostic)."""
+    import json
+
+    import numpy as np
+
+    from popri.core.io import read_json
+
+    c, rows = run.cfg, []
+
+    def probe_row(t):
+        f = run.run / "probe" / f"round{t}.json"
+        if f.is_file():
+            p = read_json(f, expect=dict)
+            rows.append({"round": t, "stage": "probe", "private_diagnostic": True,
+                         **{k: p.get(k) for k in (
+                             "mean_cosine", "mean_cosine_se", "mmd2", "mmd2_se", "self_cosine",
+                             "distinct_1", "distinct_2", "perplexity", "loss", "samples")}})
+
+    probe_row(0)
+    for t in range(1, c.rounds + 1):
+        R = run.run / f"round{t}"
+        if (R / "scores.npy").is_file():
+            s = np.load(R / "scores.npy")
+            row = {"round": t, "stage": "score", "released_mean": float(np.mean(s)),
+                   "samples": int(s.size)}
+            if (R / "prefs.jsonl").is_file():
+                pairs = [json.loads(x) for x in (R / "prefs.jsonl").read_text().splitlines()
+                         if x.strip()]
+                if pairs:
+                    row |= {"chosen_mean": float(np.mean([p["chosen_score"] for p in pairs])),
+                            "rejected_mean": float(np.mean([p["rejected_score"] for p in pairs])),
+                            "pairs": len(pairs)}
+            rows.append(row)
+        rep = R / "prefs_report.json"
+        if rep.is_file() and read_json(rep, expect=dict).get("recovery_rate") is not None:
+            rows.append({"round": t, "stage": "prefs", "private_diagnostic": True,
+                         "recovery_rate": read_json(rep, expect=dict)["recovery_rate"]})
+        for kind in ("dpo", "sft"):
+            m = R / kind / "metrics.json"
+            if m.is_file():
+                d = read_json(m, expect=dict)
+                ep = (d.get("epochs") or [{}])[-1]
+                row = {"round": t, "stage": kind, "train_loss": d.get("train_loss"),
+                       "last_epoch_loss": ep.get("loss"), "steps": d.get("global_step"),
+                       "seconds_per_step": d.get("seconds_per_step")}
+                for key in ("train_eval", "holdout"):
+                    if isinstance(d.get(key), dict):
+                        row |= {f"{key}_margin": d[key].get("margin"),
+                                f"{key}_accuracy": d[key].get("accuracy"),
+                                f"{key}_pairs": d[key].get("pairs")}
+                rows.append(row)
+        probe_row(t)
+    return rows
 
 
 def recipe(run) -> Iterator[Stage]:
@@ -156,16 +256,43 @@ def _recovery(run) -> dict:
     return out
 
 
+def _probe(run) -> dict:
+    """The probe's first and last rounds: how the generator's fixed-prompt sample moved (a
+    private diagnostic).  The SE of the change combines the two rounds' bootstrap SEs as if
+    independent (the rounds share prompts and seeds, so this is conservative)."""
+    import math
+
+    from popri.core.io import read_json
+
+    P = run.run / "probe"
+    got = {t: read_json(P / f"round{t}.json", expect=dict) for t in range(run.cfg.rounds + 1)
+           if (P / f"round{t}.json").is_file()}
+    if 0 not in got or len(got) < 2:
+        return {}
+    last = max(got)
+    a, b = got[0], got[last]
+    se = math.sqrt((a.get("mean_cosine_se") or 0) ** 2 + (b.get("mean_cosine_se") or 0) ** 2)
+    sm = math.sqrt((a.get("mmd2_se") or 0) ** 2 + (b.get("mmd2_se") or 0) ** 2)
+    return {"probe": {
+        "private_diagnostic": True, "last_round": last, "samples": b.get("samples"),
+        "first_mean_cosine": a["mean_cosine"], "last_mean_cosine": b["mean_cosine"],
+        "delta_mean_cosine": b["mean_cosine"] - a["mean_cosine"], "delta_mean_cosine_se": se,
+        "first_mmd2": a["mmd2"], "last_mmd2": b["mmd2"], "delta_mmd2": b["mmd2"] - a["mmd2"],
+        "delta_mmd2_se": sm, "first_distinct_2": a.get("distinct_2"),
+        "last_distinct_2": b.get("distinct_2"), "first_perplexity": a.get("perplexity"),
+        "last_perplexity": b.get("perplexity")}}
+
+
 def results(run, noise: dict) -> dict:
     c = run.cfg
     return {"checkpoint_selection": {
         "on": run.select, "note": selection_note(run.select, c),
         **({"epsilon": c.dpo.select_epsilon, "delta": C.select_delta(c)}
-           if run.select == "dp" else {})}, **_recovery(run)}
+           if run.select == "dp" else {})}, **_recovery(run), **_probe(run)}
 
 
 def results_sft(run, noise: dict) -> dict:
-    return _recovery(run)
+    return {**_recovery(run), **_probe(run)}
 
 
 def plan_notes(run) -> list[str]:

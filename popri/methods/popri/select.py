@@ -36,41 +36,66 @@ def select_checkpoint(checkpoints: list[str], *, base_model: str,
                       val_embeddings: np.ndarray | None = None,
                       generate_fn: Callable[[str], list[str]],
                       embed_fn: Callable[[list[str]], np.ndarray],
-                      val_stats: tuple[np.ndarray, np.ndarray] | None = None
-                      ) -> tuple[str, list[dict]]:
-    """POPri B.1: the checkpoint whose generated samples have the lowest Frechet distance (FID on
-    sentence embeddings) to the validation split.  Returns (best checkpoint, one result per
-    checkpoint ``{"checkpoint", "base_model", "fid", "samples"}``); ties go to the earlier one.
+                      val_stats: tuple[np.ndarray, np.ndarray] | None = None,
+                      select_by: str = "fid") -> tuple[str, list[dict]]:
+    """The checkpoint whose generated samples are closest to the validation split: by
+    ``select_by`` fid (POPri B.1: the Frechet distance of sentence embeddings, lowest wins),
+    mean-cosine (the cosine between the mean embeddings, highest wins) or mmd (unbiased MMD^2,
+    RBF at the median bandwidth, lowest wins; :mod:`popri.eval.probe`).  Returns (best
+    checkpoint, one result per checkpoint ``{"checkpoint", "base_model", select_by,
+    "samples"}``); ties go to the earlier one.
 
     The target is the validation embeddings (``val_embeddings``; POPri reads them without noise)
     or their (mean, covariance) given directly as ``val_stats``, e.g. the DP statistics of
-    ``popri fred stats`` (then selection costs no privacy beyond that release)."""
+    ``popri fred stats`` (then selection costs no privacy beyond that release; mmd needs
+    samples and is refused there)."""
+    from popri.eval import probe
     from popri.models.fid import frechet_distance, gaussian_stats
 
     if not checkpoints:
         raise PopriError("no checkpoints to select from")
     if (val_embeddings is None) == (val_stats is None):
         raise PopriError("select_checkpoint needs val_embeddings or val_stats (one of them)")
+    if select_by not in ("fid", "mean-cosine", "mmd"):
+        raise PopriError(f"unknown select_by {select_by!r}")
     if val_stats is not None:
+        if select_by == "mmd":
+            raise InputError("mmd needs validation samples; DP statistics hold a mean and a "
+                             "covariance only: select by mean-cosine or fid",
+                             field="--select-by")
         mu_v, c_v = (np.asarray(a, dtype=np.float64) for a in val_stats)
+        val = None
     else:
-        mu_v, c_v = gaussian_stats(np.asarray(val_embeddings, dtype=np.float64))
+        val = np.asarray(val_embeddings, dtype=np.float64)
+        mu_v, c_v = gaussian_stats(val)
     dim = mu_v.shape[0]
+    bandwidth = None
     results = []
     for ck in checkpoints:
         texts = list(generate_fn(ck))
         if len(texts) < 2:
-            raise PopriError(f"checkpoint {ck}: need at least 2 generated samples for a Frechet "
-                             f"distance, got {len(texts)}")
+            raise PopriError(f"checkpoint {ck}: need at least 2 generated samples, got "
+                             f"{len(texts)}")
         emb = np.asarray(embed_fn(texts), dtype=np.float64)
         if emb.ndim != 2 or emb.shape[1] != dim:
             raise PopriError(f"checkpoint {ck}: embeddings of shape {emb.shape} do not match the "
                              f"validation set's dimension {dim}")
-        d = frechet_distance(*gaussian_stats(emb), mu_v, c_v)
-        results.append({"checkpoint": str(ck), "base_model": base_model, "fid": float(d),
+        if select_by == "fid":
+            d = frechet_distance(*gaussian_stats(emb), mu_v, c_v)
+        elif select_by == "mean-cosine":
+            a = probe._unit(emb).mean(0)
+            d = float(a @ mu_v / max(np.linalg.norm(a) * np.linalg.norm(mu_v), 1e-12))
+        else:
+            x, y = probe._unit(emb), probe._unit(val)
+            if bandwidth is None:  # one kernel for every checkpoint: comparable values
+                bandwidth = probe.median_bandwidth(x, y)
+            d = probe.mmd2_unbiased(x, y, bandwidth)
+        results.append({"checkpoint": str(ck), "base_model": base_model, select_by: float(d),
                         "samples": len(texts)})
-        log.info(f"select: {ck}: FID {d:.4f} ({len(texts)} samples)")
-    best = min(range(len(results)), key=lambda i: (results[i]["fid"], i))
+        log.info(f"select: {ck}: {select_by} {d:.5g} ({len(texts)} samples)")
+    key = (lambda i: (-results[i][select_by], i)) if select_by == "mean-cosine" else \
+        (lambda i: (results[i][select_by], i))
+    best = min(range(len(results)), key=key)
     return results[best]["checkpoint"], results
 
 
@@ -144,6 +169,7 @@ class Selection:
     seed: int = 0
     bf16: bool = True
     embed_model: str | None = None
+    select_by: str = "fid"
 
     def __call__(self, checkpoints: list[str], out_dir) -> str:
         from popri.core.io import write_json
@@ -162,13 +188,13 @@ class Selection:
             return embed.embed_texts(texts, self.embed_model, desc="embed selection")
 
         best, results = select_checkpoint(checkpoints, base_model=self.model, generate_fn=gen,
-                                          embed_fn=emb, **self.target)
+                                          embed_fn=emb, select_by=self.select_by, **self.target)
         out_dir = Path(out_dir)
         path = _copy_adapter(best, out_dir / ADAPTER_DIR)
         write_json({"selected": best, "criterion": self.criterion,
                     "validation": self.select_on, "prompts": self.select_prompts,
                     "samples": self.samples, "results": results}, out_dir / SELECTION_FILE)
-        log.info(f"dpo: selected {best} (lowest FID)")
+        log.info(f"dpo: selected {best} (by {self.select_by})")
         return path
 
 
@@ -190,6 +216,14 @@ def prepare_selection(select_on: str, select_prompts: str, spec=None, *, model: 
     spec = spec or SelectSpec()
     prompts = selection_prompts(select_prompts, spec.select_samples, seed)
     target, criterion = selection_target(select_on, embed_model)
+    if spec.select_by == "mmd" and "val_stats" in target:
+        raise InputError("--select-by mmd needs validation samples; DP statistics hold a mean "
+                         "and a covariance only: use mean-cosine or fid", path=select_on,
+                         field="--select-by")
+    if spec.select_by != "fid":
+        criterion = criterion.replace("lowest FID", f"{spec.select_by}").replace(
+            "lowest Frechet distance", spec.select_by)
     return Selection(select_on=str(select_on), select_prompts=str(select_prompts),
                      samples=spec.select_samples, model=model, prompts=prompts, target=target,
-                     criterion=criterion, seed=seed, bf16=bf16, embed_model=embed_model)
+                     criterion=criterion, seed=seed, bf16=bf16, embed_model=embed_model,
+                     select_by=spec.select_by)
