@@ -14,11 +14,11 @@ noise, ledger, release), ``data``, ``specs`` (every step's settings) and ``core`
 
 __version__ = "0.2.0"
 
-__all__ = ["score", "account", "epsilon", "load_config", "run", "__version__"]
+__all__ = ["score", "account", "epsilon", "load_config", "run", "load_run", "__version__"]
 
 
 def __getattr__(name):
-    if name in ("score", "account", "epsilon", "load_config", "run"):
+    if name in ("score", "account", "epsilon", "load_config", "run", "load_run"):
         from popri import api
 
         return getattr(api, name)

@@ -52,11 +52,28 @@ def load_config(path: str | None = None, overrides: Iterable[str] = ()):
     return load(path, list(overrides))
 
 
-def run(cfg, *, dry_run: bool = False) -> dict | str:
+def run(config=None, *, overrides: Iterable[str] = (), dry_run: bool = False) -> dict | str:
     """``popri run``: every stage of the configured method (cached); returns the results dict,
-    or with ``dry_run`` the plan text (nothing runs, nothing is written)."""
+    or with ``dry_run`` the plan text (nothing runs, nothing is written).  ``config``: a YAML
+    path, a :class:`~popri.pipeline.config.RunConfig` (``load_config``), or None for the
+    embedded default (examples/default.yaml); ``overrides``: ``key=value`` strings, as
+    ``popri run --set``."""
+    from popri.pipeline.config import RunConfig, load
     from popri.pipeline.driver import Run
 
+    if isinstance(config, RunConfig):
+        cfg = load(None, list(overrides), base=config) if overrides else config
+    else:
+        cfg = load(None if config is None else str(config), list(overrides))
     r = Run(cfg, dry_run=dry_run)
     res = r.execute()
     return r.plan_text() if dry_run else res
+
+
+def load_run(path: str):
+    """A finished (or unfinished) run directory: ``.config`` (config.resolved.json),
+    ``.results`` (results.json), ``.metrics`` (metrics.jsonl as a pandas DataFrame where pandas
+    is installed, else a list of dicts); :class:`popri.pipeline.runs.LoadedRun`."""
+    from popri.pipeline.runs import load_run as _load
+
+    return _load(path)

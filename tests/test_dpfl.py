@@ -228,8 +228,8 @@ def test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes(tmp_path, dataset
     assert "DP-" in (run / "results.md").read_text()
     # a second run resumes: every stage cached, no new ledger entry
     p = run_popri(_run_args(run, dataset, tiny_lm, method), check=True)
-    assert "[fl-round1] up to date, skipped" in p.stderr
-    assert "[fl-round2] up to date, skipped" in p.stderr
+    assert " fl-round1 up to date, skipped" in p.stderr
+    assert " fl-round2 up to date, skipped" in p.stderr
     assert len(read_ledger(run / "fl" / "ledger.jsonl")) == len(entries)
 
 

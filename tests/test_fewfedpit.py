@@ -279,7 +279,7 @@ def test_popri_run_fewfedpit_records_no_dp_guarantee_and_resumes(tiny_lm, tmp_pa
     ups = list((run / "fewfedpit" / "r1").glob("*/mixed"))
     assert len(ups) == 2
     p = run_popri(_ffp_run_args(run, data, tiny_lm), check=True)
-    assert "[ffp-r1-aggregate] up to date, skipped" in p.stderr
+    assert " ffp-r1-aggregate up to date, skipped" in p.stderr
 
 
 def test_popri_run_fewfedpit_refuses_a_budget_and_plans_fedit(tiny_lm, tmp_path, run_popri):

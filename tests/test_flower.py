@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -117,17 +118,36 @@ def score(tmp_path, out, *args, env=None, timeout=300):
     cmd = [sys.executable, "-m", "popri.cli.app", "score", "--private",
            str(tmp_path / "priv.npy"), "--synthetic", str(tmp_path / "syn.npy"), "--seed", "1",
            "--out", str(tmp_path / out), *map(str, args)]
-    e = dict(os.environ, POPRI_THREADS="2", **(env or {}))
+    # a tag in the environment, which the Flower / Ray processes inherit: no_ray_left looks
+    # for this worker's processes only (the other xdist worker may be running a round)
+    tag = f"{os.getpid()}-{len(_TAGS)}"
+    _TAGS.append(tag)
+    e = dict(os.environ, POPRI_THREADS="2", POPRI_TEST_TAG=tag, **(env or {}))
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
     assert r.returncode == 0, r.stderr[-3000:]
     scores, side = io.load_scores(tmp_path / out)
     return scores, side, r.stderr
 
 
+_TAGS: list[str] = []
+
+
 def no_ray_left():
-    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [l for l in ps.splitlines() if ("raylet" in l or "gcs_server" in l
-                                           or "popri.federated.flower.simulate" in l)]
+    """Processes still alive that a round this worker started left behind (by the tag in their
+    environment; /proc, Linux)."""
+    tags = {f"POPRI_TEST_TAG={t}".encode() for t in _TAGS}
+    left = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = set((d / "environ").read_bytes().split(b"\0"))
+            args = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if env & tags:
+            left.append(f"{d.name} {args[:200]}")
+    return left
 
 
 @needs_flower

@@ -45,7 +45,7 @@ def tiny_inputs(tmp_path, run_popri):
 def tiny_overrides(run_dir, data, pub, lm, st, method="popri"):
     return [f"run_dir={run_dir}", f"method={method}", f"data.dir={data}", f"data.public_source={pub}",
             f"embedder={st}", f"generator.model={lm}", "generator.max_new_tokens=16",
-            "generator.bf16=false", "generator.batch_size=8", "rounds=2", "prompts=3",
+            "generator.bf16=false", "generator.batch_size=8", "rounds=2", "prompts=3", "score.clients_per_round=null",
             "samples_per_prompt=5", "num_synthetic=12", "dpo.rejected_rank=5", "dpo.epochs=1",
             "dpo.select_samples=4", f"downstream.model={lm}", "downstream.epochs=1",
             "downstream.eval_max_samples=24", "downstream.bootstrap=50", "downstream.lr=0.003",
@@ -86,8 +86,14 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     # rerun the same command: finished stages are skipped, the rest runs, results appear
     r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
+    reuse = next(x for x in r.stderr.splitlines() if " to run: " in x)
+    import re
+
+    m = re.match(r"run: (\d+) cached, (\d+) to run: ", reuse)
+    assert m and int(m.group(1)) >= 4 and "round1-prefs (new)" in reuse, reuse
+    assert "round1-gen" not in reuse and "round1-score " not in reuse, reuse
     for name in ("round1-gen", "round1-score"):
-        assert f"run: [{name}] up to date, skipped" in r.stderr
+        assert f" {name} up to date, skipped" in r.stderr
         assert (run / ".stages" / f"{name}.json").stat().st_mtime_ns == done_before[f"{name}.json"]
     assert (run / "round1" / "scores.npy").read_bytes() == scores_before
     assert "| POPri |" in r.stdout and "gap closed" in r.stdout, r.stdout
@@ -107,7 +113,21 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     # a third run has nothing left to do
     r3 = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
     assert r3.returncode == 0 and "skipped" in r3.stderr
-    assert r3.stderr.count("] popri ") == 0 and r3.stdout == r.stdout
+    assert r3.stderr.count(" done in ") == 0 and r3.stdout == r.stdout
+    assert "cached, 0 to run: everything is up to date" in r3.stderr
+    res3 = json.loads((run / "results.json").read_text())
+    ident = res3["run"]
+    assert ident["invocations"] == 2 and ident["stages_ran"] == 0 and len(ident["config_hash"]) == 16
+    assert ident["popri_version"] and ident["started"] <= ident["ended"]
+    # the stages' seconds survive a fully cached rerun (merged from the markers)
+    assert res3["stage_seconds"] == res["stage_seconds"] and "round1-gen" in res3["stage_seconds"]
+    assert (run / "logs" / "round1-dpo.log").is_file()
+    assert len((run / "logs" / "invocations.jsonl").read_text().splitlines()) == 2
+    # a changed setting: the plan names the stage and the flag that changed
+    plan = subprocess.run(popri_cmd(ov + ["dpo.lr=0.0001"]) + ["--dry-run"], capture_output=True,
+                          text=True, env=env(), timeout=300)
+    assert plan.returncode == 0, plan.stderr
+    assert "round1-dpo (--lr 0.0005 -> 0.0001)" in plan.stdout + plan.stderr
     # the ledger holds exactly the T = 1 DP release (the noise-free diagnostics are outside it)
     led = [json.loads(l) for l in open(run / "round1" / "ledger.jsonl")]
     assert len({e["release_id"] for e in led}) == 1 and led[0]["noise_multiplier"] > 0
@@ -156,7 +176,8 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
 def test_slow_embedded_default_reduced_on_real_models(tmp_path):
     """The README's main job at reduced size on the real SmolLM2-135M / MiniLM (offline)."""
     ov = [f"run_dir={tmp_path / 'run'}", "rounds=1", "prompts=4", "num_synthetic=24",
-          "downstream.eval_max_samples=48", "downstream.epochs=1", "dpo.select_checkpoint=false"]
+          "downstream.eval_max_samples=48", "downstream.epochs=1", "dpo.select_checkpoint=false",
+          "probe.prompts=4", "probe.samples_per_prompt=2"]
     repo = Path(__file__).resolve().parents[1]
     e = env()
     e["POPRI_THREADS"] = "2"
@@ -169,3 +190,6 @@ def test_slow_embedded_default_reduced_on_real_models(tmp_path):
     assert 0.1 < m["eps0"]["accuracy"] < 0.5 and m["epsinf"]["accuracy"] > m["eps0"]["accuracy"]
     assert res["epsilon"] == pytest.approx(1.0, abs=2e-3)
     assert "| POPri |" in r.stdout
+    # the control row (the untuned generator) and the per-round probe on the real models
+    assert "t0" in m and 0.0 < m["t0"]["accuracy"] < 1.0
+    assert res["probe"]["last_round"] == 1

@@ -240,7 +240,8 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
     was epsilon = inf; the run's own total read a hard-coded list of round ledgers."""
     rng = np.random.default_rng(0)
     run = tmp_path / "run"
-    cfg = C.load(None, [f"run_dir={run}", f"data.dir={dataset}", "rounds=2", "embedder=m",
+    cfg = C.load(None, ["score.clients_per_round=null", "rounds=2",
+                        f"run_dir={run}", f"data.dir={dataset}", "rounds=2", "embedder=m",
                         "privacy.epsilon=1", "score.recovery_rate=true"])
     r = Run(cfg)
     r.noise = r.calibrate()
@@ -274,6 +275,7 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
 
 # --------------------------------------------------------------------------- release mode
 def _plan(run_popri, run, *sets, flags=()):
+    sets = ("rounds=2", "score.clients_per_round=null", *sets)  # T = 2, q = 1
     p = run_popri(["run", "--dry-run", *flags, "--set", f"run_dir={run}",
                    *[a for s in sets for a in ("--set", s)]])
     assert p.returncode == 0, p.stderr
@@ -314,7 +316,8 @@ def test_results_state_the_mode_and_what_checkpoint_selection_reads(tmp_path, re
     run.mkdir()
     (run / "privacy.json").write_text(json.dumps({"epsilon": 0.999, "delta": 3e-6,
                                                   "accountant": "rdp"}))
-    cfg = C.load(None, [f"run_dir={run}", f"release={str(release).lower()}",
+    cfg = C.load(None, ["score.clients_per_round=null", "rounds=2",
+                        f"run_dir={run}", f"release={str(release).lower()}",
                         f"dpo.select_on={select}"])
     res = Run(cfg).results({"noise_multiplier": 3.0, "noise_arg": 3.0, "sample_rate": 0.5})
     assert res["mode"] == ("release" if release else "research")
@@ -330,7 +333,8 @@ def test_a_plan_over_budget_is_refused_before_anything(tmp_path, dataset, run_po
     (before: the run went ahead and spent epsilon ~7 against a budget of 1)."""
     run = tmp_path / "run"
     base = ["run", "--set", f"run_dir={run}", "--set", f"data.dir={dataset}",
-            "--set", "privacy.noise_multiplier=0.5", "--set", "embedder=/nonexistent"]
+            "--set", "privacy.noise_multiplier=0.5", "--set", "embedder=/nonexistent",
+            "--set", "score.clients_per_round=null", "--set", "rounds=2"]
     _one_line_error(run_popri(base), "privacy.epsilon", "budget")
     _one_line_error(run_popri([*base, "--dry-run"]), "budget")
     assert not run.exists()
@@ -344,14 +348,15 @@ def test_a_spent_release_in_the_run_dir_blocks_the_run(tmp_path, dataset, run_po
     (run / "old" / "ledger.jsonl").write_text(json.dumps(spent.to_dict()) + "\n")
     before = _files(run)
     p = run_popri(["run", "--set", f"run_dir={run}", "--set", f"data.dir={dataset}",
-                   "--set", "embedder=/nonexistent"])
+                   "--set", "embedder=/nonexistent", "--set", "score.clients_per_round=20"])
     _one_line_error(p, "privacy.epsilon", "budget", str(run))
     assert _files(run) == before
 
 
 def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path):
     run = tmp_path / "run"
-    cfg = C.load(None, [f"run_dir={run}", "rounds=2", "privacy.epsilon=1"])
+    cfg = C.load(None, ["score.clients_per_round=null", "rounds=2",
+                        f"run_dir={run}", "rounds=2", "privacy.epsilon=1"])
     r = Run(cfg)
     r.noise = r.calibrate()                       # q = 1: no client count needed
     name, entries, own, match = r.dp_stages()[0]
@@ -371,7 +376,8 @@ def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path
     assert len(read_ledger(own)) == 2
     with pytest.raises(BudgetError, match="stage round1-score would take the run"):
         before("k2")                              # other inputs: a new release on top of a, b
-    rel = Run(C.load(None, [f"run_dir={run}", "rounds=2", "release=true"]))
+    rel = Run(C.load(None, ["score.clients_per_round=null", "rounds=2",
+                        f"run_dir={run}", "rounds=2", "release=true"]))
     rel.noise = rel.calibrate()
     with pytest.raises(BudgetError):              # release mode: every run is a new release
         rel.guard(name, rel.dp_stages()[0][1], own, match)("k1")
@@ -387,7 +393,7 @@ def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path
 # --------------------------------------------------------------------------- checkpoint selection
 def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset):
     def plan(select):
-        cfg = C.load(None, [f"run_dir={tmp_path / select}", f"data.dir={dataset}",
+        cfg = C.load(None, [f"run_dir={tmp_path / select}", f"data.dir={dataset}", "rounds=2",
                             f"dpo.select_on={select}", "score.clients_per_round=12"])
         r = Run(cfg, dry_run=True)
         r.execute()
@@ -403,7 +409,7 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
     r, dpo = plan("none")
     assert dpo and not any("--select-on" in c for c in dpo)
     z_private = Run(C.load(None, [f"run_dir={tmp_path}/p", f"data.dir={dataset}",
-                                       "score.clients_per_round=12"])).calibrate()
+                                       "score.clients_per_round=12", "rounds=2"])).calibrate()
     r, dpo = plan("dp")
     fred = [c for c in r.runner.commands if c.startswith("popri fred stats ")]
     assert len(fred) == 1
@@ -421,7 +427,8 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
 
 
 def test_dp_selection_that_alone_exceeds_the_budget_is_a_config_error(tmp_path):
-    r = Run(C.load(None, [f"run_dir={tmp_path}/r", "dpo.select_on=dp",
+    r = Run(C.load(None, ["score.clients_per_round=null", "rounds=2",
+                        f"run_dir={tmp_path}/r", "dpo.select_on=dp",
                                "dpo.select_epsilon=2"]))
     with pytest.raises(ConfigError, match="selection alone spends"):
         r.calibrate()
@@ -509,7 +516,7 @@ def test_slow_release_run_with_dp_selection_end_to_end(tiny_inputs, tiny_lm, tin
     lines = (run / "commands.sh").read_text().splitlines()
     r2 = subprocess.run([*popri_cmd(ov), "--release"], capture_output=True, text=True, env=env(),
                         timeout=1200)
-    assert r2.returncode == 0 and r2.stderr.count("] popri ") == 0, r2.stderr[-3000:]
+    assert r2.returncode == 0 and r2.stderr.count(" done in ") == 0, r2.stderr[-3000:]
     assert (run / "commands.sh").read_text().splitlines() == lines
 
 

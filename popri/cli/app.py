@@ -35,7 +35,7 @@ app = typer.Typer(
         "totals them."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # popri --install-completion bash|zsh|fish
     pretty_exceptions_enable=False,
     # help is Rich markup on every typer version popri admits (older ones defaulted to none):
     # popri.cli.options.escape / unwrap escape the brackets of the texts, e.g. 'popri[flower]'
@@ -129,7 +129,8 @@ def root(
 # Order in `popri --help`: the pipeline order.  Every module in popri.cli.commands that has a
 # register() is added; an import error there is a bug and is not swallowed.
 _ORDER = ("run", "bench", "instruct", "embed", "gen", "vary", "expand", "score", "aggregate", "pe", "prefs",
-          "dpo", "sft", "train_downstream", "eval", "fl", "fewfedpit", "account", "audit", "report", "fred")
+          "dpo", "sft", "train_downstream", "eval", "fl", "fewfedpit", "account", "audit", "report",
+          "runs", "fred")
 
 
 def _register() -> None:
@@ -361,6 +362,12 @@ def main(argv: list[str] | None = None) -> None:
     handled like Ctrl-C (temporary files removed) with exit 128 + signal."""
     _guard_std_streams()
     _install_signal_handlers()
+    if not sys.stderr.isatty():
+        # a pipe or a CI log: no library progress bar (datasets', the hub's, tqdm's) writes
+        # carriage-return lines into it; popri's own progress becomes heartbeat lines
+        for k in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS",
+                  "TQDM_DISABLE"):
+            os.environ.setdefault(k, "1")
     # peft asks transformers >= 5 for `is_gradient_checkpointing`, which warns on every model
     # load: two lines per stage that say nothing to a popri user and bury the CI log
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated",

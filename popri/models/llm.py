@@ -107,10 +107,47 @@ def materialise_alias(name: str) -> Path:
     return dest
 
 
+#: a tiny RANDOM Llama (2 layers, 64-d) with SmolLM2's real tokenizer: for smoke runs
+#: (examples/smoke.yaml) and tests -- every causal-LM stage runs on it in seconds, learning
+#: nothing
+TINY_LM = "tiny-random-llama"
+
+
+def materialise_tiny() -> Path:
+    """Build :data:`TINY_LM` once (seeded) into the cache, from a config: no download."""
+    dest = runtime.cache_dir() / "models" / TINY_LM
+    if (dest / "config.json").exists():
+        return dest
+    torch = runtime.configure_torch()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_gguf_tokenizer(_gguf_file(ALIASES["smollm2-135m"]))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      tie_word_embeddings=True)
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    LlamaForCausalLM(cfg).save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, dest)
+    except OSError:  # another process built it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
 def resolve(name: str) -> str:
     """Alias -> cached checkpoint dir; local path -> absolute path; else a hub id."""
     if name in ALIASES:
         return str(materialise_alias(name))
+    if name == TINY_LM:
+        return str(materialise_tiny())
     p = Path(name).expanduser()
     if p.exists():
         return str(p.resolve())
@@ -120,7 +157,7 @@ def resolve(name: str) -> str:
 def recorded_name(name: str) -> str:
     """How a checkpoint records its base model: an alias as is, anything else resolved to the
     path or hub id that loads it."""
-    return str(name) if str(name) in ALIASES else resolve(str(name))
+    return str(name) if str(name) in ALIASES or str(name) == TINY_LM else resolve(str(name))
 
 
 def load_tokenizer(name: str):

@@ -86,8 +86,8 @@ class Budget:
         from popri.privacy.ledger import LedgerEntry
 
         sc, n = self.cfg.score, self.noise
-        if n.get("noise_multiplier") is None:
-            return []  # a dry run before the fetch: z is not known yet
+        if n.get("noise_multiplier") is None or n.get("sample_rate") is None:
+            return []  # a dry run before the fetch: z or q is not known yet
         q = float(n["sample_rate"])
         nn = self.method.score_mode(self.cfg) == "nn-histogram"
         sampling = ("poisson" if sc.sample_rate else "fixed" if sc.clients_per_round else "none")
@@ -191,13 +191,18 @@ class Budget:
             if n is None:
                 if not self.dry_run:
                     raise PopriError("internal: calibrate() before the fetch")
-                how = (f"z is set after the fetch: q = {sec}.clients_per_round "
-                       f"({cpr}) / N, the private train split's client count")
+                q_how = (f"q = {sec}.clients_per_round ({cpr}) / N, the private train "
+                         f"split's client count, known after the fetch")
+                if pr.noise_multiplier is not None:  # z is given; only q waits for the data
+                    arg = float(pr.noise_multiplier)
+                    return {"noise_multiplier": arg / (1.0 + self._snap()), "noise_arg": arg,
+                            "sample_rate": None, "clients": None, "how": f"given; {q_how}"}
                 return {"noise_multiplier": None, "noise_arg": None, "sample_rate": None,
-                        "clients": None, "how": how}
+                        "clients": None, "how": f"z is set after the fetch: {q_how}"}
             if cpr > n:
                 raise ConfigError(f"{cpr} exceeds the {n} clients of the private "
-                                  f"train split ({self.p['private']})",
+                                  f"train split ({self.p['private']}): set {sec}.clients_per_round"
+                                  f" <= {n}, or {sec}.sample_rate",
                                   field=f"{sec}.clients_per_round")
             q = cpr / n
         else:
@@ -261,9 +266,10 @@ class Budget:
 
     def check_plan(self) -> None:
         """Before the first stage: the releases already in the run's ledgers plus those the plan
-        still has to make must fit the budget.  (A stage with a finished marker counts as done,
-        and in research mode one whose ledger already holds its entry as a seeded rerun, which
-        is not a new release: a lower bound; the guard before each DP stage is exact.)"""
+        still has to make must fit the budget.  (A stage counts as done when its cached result
+        is current -- the same settings, inputs and outputs, not just a marker -- and in
+        research mode one whose ledger already holds its entry as a seeded rerun, which is not
+        a new release: a lower bound; the guard before each DP stage is exact.)"""
         pr = self.cfg.privacy
         if pr.epsilon is None:
             log.warn(f"run: {self.cfg.method} has no DP guarantee: the ledger records eps = inf "
@@ -276,11 +282,12 @@ class Budget:
         from popri.privacy.ledger import read_ledger
 
         add = []
+        cached = set(self.survey()[0])  # current: same settings, inputs and outputs
         for st in self.plan():
             if st.release is None:
                 continue
             entries, own, match = st.release.entries, Path(st.release.ledger), st.release.match
-            if (self.runner.marker_dir / f"{st.name}.json").exists() or self.runner.committed(st):
+            if st.name in cached or self.runner.committed(st):
                 continue  # done, or committed before a stop (kept when it runs: adopted)
             if not self.release and own.is_file() and any(match(e) for e in read_ledger(own)):
                 continue

@@ -76,7 +76,7 @@ class ScoreConfig(Spec):
     mode: str = same(ScoreSpec, "mode")
     clip: float = same(ScoreSpec, "clip", COSINE_CLIP)
     standardize: bool = same(ScoreSpec, "standardize", COSINE_STANDARDIZE)
-    clients_per_round: int | None = same(ScoreSpec, "clients_per_round")
+    clients_per_round: int | None = same(ScoreSpec, "clients_per_round", 50)  # q = 50/100 (sotu)
     sample_rate: float | None = same(ScoreSpec, "sample_rate")
     max_samples_per_client: int = same(ScoreSpec, "max_samples_per_client",
                                        HISTOGRAM_MAX_SAMPLES)   # nn-histogram only (PrE-Text)
@@ -272,10 +272,10 @@ class RunConfig(Spec):
                         "fewfedpit | fedit | fedmit (FewFedPIT and its baselines: no DP "
                         "guarantee); the table of methods is popri.pipeline.recipes.METHODS.")
     seed: int = param(0, "Seed of every stage (named rules in popri.pipeline.driver).", lo=0)
-    rounds: int = param(2, "POPri T (paper: 10 / 20).", lo=1, hi=10_000)
+    rounds: int = param(1, "POPri T (paper: 10 / 20).", lo=1, hi=10_000)
     prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
     samples_per_prompt: int = same(GenSpec, "samples_per_prompt", 6)   # paper J = 10
-    num_synthetic: int = param(160, "Final N (paper: 1,000,000).", lo=1)
+    num_synthetic: int = param(96, "Final N (paper: 1,000,000).", lo=1)
     embedder: str = same(EmbedSpec, "model")
     baselines: bool = param(True, "eps = 0 and eps = inf runs.")
     control: bool = param(True, "The control row of a generator method (POPri, PE+SFT): the "
@@ -345,13 +345,20 @@ def load_yaml_mapping(path: str) -> dict:
     return data
 
 
-def load(path: str | None, overrides: list[str] = ()) -> RunConfig:
-    """The config of ``popri run``: defaults < YAML ``path`` < ``--set`` overrides, every value
-    checked (types, ranges, choices, combinations) before anything runs.  Errors are
+def load(path: str | None, overrides: list[str] = (), *, base: RunConfig | None = None
+         ) -> RunConfig:
+    """The config of ``popri run``: defaults < YAML ``path`` (None: the defaults alone, the
+    embedded default that examples/default.yaml spells out; ``base``: a config object instead)
+    < ``--set`` overrides, every value checked (types, ranges, choices, combinations) before
+    anything runs.  Errors are
     :class:`ConfigError` (exit 2) naming the YAML file or the ``--set`` and the dotted key."""
     import yaml
 
-    raw: dict = load_yaml_mapping(path) if path else {}
+    if base is not None:
+        raw: dict = to_dict(base)
+        path = None
+    else:
+        raw = load_yaml_mapping(path) if path else {}
     set_keys: list[str] = []
     for o in overrides:
         if "=" not in o:

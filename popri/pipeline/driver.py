@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import math
 from pathlib import Path
 from typing import Iterable
@@ -363,9 +364,34 @@ class Run(Budget):
     # ------------------------------------------------------------------ all
     def _set_noise(self) -> None:
         self.noise = self.calibrate()
+        self._survey = None
         self.check_plan()
         if not self.dry_run:
             log.info(f"run: {self._noise_line()}")
+            if self.noise.get("noise_multiplier") is not None or not self.method.dp:
+                log.info(f"run: {self.reuse_line()}")
+
+    def all_stages(self) -> list[Stage]:
+        """Every stage of the run in order (built, not run; the ledger total excluded)."""
+        return [*self.fetch_stages(), *self.embed_stages(), *self.plan(),
+                *self.downstream_stages()]
+
+    def survey(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """(cached stage names, [(stage to run, why)]) for the current noise: what the run will
+        reuse and what it will run (:meth:`StageRunner.survey`), computed once per noise."""
+        if getattr(self, "_survey", None) is None:
+            self._survey = self.runner.survey(self.all_stages())
+            self.runner.total = len(self._survey[0]) + len(self._survey[1]) + 1  # + account
+        return self._survey
+
+    def reuse_line(self) -> str:
+        """``N cached, M to run: STAGE (why), ...`` -- said before anything runs."""
+        cached, todo = self.survey()
+        if not todo:
+            return f"{len(cached)} cached, 0 to run: everything is up to date"
+        shown = ", ".join(f"{n} ({why})" for n, why in todo[:12])
+        more = f", and {len(todo) - 12} more" if len(todo) > 12 else ""
+        return f"{len(cached)} cached, {len(todo)} to run: {shown}{more}"
 
     def execute(self) -> dict:
         """Run (or with dry_run plan) every stage.  Config values were checked by config.load;
@@ -384,7 +410,24 @@ class Run(Budget):
             return self._execute()
         self._check_run_dir()
         with RunLock(self.run):
+            self._check_same_method()
+            self.started = time.time()
             return self._execute()
+
+    def _check_same_method(self) -> None:
+        """A run directory holds one method's run: another method's config there is refused
+        before anything is written (its stages, ledgers and results would mix)."""
+        f = self.run / "config.resolved.json"
+        if not f.is_file():
+            return
+        try:
+            old = json.loads(f.read_text(encoding="utf-8")).get("method")
+        except (OSError, ValueError, AttributeError):
+            return
+        if old is not None and old != self.cfg.method:
+            raise ConfigError(f"holds a {old!r} run; this config's method is "
+                              f"{self.cfg.method!r}: use another run_dir", path=str(self.run),
+                              field="method")
 
     #: the files ``popri run`` writes at the top of its run directory
     RUN_FILES = ("config.resolved.json", "commands.sh", "results.json", "results.md",
@@ -411,17 +454,21 @@ class Run(Budget):
         early = not self.needs_clients() or self._clients() is not None
         if early:
             self._set_noise()
+            self._write_config()
+        else:
+            self.runner.hold = True
         if not self.dry_run:
             from popri.core import outdir
 
             if not (self.run / outdir.MARKER).is_file():
                 outdir.mark(self.run, "popri-run")
-            with atomic_write(self.run / "config.resolved.json") as fh:
-                json.dump(to_dict(c), fh, indent=2)
         for st in self.fetch_stages():
             self.stage(st)
         if not early:
             self._set_noise()
+            self._write_config()
+            self.runner.hold = False
+            self.runner.flush()
         for st in self.embed_stages():
             self.stage(st)
         for st in self.plan():
@@ -436,11 +483,19 @@ class Run(Budget):
             with atomic_write(self.run / "metrics.jsonl") as fh:
                 fh.write("".join(json.dumps(r) + "\n" for r in rows))
         results = self.results(self.noise)
+        results["run"] = self.identity()
         with atomic_write(self.run / "results.json") as fh:
             json.dump(results, fh, indent=2)
         with atomic_write(self.run / "results.md") as fh:
             fh.write(results_table(results) + "\n")
         return results
+
+    def _write_config(self) -> None:
+        """RUN/config.resolved.json, written only once the budget and plan checks passed (a
+        refused run leaves the directory as it was)."""
+        if not self.dry_run:
+            with atomic_write(self.run / "config.resolved.json") as fh:
+                json.dump(to_dict(self.cfg), fh, indent=2)
 
     def plan_text(self) -> str:
         """The dry-run plan: how z is set, then every command (no side effects)."""
@@ -452,6 +507,7 @@ class Run(Budget):
             lines.append(f"# budget: epsilon={pr.epsilon:g} at delta={pr.delta:g} "
                          f"({pr.accountant}) for every ledger under {self.run}")
         lines += [f"# {n}" for n in self.method.plan_notes(self)]
+        lines.append(f"# {self.reuse_line()}")
         lines += [f"# {n}" for n in self.notes]
         return "\n".join(lines + self.runner.commands)
 
@@ -483,8 +539,54 @@ class Run(Budget):
             out["gap_closed"] = read_json(E / "gap.json")
         if (E / "fid.json").exists():
             out["fid_to_val"] = read_json(E / "fid.json").get("fid")
-        out["stage_seconds"] = {k: round(v, 1) for k, v in self.runner.timings.items()}
+        out["stage_seconds"] = self.runner.stage_seconds()
         return out
+
+    def identity(self) -> dict:
+        """results.json's ``run``: which popri, which code, which command, which settings, and
+        when (docs/formats.md); every invocation is also a line of RUN/logs/invocations.jsonl."""
+        import hashlib
+        import sys
+
+        from popri import __version__
+        from popri.pipeline.config import to_dict
+
+        cfg = json.dumps(to_dict(self.cfg), sort_keys=True)
+        ident = {"popri_version": __version__, "git_commit": git_commit(),
+                 "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
+                 "config_hash": hashlib.sha256(cfg.encode()).hexdigest()[:16],
+                 "started": _iso(getattr(self, "started", time.time())), "ended": _iso(time.time()),
+                 "stages_ran": len(self.runner.ran), "stages_cached": len(self.runner.skipped)}
+        log_dir = self.run / "logs"
+        log_dir.mkdir(exist_ok=True)
+        with open(log_dir / "invocations.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(ident) + "\n")
+        ident["invocations"] = sum(1 for _ in open(log_dir / "invocations.jsonl",
+                                                   encoding="utf-8"))
+        return ident
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t))
+
+
+def git_commit() -> str | None:
+    """The commit of the popri source checkout (with ``+dirty`` when it has uncommitted
+    changes), or None for an installed package outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
 
 
 def _fmt(x, nd=4):

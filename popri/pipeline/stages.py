@@ -154,6 +154,42 @@ def recorded_release_ids(path: str | Path) -> set[str]:
     return ids
 
 
+def _flags(args: list[str]) -> dict[str, str]:
+    """``--flag value`` / ``--switch`` pairs of a command line (positionals by position)."""
+    out: dict[str, str] = {}
+    i, pos = 0, 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--"):
+            if i + 1 < len(args) and not args[i + 1].startswith("--"):
+                out[a] = args[i + 1]
+                i += 2
+                continue
+            out[a] = ""
+        else:
+            out[f"#{pos}"] = a
+            pos += 1
+        i += 1
+    return out
+
+
+def changed_args(old: list[str], new: list[str]) -> str:
+    """The differences of two command lines as ``--lr 0.0005 -> 0.0002, --new x, -gone``."""
+    a, b = _flags(old), _flags(new)
+    parts = []
+    for k in list(dict.fromkeys([*a, *b])):
+        if a.get(k) == b.get(k):
+            continue
+        name = k if not k.startswith("#") else "argument"
+        if k not in a:
+            parts.append(f"{name} {b[k]}".strip() + " (new)")
+        elif k not in b:
+            parts.append(f"{name} {a[k]}".strip() + " (dropped)")
+        else:
+            parts.append(f"{name} {a[k]} -> {b[k]}")
+    return ", ".join(parts)
+
+
 COMMANDS_HEADER = ("#!/bin/sh\n"
                    "# The stage commands of this run in order (cached ones included); every\n"
                    "# 'popri run' rewrites this file.\n"
@@ -173,9 +209,11 @@ class StageRunner:
         self.env = stage_env(dict(os.environ), env)
         self.dry_run = dry_run
         self.commands: list[str] = []      # this run's commands, in order (commands.sh)
+        self.hold = False                  # True: commands.sh not rewritten yet (see flush)
         self.keys: dict[str, str] = {}     # output path -> its content hash (or a plan tag)
         self._digests: dict[str, str] = {}  # other input path -> its content hash (memo)
         self.timings: dict[str, float] = {}
+        self.total: int | None = None     # the run's stage count, for "[5/18 ...]" lines
         self.ran: list[str] = []
         self.skipped: list[str] = []
         self.log_path = self.run_dir / "commands.sh"
@@ -232,10 +270,10 @@ class StageRunner:
         shown = stage.shown()
         hashes = self.done(stage, key)
         if hashes is not None:
+            if not self.dry_run:
+                log.info(f"run: {self._where()} {stage.name} up to date, skipped")
             self.skipped.append(stage.name)
             self._record(shown + ("  # up to date" if self.dry_run else ""))
-            if not self.dry_run:
-                log.info(f"run: [{stage.name}] up to date, skipped")
             for o in stage.outputs:
                 self.keys[o] = hashes[o]
             return False
@@ -249,25 +287,30 @@ class StageRunner:
         if stage.before is not None:
             stage.before(key)
         cmd = [sys.executable, "-m", "popri", *stage.args]
-        log.info(f"run: [{stage.name}] {shown}")
+        log.info(f"run: {self._where()} {stage.name}: {shown}")
         self._record(shown)
         t0 = time.time()
         self._pending(stage, key)
+        def failed(rc: int) -> PopriError:
+            return PopriError(f"stage {stage.name} failed (exit {rc}): {shown} (its log: "
+                              f"{self._log_path(stage)})")
+
         if stage.stdout_to:
             with atomic_write(stage.stdout_to) as out:
-                p = subprocess.run(cmd, stdout=out, env=self.env)
-                if p.returncode != 0:
-                    raise PopriError(f"stage {stage.name} failed (exit {p.returncode}): {shown}")
+                rc = self._child(stage, cmd, out)
+                if rc != 0:
+                    raise failed(rc)  # inside: the half-written stdout is discarded
         else:
             # a stage's own stdout (data, e.g. an adapter path) must not mix into ours
-            p = subprocess.run(cmd, env=self.env, stdout=sys.stderr.fileno())
-            if p.returncode != 0:
-                raise PopriError(f"stage {stage.name} failed (exit {p.returncode}): {shown}")
+            rc = self._child(stage, cmd, None)
+            if rc != 0:
+                raise failed(rc)
         missing = [o for o in stage.outputs if not Path(o).exists()]
         if missing:
             raise PopriError(f"stage {stage.name} finished but did not write {missing}")
         fault_point(f"before-marker:{stage.name}")  # tests: a stop between commit and marker
         self.timings[stage.name] = time.time() - t0
+        log.info(f"run: {self._where()} {stage.name} done in {self.timings[stage.name]:.0f} s")
         self._finish(stage, key, self.timings[stage.name])
         self.ran.append(stage.name)
         return True
@@ -277,6 +320,7 @@ class StageRunner:
         hashes = {o: path_digest(o) for o in stage.outputs}
         with atomic_write(self._marker(stage)) as fh:
             json.dump({"key": key, "popri": __version__, "args": stage.args,
+                       "env": {k: self.env.get(k) for k in KEYED_ENV},
                        "outputs": stage.outputs, "hashes": hashes,
                        "seconds": None if seconds is None else round(seconds, 2)}, fh, indent=2)
         for o in stage.outputs:
@@ -338,10 +382,135 @@ class StageRunner:
         self.skipped.append(stage.name)
         return True
 
+    def _where(self) -> str:
+        """``[5/18 14:02:31]``: the stage's place in the run and the wall clock."""
+        n = len(self.ran) + len(self.skipped) + 1
+        of = f"/{self.total}" if self.total else "/?"  # ? until the data fixes the plan
+        return f"[{n}{of} {time.strftime('%H:%M:%S')}]"
+
+    def _log_path(self, stage: Stage) -> Path:
+        return self.run_dir / "logs" / f"{stage.name}.log"
+
+    def _child(self, stage: Stage, cmd: list[str], out) -> int:
+        """Run a stage's command: its stderr forwarded line by line to ours and kept in
+        RUN/logs/STAGE.log, carriage returns (a library's progress bar) turned into line ends;
+        when the stage prints nothing for HEARTBEAT seconds, a heartbeat line.  Returns the
+        exit status.  ``out``: the file its stdout goes to (None: our stderr)."""
+        import threading
+
+        logf = self._log_path(stage)
+        logf.parent.mkdir(parents=True, exist_ok=True)
+        last = [time.time()]
+        t0 = time.time()
+        with open(logf, "wb") as fh:
+            p = subprocess.Popen(cmd, stdout=out if out is not None else sys.stderr.fileno(),
+                                 stderr=subprocess.PIPE, env=self.env)
+
+            def pump():
+                buf = b""
+                while True:
+                    chunk = p.stderr.read1(65536) if hasattr(p.stderr, "read1") else \
+                        p.stderr.read(65536)
+                    if not chunk:
+                        break
+                    buf += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+                    *lines, buf = buf.split(b"\n")
+                    for ln in lines:
+                        if not ln.strip():
+                            continue
+                        fh.write(ln + b"\n")
+                        sys.stderr.buffer.write(ln + b"\n")
+                        sys.stderr.flush()
+                        last[0] = time.time()
+                if buf.strip():
+                    fh.write(buf + b"\n")
+                    sys.stderr.buffer.write(buf + b"\n")
+                    sys.stderr.flush()
+
+            th = threading.Thread(target=pump, daemon=True)
+            th.start()
+            try:
+                while True:
+                    try:
+                        rc = p.wait(timeout=1.0)
+                        break
+                    except subprocess.TimeoutExpired:
+                        if time.time() - last[0] >= log.HEARTBEAT:
+                            log.info(f"run: {self._where()} {stage.name} running, "
+                                     f"{time.time() - t0:.0f} s")
+                            last[0] = time.time()
+            except BaseException:
+                p.kill()
+                p.wait()
+                raise
+            finally:
+                th.join(timeout=10)
+        return rc
+
+    def stage_seconds(self) -> dict[str, float]:
+        """Every finished stage's seconds, from the markers (so across invocations: a fully
+        cached rerun keeps the times of the runs that did the work)."""
+        out = {}
+        for m in sorted(self.marker_dir.glob("*.json")) if self.marker_dir.is_dir() else []:
+            if m.name.endswith(".attempt.json"):
+                continue
+            try:
+                sec = json.loads(m.read_text()).get("seconds")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(sec, (int, float)):
+                out[m.stem] = round(float(sec), 1)
+        return out
+
+    def survey(self, stages: list[Stage]) -> tuple[list[str], list[tuple[str, str]]]:
+        """What a run of ``stages`` would reuse and what it would run, without running or
+        writing anything: (the names of the stages whose cached result is current, [(name,
+        why it runs)]).  Why: "new" (never finished), the arguments that changed since its
+        marker ("--lr 0.0005 -> 0.0002"), "inputs changed" (same arguments, an input's content
+        or an earlier stage's output differs), or "outputs changed" (edited since written)."""
+        probe = StageRunner(self.run_dir, dry_run=True)
+        probe.env, probe.keys, probe._digests = self.env, dict(self.keys), self._digests
+        cached, todo = [], []
+        for st in stages:
+            key = probe.key(st)
+            if probe.done(st, key) is not None:
+                cached.append(st.name)
+            else:
+                todo.append((st.name, self._why(st, probe)))
+            probe.run(st)
+        return cached, todo
+
+    def _why(self, st: Stage, probe: "StageRunner") -> str:
+        try:
+            rec = json.loads(self._marker(st).read_text())
+        except (OSError, ValueError):
+            return "new"
+        old = rec.get("args") if isinstance(rec, dict) else None
+        if not isinstance(old, list):
+            return "new"
+        if old != st.args:
+            return changed_args(old, st.args) or "arguments changed"
+        if rec.get("key") == probe.key(st):
+            return "outputs changed"
+        if rec.get("popri") != __version__:
+            return f"popri {rec.get('popri')} -> {__version__}"
+        env = rec.get("env")
+        if isinstance(env, dict):
+            diff = [f"{k}={env.get(k) or 'unset'} -> {self.env.get(k) or 'unset'}"
+                    for k in KEYED_ENV if env.get(k) != self.env.get(k)]
+            if diff:
+                return ", ".join(diff)
+        return "inputs changed"
+
     def _record(self, shown: str) -> None:
         """Add a command to this run's list; a real run rewrites RUN/commands.sh with the list
         so far (one file per run, not an ever-growing log)."""
         self.commands.append(shown)
-        if not self.dry_run:
+        self.flush()
+
+    def flush(self) -> None:
+        """Rewrite RUN/commands.sh, unless held (the driver holds it until the budget check
+        passed, so a refused run leaves the old list in place)."""
+        if not self.dry_run and not self.hold:
             with atomic_write(self.log_path) as fh:
                 fh.write(COMMANDS_HEADER + "".join(c + "\n" for c in self.commands))

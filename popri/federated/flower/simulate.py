@@ -17,11 +17,34 @@ import sys
 from pathlib import Path
 
 
+def _die_with_parent(job: Path) -> None:
+    """A SIGKILLed popri cannot clean up, and this process (a session of its own, so that popri
+    can kill the whole Flower/Ray group) would run on, writing the clients' data into ``job``.
+    A watchdog thread notices the parent's death (we are re-parented), removes ``job`` and
+    kills this process group (the simulation and its Ray workers)."""
+    import shutil
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                shutil.rmtree(job, ignore_errors=True)
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="popri-parent-watchdog", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m popri.federated.flower.simulate JOB_DIR", file=sys.stderr)
         return 2
     job = Path(argv[0]).resolve()
+    _die_with_parent(job)
     os.environ["POPRI_FLOWER_JOB"] = str(job)
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")

@@ -537,7 +537,7 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         else:
             total = np.zeros(theta.size, dtype=np.float64)
             with log.progress() as prog:
-                task = prog.add_task(f"round {round_} clients",
+                task = prog.add_task(f"round {round_}, clients",
                                      total=None if release else len(members))
                 for cid in members:
                     d, st = local_update(m, params, theta,
