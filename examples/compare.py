@@ -64,7 +64,8 @@ RUN_METHOD = {"popri": "popri", "pe": "pe", "pe-sft": "pe-sft", "popri-nn": "pop
               "dp-fedavg": "dp-fedavg", "dp-ftrl": "dp-ftrl", "fewfedpit": "fewfedpit",
               "fedit": "fedit", "fedmit": "fedmit"}
 #: extra overrides of a method that shares another's config file
-EXTRA = {"dp-ftrl": ["--set=method=dp-ftrl"], "fedit": ["--set=method=fedit"],
+EXTRA = {"popri": ["--set=num_synthetic=96"],  # every text method's N (the demo's is 64)
+         "dp-ftrl": ["--set=method=dp-ftrl"], "fedit": ["--set=method=fedit"],
          "fedmit": ["--set=method=fedmit"]}
 #: the methods on instruction data (examples/fewfedpit.yaml: debian): their own table
 INSTRUCT = ("fewfedpit", "fedit", "fedmit")

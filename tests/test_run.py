@@ -75,7 +75,7 @@ def test_failed_stage_leaves_no_marker_and_names_the_command(tmp_path):
 
 def test_dry_run_plans_every_stage_of_the_loop(tmp_path, capsys):
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=2", "privacy.noise_multiplier=1.5",
-                        "privacy.epsilon=null"])
+                        "privacy.epsilon=null", "probe.enabled=true"])
     run = Run(cfg, dry_run=True)
     run.execute()
     cmds = run.runner.commands

@@ -67,7 +67,7 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
                                                          tmp_path):
     data, pub = tiny_inputs
     run = tmp_path / "run"
-    ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model) + ["rounds=1"]
+    ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model) + ["rounds=1", "probe.enabled=true"]
     marker = run / ".stages" / "round1-score.json"
     # start, and kill the whole process group once round 1's DP scores are released
     p = subprocess.Popen(popri_cmd(ov), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(),
@@ -176,8 +176,7 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
 def test_slow_embedded_default_reduced_on_real_models(tmp_path):
     """The README's main job at reduced size on the real SmolLM2-135M / MiniLM (offline)."""
     ov = [f"run_dir={tmp_path / 'run'}", "rounds=1", "prompts=4", "num_synthetic=24",
-          "downstream.eval_max_samples=48", "downstream.epochs=1", "dpo.select_checkpoint=false",
-          "probe.prompts=4", "probe.samples_per_prompt=2"]
+          "downstream.eval_max_samples=48", "downstream.epochs=1", "dpo.select_checkpoint=false"]
     repo = Path(__file__).resolve().parents[1]
     e = env()
     e["POPRI_THREADS"] = "2"
@@ -190,6 +189,6 @@ def test_slow_embedded_default_reduced_on_real_models(tmp_path):
     assert 0.1 < m["eps0"]["accuracy"] < 0.5 and m["epsinf"]["accuracy"] > m["eps0"]["accuracy"]
     assert res["epsilon"] == pytest.approx(1.0, abs=2e-3)
     assert "| POPri |" in r.stdout
-    # the control row (the untuned generator) and the per-round probe on the real models
+    # the control row (the untuned generator) on the real models, and its learning line
     assert "t0" in m and 0.0 < m["t0"]["accuracy"] < 1.0
-    assert res["probe"]["last_round"] == 1
+    assert "learning: POPri minus its T = 0 row" in r.stdout

@@ -641,8 +641,9 @@ def _fig_pca(run: _Run, report: _Report, section: str):
                    label=lab)
     ax.set_xlabel(f"PC1 ({100 * var[0]:.1f}% of variance)")
     ax.set_ylabel(f"PC2 ({100 * (var[1] if len(var) > 1 else 0):.1f}% of variance)")
-    ax.set_title(f"{run.label}: PCA of sentence embeddings\n{what} vs the private validation "
-                 "split", fontsize=11)
+    # wrapped: the synthetic set's description is long and the axes are square
+    ax.set_title(f"{run.label}: PCA of sentence embeddings\n{what}\nvs the private validation "
+                 "split", fontsize=10)
     ax.legend(loc="best")
     ax.set_aspect("equal", adjustable="datalim")
     report.note(section, f"PCA of {what} against embeddings/val.npy (a private diagnostic)")

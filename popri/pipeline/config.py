@@ -258,7 +258,9 @@ class ProbeConfig(Spec):
     and seeds every round -- whose distance to the private validation split (mean-embedding
     cosine, unbiased MMD^2), fluency (the public model's perplexity) and diversity (distinct-1/2)
     go to RUN/metrics.jsonl.  A private diagnostic: read without noise, never released."""
-    enabled: bool = param(True, "Probe every round (POPri and PE+SFT).")
+    enabled: bool = param(False, "Probe every round (POPri and PE+SFT). On in "
+                          "examples/learning.yaml and smoke.yaml; off in the embedded default, "
+                          "where it would add ~2.3 of the demo's ~10 minutes.")
     prompts: int = param(16, "Held prompts (built from Omega with their own seed).", lo=1)
     samples_per_prompt: int = param(4, "Samples per held prompt.", lo=1)
     perplexity: bool = param(True, "Also the public model's perplexity of the sample.")
@@ -275,7 +277,7 @@ class RunConfig(Spec):
     rounds: int = param(1, "POPri T (paper: 10 / 20).", lo=1, hi=10_000)
     prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
     samples_per_prompt: int = same(GenSpec, "samples_per_prompt", 6)   # paper J = 10
-    num_synthetic: int = param(96, "Final N (paper: 1,000,000).", lo=1)
+    num_synthetic: int = param(64, "Final N (paper: 1,000,000).", lo=1)
     embedder: str = same(EmbedSpec, "model")
     baselines: bool = param(True, "eps = 0 and eps = inf runs.")
     control: bool = param(True, "The control row of a generator method (POPri, PE+SFT): the "
