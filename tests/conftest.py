@@ -154,19 +154,3 @@ def tiny_lm(tmp_path_factory) -> str:
     LlamaForCausalLM(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return str(out)
-
-
-#: tests that take a minute or more on 2 cores without a ``slow`` mark (CI's durations list)
-LONG = ("test_killed_run_resumes_from_the_last_finished_stage",
-        "test_popri_run_fewfedpit_records_no_dp_guarantee_and_resumes",
-        "test_smollm2_accuracy_plausible_and_one_epoch_trains",
-        "test_baseline_methods_run_end_to_end", "test_one_round_through_every_stage")
-
-
-def pytest_collection_modifyitems(config, items):
-    """The long tests first (a stable sort), so that with two xdist workers none of them starts
-    near the end and holds the run up alone; the order of everything else is unchanged."""
-    def long(item) -> bool:
-        return item.get_closest_marker("slow") is not None or item.originalname in LONG
-
-    items.sort(key=lambda item: not long(item))
