@@ -549,7 +549,6 @@ class Run(Budget):
         import sys
 
         from popri import __version__
-        from popri.pipeline.config import to_dict
 
         cfg = json.dumps(to_dict(self.cfg), sort_keys=True)
         ident = {"popri_version": __version__, "git_commit": git_commit(),

@@ -406,26 +406,21 @@ class StageRunner:
             p = subprocess.Popen(cmd, stdout=out if out is not None else sys.stderr.fileno(),
                                  stderr=subprocess.PIPE, env=self.env)
 
+            def emit(ln: bytes) -> None:
+                if ln.strip():
+                    fh.write(ln + b"\n")
+                    sys.stderr.buffer.write(ln + b"\n")
+                    sys.stderr.flush()
+                    last[0] = time.time()
+
             def pump():
                 buf = b""
-                while True:
-                    chunk = p.stderr.read1(65536) if hasattr(p.stderr, "read1") else \
-                        p.stderr.read(65536)
-                    if not chunk:
-                        break
+                while chunk := p.stderr.read1(65536):
                     buf += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
                     *lines, buf = buf.split(b"\n")
                     for ln in lines:
-                        if not ln.strip():
-                            continue
-                        fh.write(ln + b"\n")
-                        sys.stderr.buffer.write(ln + b"\n")
-                        sys.stderr.flush()
-                        last[0] = time.time()
-                if buf.strip():
-                    fh.write(buf + b"\n")
-                    sys.stderr.buffer.write(buf + b"\n")
-                    sys.stderr.flush()
+                        emit(ln)
+                emit(buf)
 
             th = threading.Thread(target=pump, daemon=True)
             th.start()
@@ -476,11 +471,11 @@ class StageRunner:
             if probe.done(st, key) is not None:
                 cached.append(st.name)
             else:
-                todo.append((st.name, self._why(st, probe)))
+                todo.append((st.name, self._why(st, key)))
             probe.run(st)
         return cached, todo
 
-    def _why(self, st: Stage, probe: "StageRunner") -> str:
+    def _why(self, st: Stage, key: str) -> str:
         try:
             rec = json.loads(self._marker(st).read_text())
         except (OSError, ValueError):
@@ -490,7 +485,7 @@ class StageRunner:
             return "new"
         if old != st.args:
             return changed_args(old, st.args) or "arguments changed"
-        if rec.get("key") == probe.key(st):
+        if rec.get("key") == key:
             return "outputs changed"
         if rec.get("popri") != __version__:
             return f"popri {rec.get('popri')} -> {__version__}"
