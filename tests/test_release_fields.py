@@ -160,8 +160,11 @@ PRIVATE_LINE = re.compile(r"\b(\d+) (?:of \d+ )?(clients|participants|uploads|ex
 
 def scrub(err: str) -> str:
     """The log without what is public and may hold any number: paths, the stage lines' clock
-    ("[2/3 13:35:41]") and wall times ("done in 41 s", "running, 41 s", "6.5s")."""
+    ("[2/3 13:35:41]"), ISO times, hashes and wall times ("done in 41 s", "running, 41 s",
+    "6.5s")."""
     err = re.sub(r"\[\d+/[\d?]+ \d\d:\d\d:\d\d\]", "[STAGE]", err)
+    err = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4}", "TIME", err)  # run identity
+    err = re.sub(r"\b[0-9a-f]{16,40}\b", "HASH", err)  # config hash, git commit
     err = re.sub(r"(?<!\w)/\S+", "PATH", err)
     return re.sub(r"\b\d+(\.\d+)? ?s\b", "N s", err)
 
@@ -323,3 +326,15 @@ def test_rr11_popri_run_dp_fl_release_writes_no_exact_statistic(tmp_path, datase
     for m in PRIVATE_LINE.finditer(p.stderr):
         raise AssertionError(f"popri run printed {m.group(0)!r}")
     assert not re.search(rf"\b{n_train}\b", scrub(p.stderr)), p.stderr
+    # what issue 25 added: the run's identity (public settings, code and clock), and the
+    # per-stage logs, which copy the stages' stderr and must hold no private count either
+    assert set(res["run"]) == {"popri_version", "git_commit", "command", "config_hash",
+                               "started", "ended", "stages_ran", "stages_cached", "invocations"}
+    logs = sorted((run / "logs").iterdir())
+    assert {f.name for f in logs} >= {"invocations.jsonl", "fl-round1.log"}
+    for f in logs:
+        text = f.read_text()
+        assert not PRIVATE_LINE.search(text), (f.name, text)
+        assert not re.search(rf"\b{n_train}\b", scrub(text)), (f.name, text)
+    for line in (run / "logs" / "invocations.jsonl").read_text().splitlines():
+        assert set(json.loads(line)) == set(res["run"]) - {"invocations"}
