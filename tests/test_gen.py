@@ -378,7 +378,7 @@ def test_cli_bad_input_one_line_nothing_written(omega_file, tmp_path, run_popri)
     tmpl.write_text("{sample1} {oops}\n")
     cases = [(["--template", tmpl, "-K", "2"], f"{tmpl}: field 'template': unknown placeholder"),
              ([], "exactly one of --prompts K and --num-samples N"),
-             (["-K", "2", "--backend", "tgi"], "field '--backend': must be one of transformers, vllm"),
+             (["-K", "2", "--backend", "tgi"], "field '--backend': must be one of transformers, transformers-generate, vllm, openai"),
              (["-K", "2", "--out", omega_file], "output would overwrite input")]
     for extra, msg in cases:
         p = run_popri(["gen", omega_file, "--out", out, *extra])

@@ -30,7 +30,7 @@ BAD = [
     (GenSpec, "max_new_tokens", 0, ">= 1"),
     (GenSpec, "max_tokens", 0, ">= 1"),
     (GenSpec, "batch_size", 0, ">= 1"),
-    (GenSpec, "backend", "tgi", "one of transformers, vllm"),
+    (GenSpec, "backend", "tgi", "one of transformers, transformers-generate, vllm, openai"),
     (GenSpec, "adapter_mode", "fuse", "one of lora, merge"),
     (GenSpec, "samples_per_prompt", 0, ">= 1"),
     (GenSpec, "shots", 0, ">= 1"),

@@ -296,22 +296,33 @@ class MarkerStop:
 
 
 class TransformersBackend:
-    """Batched generation with ``model.generate``: left padding, ``inference_mode``, bf16 autocast
-    on CPU, sampling by :class:`RowSampler` (one seeded generator per row), stop at the marker."""
+    """Batched in-process generation with transformers: by default the sampling loop of
+    :mod:`popri.models.decoding` (``loop=True``: bf16 weights cast once, shared-prompt prefill,
+    finished rows dropped, sampling on the device); ``loop=False`` is ``model.generate`` with
+    left padding, bf16 autocast on CPU, :class:`RowSampler` and :class:`MarkerStop` (backend
+    ``transformers-generate``: any model ``generate`` supports; the benchmark's baseline).
+    Both seed every row from ``(seed, attempt, prompt_id, sample_idx)``."""
 
     name = "transformers"
 
     def __init__(self, model: str, adapter: str | None, *, device: str | None, bf16: bool,
                  params: dict, batch_size: int, seed: int, marker: str, model_obj=None,
-                 tokenizer_obj=None):
+                 tokenizer_obj=None, loop: bool = True):
         from popri.models import llm
 
         self.torch = runtime.configure_torch()
-        if model_obj is None:
+        self.loop = loop
+        self.name = "transformers" if loop else "transformers-generate"
+        own = model_obj is None
+        if own:
             self.device = device or llm.default_device()
             dtype = "bfloat16" if bf16 and self.device.startswith("cuda") else "float32"
             model_obj, tok = llm.load_causal_lm(model, adapter, dtype=dtype, device=self.device)
             tokenizer_obj = tokenizer_obj or tok
+            if loop and adapter and hasattr(model_obj, "merge_and_unload"):
+                model_obj = model_obj.merge_and_unload()  # in memory, once per load
+            if loop and bf16 and not self.device.startswith("cuda"):
+                model_obj = model_obj.to(self.torch.bfloat16)  # cast once, not every step
         else:
             self.device = str(getattr(model_obj, "device", device or "cpu"))
             if tokenizer_obj is None:
@@ -319,8 +330,10 @@ class TransformersBackend:
         if tokenizer_obj.pad_token is None:
             tokenizer_obj.pad_token = tokenizer_obj.eos_token
         self.model, self.tok = model_obj, tokenizer_obj
-        # autocast where the weights are fp32 (CPU default); bf16 weights on GPU need none
-        self.autocast = bf16 and not self.device.startswith("cuda")
+        # autocast where the weights are fp32 (a CPU model not loaded here, or the generate
+        # path); bf16 weights need none
+        weights = next(iter(self.model.parameters())).dtype
+        self.autocast = bf16 and weights == self.torch.float32
         self.batch_size, self.seed, self.marker, self.params = batch_size, seed, marker, params
         from transformers import GenerationConfig
 
@@ -331,8 +344,33 @@ class TransformersBackend:
             num_return_sequences=1, repetition_penalty=1.0, pad_token_id=self.tok.pad_token_id,
             eos_token_id=getattr(gc, "eos_token_id", None) or self.tok.eos_token_id,
             bos_token_id=getattr(gc, "bos_token_id", None))
+        if loop:
+            from popri.models import decoding
+
+            self.eos_ids = decoding.eos_token_ids(self.model, self.tok)
+            self.stop_ids = decoding.stop_candidates(self.tok, marker)
 
     def run(self, prompts: list[str], keys: list[tuple[int, int]], attempt: int, tick) -> list[tuple[str, int]]:
+        if not self.loop:
+            return self.run_generate(prompts, keys, attempt, tick)
+        from popri.models import decoding, llm
+
+        out: list[tuple[str, int]] = []
+        p = self.params
+        for s in range(0, len(prompts), self.batch_size):
+            chunk = prompts[s:s + self.batch_size]
+            seeds = [derive_seed(self.seed, attempt, *k) for k in keys[s:s + len(chunk)]]
+            sampler = decoding.Sampler(p["temperature"], p["top_p"], seeds, self.model.device)
+            res = decoding.decode_batch(
+                self.model, self.tok, chunk, sampler, max_new_tokens=p["max_new_tokens"],
+                marker=self.marker, eos_ids=self.eos_ids, stop_ids=self.stop_ids,
+                autocast=llm.autocast(self.device, self.autocast) if self.autocast else None)
+            out.extend(res)
+            tick(len(chunk), sum(n for _, n in res))
+        return out
+
+    def run_generate(self, prompts: list[str], keys: list[tuple[int, int]], attempt: int,
+                     tick) -> list[tuple[str, int]]:
         from transformers import LogitsProcessorList, StoppingCriteriaList
 
         from popri.models import llm
@@ -484,6 +522,14 @@ def make_engine(spec: GeneratorSpec, *, adapter: str | None = None, seed: int = 
     is reported before any model is fetched; its context is ``max_model_len``, else the longest
     prompt (``prompt_tokens(tokenizer)`` tokens) + ``max_new_tokens``, rounded up to 64."""
     params = sampling_params(spec)
+    if spec.backend == "openai":
+        from popri.models import remote
+
+        remote.check_url(spec.base_url)
+        return remote.OpenAIBackend(
+            spec.model, adapter, base_url=spec.base_url, params=params, seed=seed, marker=marker,
+            adapter_mode=spec.adapter_mode, api=spec.api, api_key_env=spec.api_key_env,
+            concurrency=spec.concurrency, tokenizer_obj=tokenizer_obj)
     if spec.backend == "vllm":
         _import_vllm()
         from popri.models import llm
@@ -496,7 +542,8 @@ def make_engine(spec: GeneratorSpec, *, adapter: str | None = None, seed: int = 
                            max_model_len=max_model_len, model_obj=model_obj, tokenizer_obj=tok)
     return TransformersBackend(spec.model, adapter, device=device, bf16=spec.bf16, params=params,
                                batch_size=spec.batch_size, seed=seed, marker=marker,
-                               model_obj=model_obj, tokenizer_obj=tokenizer_obj)
+                               model_obj=model_obj, tokenizer_obj=tokenizer_obj,
+                               loop=spec.backend != "transformers-generate")
 
 
 # --------------------------------------------------------------------------- driver

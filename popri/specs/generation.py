@@ -38,7 +38,9 @@ from popri.core.errors import ConfigError
 from popri.core.spec import Spec, param, same
 
 #: the generation backends (``--backend``)
-BACKENDS = ("transformers", "vllm")
+BACKENDS = ("transformers", "transformers-generate", "vllm", "openai")
+#: the OpenAI-compatible endpoints the ``openai`` backend can call (``--api``)
+APIS = ("completions", "chat")
 #: how a vllm backend serves a LoRA adapter (``--adapter-mode``)
 ADAPTER_MODES = ("lora", "merge")
 #: the few-shot prompt's sample marker (POPri Figure 5, PrE-Text Figure 3): generations are cut
@@ -94,12 +96,40 @@ class GeneratorSpec(SamplingSpec):
                        "local checkpoint or a hub id (POPri used LLaMA-3-8B, PrE-Text D.2 "
                        "meta-llama/Llama-2-7b-hf).", short="-m", envvar="POPRI_GEN_MODEL",
                        nonempty=True)
-    backend: str = param("transformers", "transformers (CPU/GPU, batched) or vllm (GPU; pip "
-                         "install 'popri\\[gpu]'; the engine of the POPri reference code and "
-                         "PrE-Text D.2).", choices=BACKENDS)
-    adapter_mode: str = param("lora", "vllm: 'lora' serves the adapter with a LoRARequest, "
-                              "'merge' merges it into the model first (cached).",
+    backend: str = param("transformers", "transformers (CPU/GPU: popri's batched sampling "
+                         "loop), transformers-generate (model.generate: any model it supports; "
+                         "slower), vllm (GPU, in-process; pip install 'popri\\[gpu]'; the engine "
+                         "of the POPri reference code and PrE-Text D.2), or openai (an "
+                         "OpenAI-compatible server at --base-url: vLLM, SGLang, transformers "
+                         "serve, llama.cpp).", choices=BACKENDS)
+    adapter_mode: str = param("lora", "How a LoRA adapter is served. vllm: 'lora' serves it with "
+                              "a LoRARequest, 'merge' merges it into the model first (cached). "
+                              "openai: 'lora' loads it into the server (vLLM "
+                              "/v1/load_lora_adapter, server started with --enable-lora) and "
+                              "asks for it by name; 'merge' asks the server for the merged "
+                              "checkpoint's path (servers that load models by path, e.g. "
+                              "transformers serve, on a shared filesystem).",
                               choices=ADAPTER_MODES)
+    base_url: str | None = param(None, "openai: the server's API root, e.g. "
+                                 "http://127.0.0.1:8000/v1.")
+    api_key_env: str | None = param(None, "openai: the environment variable holding the API "
+                                    "key (default OPENAI_API_KEY; none set: no key).")
+    api: str | None = param(None, "openai: completions (the few-shot prompt as is; default) or "
+                            "chat (the prompt as one user message, for chat-only servers).",
+                            choices=APIS)
+    concurrency: int | None = param(None, "openai: requests in flight at once (default 8); "
+                                    "429 / 5xx answers are retried with backoff.", lo=1)
+
+    def check(self) -> None:
+        remote = (self.base_url, self.api_key_env, self.api, self.concurrency)
+        if self.backend == "openai" and not self.base_url:
+            raise ConfigError("the openai backend needs the server's URL (--base-url, e.g. "
+                              "http://127.0.0.1:8000/v1)", field="base_url")
+        if self.backend != "openai" and any(v is not None for v in remote):
+            raise ConfigError(f"is an openai-backend setting; the backend is {self.backend!r}",
+                              field=next(n for n, v in zip(
+                                  ("base_url", "api_key_env", "api", "concurrency"), remote)
+                                  if v is not None))
 
 
 @dataclass(frozen=True)
@@ -115,6 +145,7 @@ class GenSpec(FilterSpec, GeneratorSpec):
                         cite="POPri Figure 5; PrE-Text Figure 3")
 
     def check(self) -> None:
+        super().check()
         if not self.marker:  # "" would cut every generation to nothing
             raise ConfigError("must not be empty", field="marker")
 

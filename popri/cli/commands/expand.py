@@ -58,6 +58,10 @@ def expand(
                                           "top of --model."),
     backend: str = option(ExpandSpec, "backend"),
     adapter_mode: str = option(ExpandSpec, "adapter_mode"),
+    base_url: Optional[str] = option(ExpandSpec, "base_url"),
+    api_key_env: Optional[str] = option(ExpandSpec, "api_key_env"),
+    api: Optional[str] = option(ExpandSpec, "api"),
+    concurrency: Optional[int] = option(ExpandSpec, "concurrency"),
     seed: int = typer.Option(0, "--seed", help="Seeds the choice of examples and the sampling."),
     shard_size: int = option(ExpandSpec, "shard_size"),
     batch_size: Optional[int] = option(ExpandSpec, "batch_size"),
@@ -81,7 +85,8 @@ def expand(
     from popri.core.io import STDIO
     from popri.methods.pe.expand import expand_file
 
-    spec = build(ExpandSpec, model=model, backend=backend, adapter_mode=adapter_mode,
+    spec = build(ExpandSpec, model=model, backend=backend, adapter_mode=adapter_mode, base_url=base_url,
+                 api_key_env=api_key_env, api=api, concurrency=concurrency,
                  shard_size=shard_size, batch_size=batch_size, temperature=temperature,
                  top_p=top_p, max_new_tokens=max_new_tokens, max_tokens=max_tokens,
                  min_words=min_words, attempt_factor=attempt_factor, bf16=bf16)

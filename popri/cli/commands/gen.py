@@ -59,6 +59,10 @@ def gen(
                                           "on top of --model (e.g. from 'popri dpo')."),
     backend: str = option(GenSpec, "backend"),
     adapter_mode: str = option(GenSpec, "adapter_mode"),
+    base_url: Optional[str] = option(GenSpec, "base_url"),
+    api_key_env: Optional[str] = option(GenSpec, "api_key_env"),
+    api: Optional[str] = option(GenSpec, "api"),
+    concurrency: Optional[int] = option(GenSpec, "concurrency"),
     split: str = typer.Option("train", "--split", help="Split when OMEGA is a dataset directory."),
     shots: int = option(GenSpec, "shots"),
     template: Optional[str] = typer.Option(None, "--template", help="Prompt template file "
@@ -85,7 +89,8 @@ def gen(
     from popri.models.generation import generate_file
 
     spec = build(GenSpec, samples_per_prompt=samples_per_prompt, model=model, backend=backend,
-                 adapter_mode=adapter_mode, shots=shots, marker=marker, temperature=temperature,
+                 adapter_mode=adapter_mode, base_url=base_url,
+                 api_key_env=api_key_env, api=api, concurrency=concurrency, shots=shots, marker=marker, temperature=temperature,
                  top_p=top_p, max_new_tokens=max_new_tokens, max_tokens=max_tokens,
                  min_words=min_words, max_retries=max_retries, batch_size=batch_size, bf16=bf16)
     stats = generate_file(omega, spec, prompts=prompts, num_samples=num_samples, out=out,
