@@ -85,7 +85,7 @@ def test_shared_fields_are_declared_once():
     for cls in (GenSpec, VarySpec):
         for name in ("min_words", "max_retries"):
             assert spec_field(cls, name).metadata == spec_field(FilterSpec, name).metadata
-    assert (GenSpec().batch_size, VarySpec().batch_size, ExpandSpec().batch_size) == (8, 16, None)
+    assert (GenSpec().batch_size, VarySpec().batch_size, ExpandSpec().batch_size) == (24, 16, None)
     assert (GenSpec().min_words, VarySpec().min_words, ExpandSpec().min_words) == (3, 3, 4)
     # the generator section of popri run: exactly the gen / expand generator settings
     gen_fields = {f.name for f in dataclasses.fields(GeneratorSpec)}

@@ -161,7 +161,11 @@ def load_model(name: str | None = None, device: str | None = None):
     hf_logging.disable_progress_bar()
 
     try:
-        model = SentenceTransformer(resolved, device=device or "cpu")
+        if device is None:
+            from popri.models.llm import default_device
+
+            device = default_device()  # the encoder on the GPU when torch sees one
+        model = SentenceTransformer(resolved, device=device)
     except Exception as e:  # hub unreachable, bad path, ...
         raise MissingResourceError(
             f"cannot load embedding model {name!r} ({resolved}): {type(e).__name__}: {e}. "

@@ -90,4 +90,5 @@ class EmbedSpec(Spec):
         None, "Tokens the encoder reads per text (default: the model's own limit, 256 for "
         "all-MiniLM-L6-v2).", lo=1, cli=False)
     device: str | None = param(
-        None, "Torch device of the encoder (default cpu).", cli=False)
+        None, "Torch device of the encoder: cpu, cuda, cuda:1 (default: cuda when torch sees "
+        "one, else cpu).")

@@ -71,10 +71,13 @@ class SamplingSpec(Spec):
     max_tokens: int = param(64, "Samples are truncated to this many tokens of the model's "
                             "tokenizer (the 64-token chunks of the private data).",
                             cite="POPri trunc_len; PrE-Text seq_len", lo=1)
-    batch_size: int = param(8, "Sequences per forward pass / generate() call. Each sequence has "
-                            "its own seeded sampler, so with --no-bf16 it does not change the "
-                            "samples (bf16 rounding can).", lo=1)
-    bf16: bool = param(True, "bf16 autocast on CPU (faster), bf16 weights on GPU / vllm.")
+    batch_size: int = param(24, "Sequences per forward pass (transformers; the openai backend: "
+                            "rows per call). Each sequence has its own seeded sampler, so with "
+                            "--no-bf16 it does not change the samples (bf16 rounding can). 24: "
+                            "the fastest on 2 CPU cores (benchmarks/bench_gen.py); 64-256 on a "
+                            "GPU.", lo=1)
+    bf16: bool = param(True, "bf16 weights, cast once (CPU and GPU; transformers-generate: "
+                       "autocast on CPU); vllm: bf16.")
 
 
 @dataclass(frozen=True)
@@ -189,8 +192,8 @@ class ExpandSpec(GeneratorSpec):
                                   "shard).", lo=1, hi=1e6)
     batch_size: int | None = same(
         SamplingSpec, "batch_size", None,
-        help="Prompts per engine call (default: transformers 8, vllm 2048). Part of the config: "
-             "it sets the chunks a shard is drawn in.")
+        help="Prompts per engine call (default: transformers 24, vllm 2048, openai 256). Part "
+             "of the config: it sets the chunks a shard is drawn in.")
     min_words: int = same(
         FilterSpec, "min_words", 4,
         help="Drop samples with fewer words (the project's PrE-Text post-filter; the paper states "

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from popri.cli.options import build, option
@@ -23,6 +25,7 @@ def embed(
     split: str = typer.Option("train", help="Split to embed when INPUT is a federated dataset."),
     normalize: bool = option(EmbedSpec, "normalize"),
     batch_size: int = option(EmbedSpec, "batch_size"),
+    device: Optional[str] = option(EmbedSpec, "device"),
     cache: bool = typer.Option(True, "--cache/--no-cache",
                                help="Re-use embeddings cached by content hash (POPRI_CACHE)."),
 ) -> None:
@@ -30,7 +33,8 @@ def embed(
     from popri.core.guard import check_outputs
     from popri.models.embed import embed_file
 
-    spec = build(EmbedSpec, model=model, normalize=normalize, batch_size=batch_size)
+    spec = build(EmbedSpec, model=model, normalize=normalize, batch_size=batch_size,
+                 device=device)
     check_outputs([out], [input], companions="embeddings")
     embed_file(input, out, spec, split=split, use_cache=cache)
 

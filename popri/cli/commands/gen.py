@@ -39,9 +39,15 @@ Output: JSONL on stdout (or --out FILE, written atomically), ordered by prompt t
 {"id": "r{round}-p{prompt_id}-s{sample_idx}", "round", "prompt_id", "sample_idx", "prompt", "text",
 "model"} (+ "adapter" when given, + "degenerate": true). --num-samples N sets K = ceil(N / J) and
 keeps the first N (the final synthetic set). Same inputs + --seed give the same file (on the same
-machine and --threads; under bf16 autocast also the same --batch-size); the stats file also holds
-timings. Each sample is drawn with its own generator seeded from (seed, attempt, prompt, sample),
-in both backends."""
+machine and --threads; in bf16 also the same --batch-size); the stats file also holds timings.
+Each sample is drawn with its own generator seeded from (seed, attempt, prompt, sample) in the
+in-process backends; --backend openai asks the server for a prompt's J samples with one seed
+(per-row seeds when the server ignores n); a server's own batching decides whether it repeats.
+
+Backends: transformers (default; popri's decoding loop: bf16 weights, each prompt encoded once
+for its J samples, finished rows leave the batch), transformers-generate (model.generate, the
+older and slower path), vllm (GPU, in-process), openai (an OpenAI-compatible server at
+--base-url: vLLM, SGLang, transformers serve, llama.cpp; docs/serving.md)."""
 
 
 def gen(

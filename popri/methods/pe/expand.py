@@ -53,7 +53,8 @@ MANIFEST = "manifest.json"
 SHARD_RE = re.compile(r"shard-(\d+)\.jsonl")
 SHOTS = GenSpec.shots     # PrE-Text: 3 examples per prompt (as popri gen's default)
 MIN_YIELD = 0.05          # floor of the kept/prompted estimate that sizes the next chunk
-DEFAULT_BATCH = {"transformers": SamplingSpec.batch_size, "vllm": 2048}  # ExpandSpec.batch_size None
+DEFAULT_BATCH = {"transformers": SamplingSpec.batch_size,
+                 "transformers-generate": SamplingSpec.batch_size, "vllm": 2048, "openai": 256}  # ExpandSpec.batch_size None
 # options that change what a shard contains: a rerun must match the manifest on all of them
 IDENTITY_KEYS = ("seeds_sha256", "model", "adapter", "adapter_sha256", "adapter_mode", "backend",
                  "seed", "shard_size", "batch_size", "temperature", "top_p", "max_new_tokens",
