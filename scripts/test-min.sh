@@ -19,7 +19,7 @@ VENV=${VENV_MIN:-.venv-min}
 TESTS=(tests/test_compat.py tests/test_dpo.py tests/test_downstream.py tests/test_gen.py
        tests/test_cli.py tests/test_account_cli.py tests/test_accounting.py tests/test_embed.py
        tests/test_fred.py tests/test_tree.py tests/test_dpfl.py tests/test_fewfedpit_filters.py
-       tests/test_instruct.py tests/test_report.py)
+       tests/test_instruct.py tests/test_report.py tests/test_remote.py)
 
 # the pins must really be what is installed (a venv someone pip-installed into is rebuilt)
 pins_installed() {
@@ -103,8 +103,9 @@ print('test-min (flower): ' + ', '.join(f'{n} {v(n)}' for n in ('flwr', 'ray', '
 # + node auth, 3 SuperNodes, ~2 min).  The other slow ones (popri run on Flower, ~4 min; the
 # engine job and the toy sum on loopback; the timeout) run with
 #   .venv-min/bin/python -m pytest -m slow tests/test_flower.py tests/test_flower_deploy.py
-POPRI_THREADS=${POPRI_THREADS:-2} "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-  -m "not slow" "$@" tests/test_flower.py tests/test_flower_deploy.py tests/test_flower_staging.py \
+# two workers: each carries its own POPRI_TEST_TAG, so a worker's Ray checks see only its own
+POPRI_THREADS=${POPRI_THREADS:-1} "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+  -m "not slow" "${XDIST[@]}" "$@" tests/test_flower.py tests/test_flower_deploy.py tests/test_flower_staging.py \
   "tests/test_ddg_scale.py::test_a_flower_round_with_hundreds_of_clients_on_four_nodes" \
   "tests/test_release_fields.py::test_fw03_fw02_score_on_flower_release_writes_only_public_fields" \
   "tests/test_release_fields.py::test_fl_round_on_flower_release_writes_only_public_fields" \

@@ -149,6 +149,56 @@ def test_row_sampler_matches_softmax_and_respects_top_p():
     assert torch.equal(draws, again)
 
 
+def test_loop_sampler_matches_softmax_respects_top_p_and_is_seeded():
+    import torch
+
+    from popri.models import decoding
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5, -3.0]])
+    n = 20000
+    draws = decoding.Sampler(1.0, 1.0, range(n), "cpu").draw(logits.repeat(n, 1), range(n))
+    freq = torch.bincount(draws, minlength=6).double() / n
+    assert (freq - torch.softmax(logits[0].double(), -1)).abs().max() < 0.015
+    s = decoding.Sampler(0.5, 0.9, range(n), "cpu")
+    draws = s.draw(logits.repeat(n, 1), range(n))
+    p = torch.softmax(logits[0].double() / 0.5, -1)  # nucleus 0.9 = {0, 1}
+    assert set(draws.tolist()) == {0, 1}
+    assert abs((draws == 0).double().mean() - p[0] / (p[0] + p[1])) < 0.015
+    # a row's draw depends on its own generator only: not on the other rows or their order
+    again = decoding.Sampler(0.5, 0.9, range(n), "cpu")
+    sub = again.draw(logits.repeat(3, 1), [7, 3, 11])
+    assert sub.tolist() == [draws[7].item(), draws[3].item(), draws[11].item()]
+    assert decoding.Sampler(0.0, 1.0, [], "cpu").draw(logits, [0]).tolist() == [0]  # greedy
+
+
+def test_stop_candidates_end_the_marker(tiny_lm):
+    from popri.models import decoding
+    from popri.models.llm import load_tokenizer
+
+    tok = load_tokenizer(tiny_lm)
+    ids = decoding.stop_candidates(tok, g.MARKER)
+    for text in ("x\nOriginal Text Sample", "x Original Text Sample", "Original Text Sample"):
+        assert tok(text, add_special_tokens=False)["input_ids"][-1] in ids
+
+
+def test_loop_and_generate_paths_write_the_same_kind_of_text(tiny_lm):
+    """The decoding loop and model.generate on one fp32 model: same schema, sampled (not
+    greedy), each seeded; the loop's shared-prompt prefill equals a prefill per row."""
+    from popri.models.llm import load_causal_lm
+
+    m, tok = load_causal_lm(tiny_lm)
+    ps = g.build_prompts(OMEGA, 2, seed=1)
+    kw = dict(model=tiny_lm, samples_per_prompt=3, seed=2, max_new_tokens=10, max_tokens=8,
+              min_words=0, max_retries=0, bf16=False, model_obj=m, tokenizer_obj=tok)
+    loop, st = g.generate(ps, batch_size=6, **kw)          # 2 prompts share 6 rows
+    solo, _ = g.generate(ps, batch_size=1, **kw)           # one row per prefill
+    assert [r["text"] for r in loop] == [r["text"] for r in solo]
+    assert len({r["text"] for r in loop}) > 1 and st["generated_tokens"] > 0
+    old, st_old = g.generate(ps, batch_size=6, backend="transformers-generate", **kw)
+    assert [r["id"] for r in old] == [r["id"] for r in loop]
+    assert st_old["backend"] == "transformers-generate" and len({r["text"] for r in old}) > 1
+
+
 def test_derive_seed_is_stable():
     assert g.derive_seed(0, 0, 1, 2) == g.derive_seed(0, 0, 1, 2) != g.derive_seed(0, 0, 2, 1)
     assert 0 <= g.derive_seed(2**40, 3) < 2**31

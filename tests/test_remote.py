@@ -77,6 +77,11 @@ def server(served_lm, tmp_path_factory):
     port = _free_port()
     logf = tmp_path_factory.mktemp("serve") / "serve.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+    # the server's own packages may differ from the client's (testing the lowest openai client
+    # against a server that needs a newer one): POPRI_TEST_SERVER_PYTHONPATH goes first for it
+    if os.environ.get("POPRI_TEST_SERVER_PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [
+            os.environ["POPRI_TEST_SERVER_PYTHONPATH"], os.environ.get("PYTHONPATH")]))
     with open(logf, "w") as log:
         # no pinned model: it loads what a request names (a merged adapter by its path too)
         p = subprocess.Popen([*cmd, "--host", "127.0.0.1", "--port", str(port)],
@@ -97,9 +102,11 @@ def server(served_lm, tmp_path_factory):
             pytest.fail(f"transformers serve did not come up:\n{logf.read_text()[-2000:]}")
         yield f"{url}/v1"
     finally:
-        os.killpg(p.pid, 15)
         try:
+            os.killpg(p.pid, 15)
             p.wait(timeout=20)
+        except ProcessLookupError:
+            pass
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, 9)
 
