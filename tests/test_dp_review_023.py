@@ -10,8 +10,6 @@ item 5, the audit of every mechanism: test_audit.py.)
 from __future__ import annotations
 
 import json
-import math
-from pathlib import Path
 
 import numpy as np
 import pytest

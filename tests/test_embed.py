@@ -8,7 +8,7 @@ from conftest import write_jsonl
 def test_tiny_model_embeds_and_caches(tiny_st_model, tmp_path, run_popri):
     src = write_jsonl(tmp_path / "t.jsonl", [{"id": "a", "text": "hello world"},
                                             {"id": "b", "text": "the union is strong", "client_id": "c1"}])
-    p = run_popri(["embed", src, "--model", tiny_st_model, "--out", tmp_path / "e.npy"], check=True)
+    run_popri(["embed", src, "--model", tiny_st_model, "--out", tmp_path / "e.npy"], check=True)
     emb = np.load(tmp_path / "e.npy")
     assert emb.shape == (2, 32) and emb.dtype == np.float32
     assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)

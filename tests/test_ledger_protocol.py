@@ -233,8 +233,8 @@ def test_research_mode_is_recorded_and_account_warns(sets, tmp_path, run_popri):
 
 def test_release_mode_is_discrete_hides_counts_and_seed(sets, tmp_path, run_popri):
     priv, syn = sets
-    p = run_popri(_score(priv, syn, tmp_path / "s.npy", "--sample-rate", "0.5", "--release"),
-                  check=True)
+    run_popri(_score(priv, syn, tmp_path / "s.npy", "--sample-rate", "0.5", "--release"),
+              check=True)
     side = json.loads((tmp_path / "s.json").read_text())
     e = side["ledger"][0]
     assert side["privacy_mode"] == "release" and e["mode"] == "release"

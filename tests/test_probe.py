@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import emb_set, write_jsonl
+from conftest import write_jsonl
 from popri.eval import probe as P
 
 

@@ -233,7 +233,6 @@ def open_memmap(path: str | os.PathLike, dtype, shape: tuple[int, ...]) -> np.nd
     return arr
 
 
-from popri.core.artifacts import file_digest as sha256_file  # noqa: E402
 
 
 # --------------------------------------------------------------------------- JSON / JSONL

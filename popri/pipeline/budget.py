@@ -11,12 +11,11 @@ accountant (opacus RDP, as POPri D.1 / PrE-Text D.1, or dp-accounting PLD) is
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from popri.core import log
 from popri.core.errors import ConfigError, InputError, PopriError
-from popri.core.io import atomic_write, read_json
+from popri.core.io import read_json
 from popri.pipeline import config as C
 
 

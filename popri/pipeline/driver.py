@@ -450,7 +450,6 @@ class Run(Budget):
                                   path=str(run), field="run_dir")
 
     def _execute(self) -> dict:
-        c = self.cfg
         early = not self.needs_clients() or self._clients() is not None
         if early:
             self._set_noise()
