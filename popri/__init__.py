@@ -12,7 +12,7 @@ noise, ledger, release), ``data``, ``specs`` (every step's settings) and ``core`
 ``import popri`` is light: the API functions import their layer when called.
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["score", "account", "epsilon", "load_config", "run", "load_run", "__version__"]
 

@@ -20,7 +20,7 @@ XDIST=()
 # lint first (ruff, the small rule set in pyproject.toml): a finding fails the run, after the tests
 lint=0
 if [ "$#" -eq 0 ]; then
-  "$VENV/bin/ruff" check popri popri_cli tests benchmarks scripts examples || lint=1
+  "$VENV/bin/ruff" check popri tests benchmarks scripts examples || lint=1
 fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "${XDIST[@]}" "$@" tests
 rc=$?

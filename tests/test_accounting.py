@@ -16,6 +16,7 @@ from scipy.stats import norm
 
 from popri.privacy.ledger import LedgerEntry
 from popri.privacy import accounting as A
+from popri.privacy import calibration as C
 
 T_POPRI, T_PRETEXT, DELTA = 20, 11, 3e-6
 # POPri appendix D.1, Table 3: total clients N, clients per round L, sigma for eps=7, for eps=1.
@@ -37,7 +38,7 @@ def exact_gaussian_eps(z, steps, delta):
 
 @lru_cache(maxsize=None)
 def sigma_rdp(target, q):
-    return A.noise_multiplier(target, q, T_POPRI, DELTA, "rdp")
+    return C.noise_multiplier(target, q, T_POPRI, DELTA, "rdp")
 
 
 # --------------------------------------------------------------------------- the libraries
@@ -104,13 +105,13 @@ def test_bad_parameters_name_the_parameter(kw, param):
 
 def test_noise_multiplier_bad_targets():
     with pytest.raises(A.ParameterError) as e:
-        A.noise_multiplier(0.0, 0.1, 10, 1e-5)
+        C.noise_multiplier(0.0, 0.1, 10, 1e-5)
     assert e.value.param == "epsilon"
     with pytest.raises(A.ParameterError, match="every noise multiplier") as e:
-        A.noise_multiplier(1e4, 1e-3, 1, 1e-5)  # even z = 0.01 gives epsilon < 1e4
+        C.noise_multiplier(1e4, 1e-3, 1, 1e-5)  # even z = 0.01 gives epsilon < 1e4
     assert e.value.param == "epsilon"
     with pytest.raises(A.ParameterError, match="not met") as e:
-        A.noise_multiplier(1e-9, 1.0, 1, 1e-5)
+        C.noise_multiplier(1e-9, 1.0, 1, 1e-5)
     assert e.value.param == "epsilon"
 
 
@@ -168,8 +169,8 @@ def test_pretext_758_is_the_exact_gaussian_value_not_rdp():
 def test_pretext_129_findings():
     """eps = 1.29 needs z = 10.486 (PLD) or 11.280 (RDP); the code's 5.9 * 1.541 * sqrt(2)
     = 12.858 (if average = max samples per client) gives 1.033 (PLD) / 1.120 (RDP)."""
-    z_pld = A.noise_multiplier(1.29, 1.0, T_PRETEXT, DELTA, "pld")
-    z_rdp = A.noise_multiplier(1.29, 1.0, T_PRETEXT, DELTA, "rdp")
+    z_pld = C.noise_multiplier(1.29, 1.0, T_PRETEXT, DELTA, "pld")
+    z_rdp = C.noise_multiplier(1.29, 1.0, T_PRETEXT, DELTA, "rdp")
     assert z_pld == pytest.approx(10.486, abs=2e-3) and z_rdp == pytest.approx(11.280, abs=2e-3)
     z_code = 5.9 * PRETEXT_Z
     assert A.epsilon(z_code, 1.0, T_PRETEXT, DELTA, "pld") == pytest.approx(
@@ -231,7 +232,7 @@ def test_pld_is_tighter_than_rdp(z, q, steps, delta):
 def test_sigma_epsilon_round_trip_rdp(target, q, steps, delta):
     # integer orders only: opacus' fast path (the search is the same; their floor is < 0.03)
     kw = dict(orders=tuple(o for o in A.ORDERS if o == int(o)))
-    z = A.noise_multiplier(target, q, steps, delta, "rdp", tol=1e-3, **kw)
+    z = C.noise_multiplier(target, q, steps, delta, "rdp", tol=1e-3, **kw)
     assert A.epsilon(z, q, steps, delta, **kw) <= target
     assert A.epsilon(max(z - 1e-3, 0.0), q, steps, delta, **kw) > target
 
@@ -240,7 +241,7 @@ def test_sigma_epsilon_round_trip_rdp(target, q, steps, delta):
 @given(st.floats(0.3, 8.0), st.floats(0.01, 1.0), st.integers(1, 30), DELTAS)
 def test_sigma_epsilon_round_trip_pld(target, q, steps, delta):
     kw = dict(value_discretization_interval=COARSE)
-    z = A.noise_multiplier(target, q, steps, delta, "pld", tol=1e-3, **kw)
+    z = C.noise_multiplier(target, q, steps, delta, "pld", tol=1e-3, **kw)
     assert A.epsilon(z, q, steps, delta, "pld", **kw) <= target
     assert A.epsilon(max(z - 1e-3, 0.0), q, steps, delta, "pld", **kw) > target
 
@@ -432,15 +433,16 @@ def test_account_ledger_totals_a_registered_mechanism(toy, tmp_path):
 
 
 # --------------------------------------------------------------------------- calibration names
-def test_calibration_names_and_the_old_aliases():
+def test_calibration_names_and_the_removed_aliases():
     from popri.methods.fred import stats as F
     from popri.privacy import calibration as C
 
-    assert A.noise_multiplier is C.noise_multiplier  # deprecated alias (popri.pipeline)
-    assert A._bisect is C.bisect and A._bracket is C.bracket
-    assert F.noise_multiplier is C.gaussian_multiplier  # one Gaussian release: another thing
+    # the deprecated aliases are gone (0.3.0): calibration lives in one module
+    for mod, name in ((A, "noise_multiplier"), (A, "_bisect"), (A, "_bracket"),
+                      (F, "noise_multiplier")):
+        assert not hasattr(mod, name), name
     f = lambda z: A.epsilon(z, 1.0, 20, DELTA)  # noqa: E731
-    assert C.solve(f, 1.0) == A._bisect(f, 1.0, *A._bracket(f, 1.0), 1e-4)[1]
+    assert C.solve(f, 1.0) == C.bisect(f, 1.0, *C.bracket(f, 1.0), 1e-4)[1]
     assert C.solve(f, 1.0) == pytest.approx(sigma_rdp(1.0, 1.0), abs=1e-12)
     z, r = C.noise_multiplier_details(1.0, 0.1, 20, DELTA)
     assert z == sigma_rdp(1.0, 0.1) and r.epsilon <= 1.0 and r.epsilon == A.epsilon(z, 0.1, 20,

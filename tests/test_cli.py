@@ -63,37 +63,22 @@ def test_bad_config_is_one_clear_error(tmp_path, run_popri):
 
 def test_python_m_popri_runs_from_a_source_checkout(tmp_path):
     """Issue 9 (section 6) / issue 11: a plain source tree (no install; the package first on
-    sys.path) runs `python -m popri`, and the deprecated `python -m popri_cli` too."""
+    sys.path) runs `python -m popri`; the removed `popri_cli` name is gone (0.3.0)."""
     import shutil
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    for pkg in ("popri", "popri_cli"):
-        shutil.copytree(root / pkg, tmp_path / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "popri", tmp_path / "popri",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
     p = subprocess.run([sys.executable, "-c", "import popri.cli.app as c; print(c.__file__)"],
                        cwd=tmp_path, capture_output=True, text=True, env=env)
     assert p.stdout.strip() == str(tmp_path / "popri" / "cli" / "app.py")
-    for mod in ("popri", "popri_cli"):
-        p = subprocess.run([sys.executable, "-m", mod, "--help"], cwd=tmp_path,
-                           capture_output=True, text=True, env=env)
-        assert p.returncode == 0 and "score" in p.stdout and "audit" in p.stdout, p.stderr
+    p = subprocess.run([sys.executable, "-m", "popri", "--help"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and "score" in p.stdout and "audit" in p.stdout, p.stderr
+    assert not (root / "popri_cli").exists()
 
 
-def test_popri_cli_shim_maps_old_module_names():
-    """The old import name keeps working for one release, with a DeprecationWarning, and
-    resolves to the very same module objects (so monkeypatching either name is the same)."""
-    import importlib
-    import warnings
-
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        old = importlib.import_module("popri_cli.scoring")
-        shim = importlib.import_module("popri_cli")
-    import popri.feedback.scoring as new
-
-    assert old is new
-    for name, target in shim.ALIASES.items():
-        assert importlib.import_module(target).__name__ == target

@@ -578,13 +578,12 @@ def test_library_steps_write_what_the_cli_writes(sets, run_popri):
     assert not (sets["dir"] / "x.npz").exists()
 
 
-def test_gaussian_multiplier_dispatches_and_the_old_name_is_an_alias():
+def test_gaussian_multiplier_dispatches():
     assert C.gaussian_multiplier(EPS, DELTA) == CLASSIC
     assert C.gaussian_multiplier(2.0, 1e-5, "analytic") == C.analytic_multiplier(2.0, 1e-5)
     with pytest.raises(A.ParameterError) as e:
         C.gaussian_multiplier(EPS, DELTA, "exact")
     assert e.value.param == "calibration"
-    assert F.noise_multiplier is C.gaussian_multiplier  # deprecated (popri.pipeline)
     assert F.sidecar_path("a/s.npz") == "a/s.json"  # deprecated (popri.core.guard)
 
 

@@ -51,8 +51,7 @@ Accountants:
   settings; a 1e-3 grid is used to bracket the noise multiplier, then refined at 1e-4).
   Tighter than RDP: it is the near-exact (epsilon, delta) of the mechanism.
 
-Calibration (epsilon -> noise multiplier) is :mod:`popri.privacy.calibration`; the old names
-``noise_multiplier``, ``_bisect`` and ``_bracket`` still resolve here (deprecated aliases).
+Calibration (epsilon -> noise multiplier) is :mod:`popri.privacy.calibration`.
 """
 
 from __future__ import annotations
@@ -585,17 +584,6 @@ def epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp
     return epsilon_details(z, q, steps, delta, accountant, orders=orders,
                            value_discretization_interval=value_discretization_interval).epsilon
 
-
-#: names that moved to popri.privacy.calibration (still resolved here; the pipeline uses them)
-_MOVED = {"noise_multiplier": "noise_multiplier", "_bisect": "bisect", "_bracket": "bracket"}
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        from popri.privacy import calibration
-
-        return getattr(calibration, _MOVED[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- composition

@@ -27,10 +27,6 @@ Two kinds of calibration, with distinct names:
   arXiv:2302.09042, Algorithm 1) or the exact analytic Gaussian mechanism (Balle & Wang,
   "Improving the Gaussian Mechanism for Differential Privacy: Analytical Calibration and Optimal
   Denoising", ICML 2018, arXiv:1805.06530, Theorem 8 / Algorithm 1).
-
-``popri.privacy.accounting.noise_multiplier`` / ``_bisect`` / ``_bracket`` and
-``popri.methods.fred.stats.noise_multiplier`` are deprecated aliases of :func:`noise_multiplier`
-/ :func:`bisect` / :func:`bracket` and :func:`gaussian_multiplier`.
 """
 
 from __future__ import annotations

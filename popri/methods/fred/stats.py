@@ -78,8 +78,6 @@ from popri.specs.privacy import DEFAULT_USER_CAP, LEVELS, RELATIONS  # noqa: F40
 
 # --------------------------------------------------------------------------- calibration
 # One Gaussian release's noise multiplier: popri.privacy.calibration.gaussian_multiplier.
-# ``noise_multiplier`` is its deprecated alias, kept for one release.
-noise_multiplier = gaussian_multiplier
 
 
 # --------------------------------------------------------------------------- sensitivities
