@@ -114,6 +114,13 @@ def _f(x, nd=4):
     return f"{x:.{nd}f}"
 
 
+def _eps(x) -> str:
+    """The oracle's z = 1e-9 is an epsilon of ~1e18: no privacy, shown as such."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)) or x > 1e6:
+        return "none (z ~ 0)"
+    return _f(x, 2)
+
+
 def table(rows: list[dict]) -> str:
     head = ("| setting | seed | eps | T | cos r0 -> rT (change +- SE) | MMD^2 change +- SE | "
             "distinct-2 r0 -> rT | ppl r0 -> rT | held-out margin / acc | acc | acc T=0 | "
@@ -123,7 +130,7 @@ def table(rows: list[dict]) -> str:
         beats = (r["diff"] is not None and r["diff_se"] is not None and r["diff_se"] > 0
                  and r["diff"] > 2 * r["diff_se"])
         out.append(
-            f"| {r['setting']} | {r['seed']} | {_f(r['epsilon'], 2)} | {r['rounds']} | "
+            f"| {r['setting']} | {r['seed']} | {_eps(r['epsilon'])} | {r['rounds']} | "
             f"{_f(r['cos0'])} -> {_f(r['cosT'])} ({_f(r['dcos'])} +- {_f(r['dcos_se'])}) | "
             f"{_f(r['dmmd'], 5)} +- {_f(r['dmmd_se'], 5)} | {_f(r['d2_0'], 3)} -> "
             f"{_f(r['d2_T'], 3)} | {_f(r['ppl0'], 1)} -> {_f(r['pplT'], 1)} | "

@@ -25,7 +25,8 @@ from popri.data.stats import dataset_stats
 from popri.data.tokenize import load_tokenizer
 from popri.specs.data import FetchSpec
 from popri.core.errors import InputError, MissingResourceError
-from popri.core.io import read_jsonl, sha256_file
+from popri.core.artifacts import file_digest as sha256_file
+from popri.core.io import read_jsonl
 
 FIX = Path(__file__).parent / "fixtures"
 WS = load_tokenizer("whitespace")

@@ -24,6 +24,7 @@ from popri.core.io import save_embedding_set
 from popri.privacy.ledger import LedgerEntry, read_ledger
 from popri.pipeline.driver import BudgetError, Run, results_table
 from popri.privacy import accounting as A
+from popri.privacy import calibration
 from popri.pipeline.stages import Stage, StageRunner
 
 WORDS = ("river market winter council harvest railway treaty budget school harbor army labor "
@@ -185,7 +186,7 @@ def test_dry_run_plan_is_right_goes_to_stdout_and_writes_nothing(tmp_path, datas
     p = run_popri(args)
     assert p.returncode == 0, p.stderr
     N = _train_clients(dataset)
-    z = A.noise_multiplier(1.0, 12 / N, 2, 3e-6, "rdp")
+    z = calibration.noise_multiplier(1.0, 12 / N, 2, 3e-6, "rdp")
     assert _score_z(p.stdout) == [repr(z)] * 2
     assert f"z={z:.4f}" in p.stdout and f"q={12 / N:.4g}" in p.stdout
     assert "run: [" not in p.stderr and not run.exists()
