@@ -33,6 +33,7 @@ the batch until the longest one ends.  This loop:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Sequence
 
@@ -80,9 +81,11 @@ class Sampler:
         return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(1)
 
 
-def _accepts(model, name: str) -> bool:
+@functools.lru_cache(maxsize=None)
+def _accepts(model_class: type, name: str) -> bool:
+    """Whether ``model_class.forward`` takes ``name`` (once per class, not per batch)."""
     try:
-        return name in inspect.signature(model.forward).parameters
+        return name in inspect.signature(model_class.forward).parameters
     except (TypeError, ValueError):
         return False
 
@@ -106,9 +109,9 @@ def decode_batch(model, tok, prompts: Sequence[str], sampler: Sampler, *, max_ne
         tok.padding_side = side
     attn = enc["attention_mask"]
     pos = (attn.long().cumsum(-1) - 1).clamp_(min=0)
-    extra = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}
+    extra = {"logits_to_keep": 1} if _accepts(type(model), "logits_to_keep") else {}
     # transformers 5.x names the cache argument and output `cache`, 4.x `past_key_values`
-    ckey = "cache" if _accepts(model, "cache") else "past_key_values"
+    ckey = "cache" if _accepts(type(model), "cache") else "past_key_values"
     n = len(prompts)
     out_ids = torch.zeros((n, max_new_tokens), dtype=torch.long)
     lens = [0] * n
@@ -131,9 +134,8 @@ def decode_batch(model, tok, prompts: Sequence[str], sampler: Sampler, *, max_ne
         for step in range(max_new_tokens):
             toks = sampler.draw(logits, alive)
             host = toks.tolist()
-            is_eos = torch.isin(toks, eos_t) if eos_t.numel() else torch.zeros_like(toks, dtype=torch.bool)
-            maybe = torch.isin(toks, stop_t) if stop_t.numel() else is_eos
-            eos_l, maybe_l = is_eos.tolist(), maybe.tolist()
+            eos_l = torch.isin(toks, eos_t).tolist()
+            maybe_l = torch.isin(toks, stop_t).tolist()
             keep = []
             for i, r in enumerate(alive):
                 out_ids[r, step] = host[i]

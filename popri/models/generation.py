@@ -313,8 +313,7 @@ class TransformersBackend:
         self.torch = runtime.configure_torch()
         self.loop = loop
         self.name = "transformers" if loop else "transformers-generate"
-        own = model_obj is None
-        if own:
+        if model_obj is None:
             self.device = device or llm.default_device()
             dtype = "bfloat16" if bf16 and self.device.startswith("cuda") else "float32"
             model_obj, tok = llm.load_causal_lm(model, adapter, dtype=dtype, device=self.device)

@@ -51,14 +51,6 @@ def _import_openai():
     return openai
 
 
-def served_name(model: str) -> str:
-    """What the server is asked for: an offline alias as its local checkpoint path (where a
-    server on this machine finds it), anything else as given."""
-    from popri.models import llm
-
-    return llm.resolve(model) if model in llm.ALIASES else model
-
-
 def _post_json(url: str, body: dict, key: str | None, timeout: float = 60.0) -> tuple[int, str]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json",
@@ -134,7 +126,7 @@ class OpenAIBackend:
         elif adapter:
             self.model = load_lora(self.base_url, adapter, key)
         else:
-            self.model = served_name(model)
+            self.model = llm.resolve(model)  # an offline alias: its local checkpoint path
 
     def _request(self, prompt: str, n: int, seed: int) -> list[str]:
         p = self.params
