@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from popri.eval import downstream as ds
 from popri.models import llm
 from popri.core import runtime  # noqa: E402
-from popri.models.embed import text_records  # noqa: E402
+from popri.data.records import text_records  # noqa: E402
 
 
 def train_steps(model_name, recs, *, lora, bf16, batch, steps):

@@ -129,7 +129,7 @@ def main() -> None:
     from scipy.stats import ks_2samp
 
     from popri.models import llm
-    from popri.models.embed import text_records
+    from popri.data.records import text_records
 
     torch = runtime.configure_torch()
     device = a.device or llm.default_device()

@@ -12,7 +12,7 @@ noise, ledger, release), ``data``, ``specs`` (every step's settings) and ``core`
 ``import popri`` is light: the API functions import their layer when called.
 """
 
-__version__ = "0.3.0"
+from popri.core.version import __version__
 
 __all__ = ["score", "account", "epsilon", "load_config", "run", "load_run", "__version__"]
 

@@ -17,14 +17,16 @@ VENV=${VENV:-.venv}
 WORKERS=${POPRI_TEST_WORKERS:-2}
 XDIST=()
 [ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS")
-# lint first (ruff, the small rule set in pyproject.toml): a finding fails the run, after the tests
+# lint first (ruff, the small rule set in pyproject.toml; lint-imports, the layer contracts of
+# docs/architecture.md in pyproject.toml): a finding fails the run, after the tests
 lint=0
 if [ "$#" -eq 0 ]; then
   "$VENV/bin/ruff" check popri tests benchmarks scripts examples || lint=1
+  "$VENV/bin/lint-imports" --no-cache || lint=1
 fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "${XDIST[@]}" "$@" tests
 rc=$?
-[ "$rc" -eq 0 ] && [ "$lint" -ne 0 ] && { echo "test: ruff found problems (above)" >&2; rc=1; }
+[ "$rc" -eq 0 ] && [ "$lint" -ne 0 ] && { echo "test: ruff or lint-imports found problems (above)" >&2; rc=1; }
 if [ "$rc" -eq 5 ]; then
   echo "test: pytest collected no tests -- treating as failure" >&2
   rc=1

@@ -1,5 +1,5 @@
 """popri audit release: the empirical lower bound stays under the claim on the real mechanisms and
-exceeds it on deliberately broken ones (popri/privacy/audit.py)."""
+exceeds it on deliberately broken ones (popri/apps/audit.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import beta
 
-from popri.privacy import audit as A
+from popri.apps import audit as A
 from popri.methods.fred import stats as fred
 from popri.federated import participation
 from popri.feedback import cosine

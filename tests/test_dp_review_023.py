@@ -183,7 +183,7 @@ def test_fewfedpit_release_sample_is_secret_persistent_and_not_the_seeded_one(tm
 
 # --------------------------------------------------------------------------- item 3: deployment
 def test_a_deployed_supernode_never_draws_from_a_seed_the_server_knows():
-    from popri.federated.flower import node
+    from popri.apps.flower import node
     from popri.privacy.noise import SecureRandom
 
     s = {"seed": 0, "round": 1, "release": False}

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from popri.core import io
 from popri.federated import secagg
-from popri.federated.flower import node
+from popri.apps.flower import node
 
 needs_flower = pytest.mark.skipif(
     __import__("importlib").util.find_spec("flwr") is None,

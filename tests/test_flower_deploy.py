@@ -132,7 +132,7 @@ def test_app_dir_pyproject_valid_for_flwr(tmp_path):
 def test_app_dir_default_components_resolve(tmp_path):
     import importlib.util
 
-    if importlib.util.find_spec("popri.federated.flower.server_app") is None:
+    if importlib.util.find_spec("popri.apps.flower.server_app") is None:
         pytest.skip("popri's Flower apps not written yet")
     from flwr.cli.config_utils import load_and_validate
 

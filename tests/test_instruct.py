@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from popri.core.errors import PopriError
 from popri.data import instruct as I
 from popri.data.sources import Document
 from popri.specs.instruct import InstructSpec
@@ -178,14 +179,18 @@ def test_clusters_partition(tiny_st_model, tmp_path):
     f = write_jsonl(tmp_path / "t.jsonl", rows)
     spec = InstructSpec(partition="clusters", clusters=4, per_cluster=5, num_clients=3,
                         embedder=tiny_st_model, val_frac=0, test_frac=0)
-    m = I.build(str(f), str(tmp_path / "o"), spec, seed=0)
+    from popri.models.embed import embed_texts
+
+    with pytest.raises(PopriError, match="needs a sentence embedder"):  # the data layer loads no model
+        I.build(str(f), str(tmp_path / "o0"), spec, seed=0)
+    m = I.build(str(f), str(tmp_path / "o"), spec, seed=0, embed=embed_texts)
     recs = [json.loads(l) for l in (tmp_path / "o" / "train.jsonl").read_text().splitlines()]
     per = Counter(r["cluster"] for r in recs)
     assert len(recs) <= 4 * 5 and all(v <= 5 for v in per.values())
     assert {r["client_id"] for r in recs} <= {"client000", "client001", "client002"}
     assert m["instruct"]["partition"]["rule"] == "clusters"
     # seeded: the same split again
-    I.build(str(f), str(tmp_path / "o2"), spec, seed=0)
+    I.build(str(f), str(tmp_path / "o2"), spec, seed=0, embed=embed_texts)
     assert (tmp_path / "o" / "train.jsonl").read_bytes() == (tmp_path / "o2" / "train.jsonl").read_bytes()
 
 

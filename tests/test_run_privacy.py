@@ -454,7 +454,6 @@ def test_select_checkpoint_on_statistics_equals_on_the_embeddings():
 def test_dpo_selects_on_fred_statistics(tmp_path, monkeypatch):
     """`popri dpo --select-on STATS.npz` (what select_on: dp passes): the Frechet distance to the
     DP mean and covariance; the embedder must match the statistics'."""
-    import popri.methods.popri.dpo as lib
     import popri.models.embed as E
     import popri.models.generation as G
     from popri.cli.commands.dpo import _selector
@@ -475,7 +474,9 @@ def test_dpo_selects_on_fred_statistics(tmp_path, monkeypatch):
         [{"text": adapter}] * kw["num_samples"], {}))
     monkeypatch.setattr(E, "embed_texts", lambda texts, model, **kw: (
         rng.normal(size=(len(texts), 4)) * 0.3 + shift[texts[0]]))
-    monkeypatch.setattr(lib, "save_adapter", lambda _m, dest, source: str(source))
+    import popri.models.lora as lora_lib
+
+    monkeypatch.setattr(lora_lib, "save_adapter", lambda _m, dest, source: str(source))
     select = _selector(str(stats), str(prompts), 64, "lm", 0, False, "m")
     assert select(["ck1", "ck2"], tmp_path) == "ck2"
     sel = json.loads((tmp_path / "selection.json").read_text())

@@ -48,7 +48,8 @@ def _fields(spec_cls, params: dict, rename: dict | None = None) -> dict:
 def test_choices_are_the_librarys():
     from popri.methods.fred import stats as F
     from popri.privacy import accounting as A
-    from popri.privacy import audit, calibration as C
+    from popri.apps import audit
+    from popri.privacy import calibration as C
     from popri.specs import privacy as S
 
     assert S.ACCOUNTANTS == A.ACCOUNTANTS

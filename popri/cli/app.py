@@ -21,7 +21,7 @@ from typing import Optional
 import click
 import typer
 
-from popri import __version__
+from popri.core.version import __version__
 from popri.core.errors import PopriError
 
 

@@ -67,7 +67,7 @@ def is_ours(path: str | os.PathLike, legacy: Legacy = ()) -> bool:
 
 def mark(path: str | os.PathLike, kind: str) -> None:
     """Write :data:`MARKER` into the (staging) directory ``path``."""
-    from popri import __version__
+    from popri.core.version import __version__
 
     (Path(path) / MARKER).write_text(
         json.dumps({"format": "popri-output", "kind": kind, "popri_version": __version__})

@@ -21,7 +21,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from popri import __version__
+from popri.core.version import __version__
 from popri.core import log
 from popri.core.errors import InputError, PopriError
 from popri.core.artifacts import file_digest

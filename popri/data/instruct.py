@@ -48,9 +48,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import Callable
 from pathlib import Path
 
-from popri import __version__
+from popri.core.version import __version__
 from popri.core import log
 from popri.core.errors import InputError, PopriError
 from popri.data import splits as S
@@ -147,7 +148,7 @@ def check_example(r: object, *, path: str | None = None, line: int | None = None
 def read_examples(data: str, split: str = "train") -> tuple[list[dict], str]:
     """(instruction records, source file) of a dataset directory's ``split`` or a JSONL file
     ('-' = stdin), each checked by :func:`check_example`."""
-    from popri.models.embed import read_records
+    from popri.data.records import read_records
 
     recs, src = read_records(data, split, locate=True)
     for r in recs:
@@ -325,16 +326,14 @@ def dirichlet_partition(labels: list[int], num_clients: int, alpha: float, seed:
     return out
 
 
-def kmeans_labels(texts: list[str], k: int, embedder: str, seed: int) -> list[int]:
-    """Cluster of each text: faiss k-means (spherical, 25 iterations) on the normalised
-    sentence embeddings; k is capped at the number of texts."""
+def kmeans_labels(x, k: int, seed: int) -> list[int]:
+    """Cluster of each row of the sentence embeddings ``x`` (one per text): faiss k-means
+    (spherical, 25 iterations); k is capped at the number of rows."""
     import faiss
     import numpy as np
 
-    from popri.models.embed import embed_texts
-
-    x = np.ascontiguousarray(embed_texts(texts, embedder), dtype=np.float32)
-    k = min(k, len(texts))
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    k = min(k, len(x))
     km = faiss.Kmeans(x.shape[1], k, niter=25, seed=seed, spherical=True, verbose=False,
                       min_points_per_centroid=1)
     km.train(x)
@@ -342,8 +341,11 @@ def kmeans_labels(texts: list[str], k: int, embedder: str, seed: int) -> list[in
     return [int(v) for v in lab[:, 0]]
 
 
-def assign_clients(examples: list[dict], spec: InstructSpec, seed: int) -> tuple[list[dict], dict]:
-    """Give every example its client by the partition; returns (examples, partition details)."""
+def assign_clients(examples: list[dict], spec: InstructSpec, seed: int,
+                   embed: Callable | None = None) -> tuple[list[dict], dict]:
+    """Give every example its client by the partition; returns (examples, partition details).
+    ``embed(texts, model)``: the sentence embedder of the ``clusters`` partition
+    (:func:`popri.models.embed.embed_texts`; the data layer does not load models itself)."""
     if spec.partition == "natural":
         return examples, {"rule": "natural"}
     if spec.partition == "iid":
@@ -353,7 +355,10 @@ def assign_clients(examples: list[dict], spec: InstructSpec, seed: int) -> tuple
             examples[i]["client_id"] = f"client{rank % spec.num_clients:03d}"
         return examples, {"rule": "iid", "num_clients": spec.num_clients}
     texts = [e["instruction"] + ("\n" + e["input"] if e["input"] else "") for e in examples]
-    labels = kmeans_labels(texts, spec.clusters, spec.embedder, seed)
+    if embed is None:
+        raise PopriError("partition 'clusters' needs a sentence embedder: pass "
+                         "embed=popri.models.embed.embed_texts")
+    labels = kmeans_labels(embed(texts, spec.embedder), spec.clusters, seed)
     if spec.per_cluster is not None:
         keep: list[int] = []
         by: dict[int, list[int]] = {}
@@ -378,14 +383,15 @@ def assign_clients(examples: list[dict], spec: InstructSpec, seed: int) -> tuple
 
 # --------------------------------------------------------------------------- build
 def build(name: str, out: str, spec: InstructSpec | None = None, *, seed: int = 0,
-          source: str | None = None, client_column: str | None = None) -> dict:
+          source: str | None = None, client_column: str | None = None,
+          embed: Callable | None = None) -> dict:
     """Load ``name``'s examples, assign clients, cap, split by client and write ``out``;
-    returns the manifest."""
+    returns the manifest.  ``embed``: see :func:`assign_clients`."""
     spec = spec or InstructSpec()
     examples, details = load_examples(name, spec, source=source, client_column=client_column)
     if not examples:
         raise PopriError(f"{name}: no examples left (min_output_words={spec.min_output_words})")
-    examples, partition = assign_clients(examples, spec, seed)
+    examples, partition = assign_clients(examples, spec, seed, embed)
     by_client: dict[str, list[dict]] = {}
     for e in examples:
         by_client.setdefault(e["client_id"], []).append(e)

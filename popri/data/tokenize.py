@@ -116,7 +116,7 @@ def _splits_on_whitespace(pre) -> bool:
 def _load_hf(name: str) -> HFTokenizer:
     """``tokenizer.json`` straight into ``tokenizers`` when the directory has one (no torch
     import: 0.1 s instead of 2 s); otherwise ``transformers.AutoTokenizer`` (hub ids, old dirs)."""
-    from popri.models.embed import resolve_model
+    from popri.core.weights import resolve_model
 
     resolved = resolve_model(name)
     tj = Path(resolved) / "tokenizer.json"

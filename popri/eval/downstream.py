@@ -51,7 +51,7 @@ def load_records(src, split: str, *, max_samples: int | None = None) -> tuple[li
     """``src``: a list of dicts with ``text``, a federated dataset directory (its ``split``) or a
     JSONL path.  Returns (records, source name)."""
     if isinstance(src, (str, os.PathLike)):
-        from popri.models.embed import text_records
+        from popri.data.records import text_records
 
         recs, source = text_records(str(src), split)
     else:

@@ -131,7 +131,7 @@ def run(model_path: str, data: str, split: str, spec: ExtractSpec | None = None,
     """(summary, one row per attacked example) for the checkpoint ``model_path``."""
     from popri.eval.downstream import load_model
     from popri.eval.rouge import rouge_l
-    from popri.models.embed import text_records
+    from popri.data.records import text_records
     from popri.models.llm import default_device
 
     spec = spec or ExtractSpec()

@@ -51,7 +51,7 @@ def _empty(what: str, private: bool) -> str:
 
 def _records(path: str, split: str, what: str, need_client: bool):
     """JSONL / dataset-dir records (read once, so '-' works), checked non-empty."""
-    from popri.models.embed import read_records
+    from popri.data.records import read_records
 
     recs, src = read_records(path, split)
     for i, r in enumerate(recs, start=1):

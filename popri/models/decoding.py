@@ -37,6 +37,8 @@ import functools
 import inspect
 from typing import Sequence
 
+import numpy as np
+
 
 def stop_candidates(tok, marker: str) -> list[int]:
     """Token ids that can complete ``marker``: the last token of its encodings after the
@@ -168,3 +170,8 @@ def eos_token_ids(model, tok) -> list[int]:
     e = getattr(gc, "eos_token_id", None)
     ids = list(e) if isinstance(e, (list, tuple)) else [e]
     return [int(i) for i in ids + [tok.eos_token_id] if i is not None]
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit seed from integers (stable across runs and platforms)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)

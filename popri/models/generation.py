@@ -42,6 +42,8 @@ import numpy as np
 from popri.core import log, runtime
 from popri.core.errors import InputError, MissingResourceError, PopriError
 from popri.specs.generation import MARKER, GeneratorSpec, GenSpec, settle
+from popri.models.decoding import derive_seed
+from popri.models.lora import merged_checkpoint
 
 DEFAULT_TEMPLATE = (
     "List of 6 diverse original text samples:\n"
@@ -233,11 +235,6 @@ def degeneracy(text: str, *, min_words: int = GenSpec.min_words, prompt: str = "
 
 
 # --------------------------------------------------------------------------- seeds
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from integers (stable across runs and platforms)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
-
-
 # --------------------------------------------------------------------------- backends
 class RowSampler:
     """Draws the next token of every row by inverse-CDF sampling with its own seeded generator.
@@ -417,37 +414,13 @@ def _import_vllm():
 
 def adapter_rank(adapter: str) -> int:
     """The LoRA rank ``r`` of a PEFT adapter directory (vllm's ``max_lora_rank`` must cover it)."""
-    from popri.models.lora import ADAPTER_CONFIG, require_adapter
+    from popri.models.llm import ADAPTER_CONFIG, require_adapter
 
     cfg = require_adapter(adapter) / ADAPTER_CONFIG
     try:
         return int(json.loads(cfg.read_text(encoding="utf-8")).get("r", 8))
     except (ValueError, TypeError) as e:
         raise InputError(f"unreadable adapter config: {e}", path=str(cfg), field="r") from None
-
-
-def merged_checkpoint(model: str, adapter: str) -> str:
-    """Merge a LoRA adapter into its base once (PEFT ``merge_and_unload``); cached by content
-    (the base's resolved path and :func:`~popri.core.artifacts.dir_digest` of the adapter)."""
-    import os
-    import shutil
-
-    from popri.core.artifacts import digest, dir_digest
-    from popri.models import llm
-
-    dest = runtime.cache_dir() / "merged" / digest([llm.resolve(model), dir_digest(adapter)])[:24]
-    if (dest / "config.json").exists():
-        return str(dest)
-    m, tok = llm.load_causal_lm(model, adapter)
-    merged = m.merge_and_unload()
-    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, dest)
-    log.info(f"gen: merged {adapter} into {dest}")
-    return str(dest)
 
 
 class VllmBackend:
@@ -659,7 +632,7 @@ def generate_file(omega: str, spec: GenSpec, *, prompts: int | None = None,
     check).  Returns the stats (counts, timings, ``omega``)."""
     from popri.core.guard import check_outputs
     from popri.core.io import STDIO, AtomicOutputs, dumps, write_jsonl
-    from popri.models.embed import text_records
+    from popri.data.records import text_records
 
     if (prompts is None) == (num_samples is None):
         raise InputError("give exactly one of --prompts K and --num-samples N", field="prompts")

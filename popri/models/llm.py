@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from popri.core import log, runtime
-from popri.core.errors import MissingResourceError
+from popri.core.errors import InputError, MissingResourceError
+
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 @dataclass(frozen=True)
@@ -195,8 +197,6 @@ def load_causal_lm(name: str, adapter: str | None = None, *, dtype: str = "float
     if adapter:
         from peft import PeftModel
 
-        from popri.models.lora import require_adapter
-
         require_adapter(adapter)
         model = PeftModel.from_pretrained(model, adapter, is_trainable=trainable_adapter)
     if device:
@@ -222,3 +222,13 @@ def autocast(device: str, enabled: bool = True):
         return contextlib.nullcontext()
     return torch.autocast(device_type="cuda" if device.startswith("cuda") else "cpu",
                           dtype=torch.bfloat16)
+
+
+def require_adapter(path: str | os.PathLike, *, what: str = "adapter") -> Path:
+    """``path`` as a PEFT adapter directory (it has adapter_config.json), or one InputError
+    naming it (exit 2): the one check every command that takes ``--adapter`` makes."""
+    p = Path(path)
+    if not (p / ADAPTER_CONFIG).is_file():
+        raise InputError(f"not a PEFT adapter directory (no {ADAPTER_CONFIG})", path=str(path),
+                         field=what if what != "adapter" else None)
+    return p

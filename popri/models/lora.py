@@ -34,8 +34,8 @@ from typing import Any, Callable, Sequence
 
 from popri.core import io, log
 from popri.core.errors import InputError, PopriError
+from popri.models.llm import ADAPTER_CONFIG, require_adapter  # noqa: F401 (re-exported)
 
-ADAPTER_CONFIG = "adapter_config.json"
 # POPri 4.2: "all the attention matrices and up/down projection matrices"; B.1: "all the
 # projection matrices"; reference code: q, k, v, o, gate, up, down.
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -43,16 +43,6 @@ RUN_FILE = "run.json"
 METRICS_FILE = "metrics.json"
 ADAPTER_DIR = "adapter"
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def require_adapter(path: str | os.PathLike, *, what: str = "adapter") -> Path:
-    """``path`` as a PEFT adapter directory (it has adapter_config.json), or one InputError
-    naming it (exit 2): the one check every command that takes ``--adapter`` makes."""
-    p = Path(path)
-    if not (p / ADAPTER_CONFIG).is_file():
-        raise InputError(f"not a PEFT adapter directory (no {ADAPTER_CONFIG})", path=str(path),
-                         field=what if what != "adapter" else None)
-    return p
 
 
 # --------------------------------------------------------------------------- the adapter
@@ -378,3 +368,28 @@ def run_trainer(kind: str, trainer, out_dir: Path, resume_from: str | None, conf
             "global_step": trainer.state.global_step, "steps_this_run": steps_run,
             "resumed_from": resume_from, "seconds_per_step": metrics["seconds_per_step"],
             **extra}
+
+
+def merged_checkpoint(model: str, adapter: str) -> str:
+    """Merge a LoRA adapter into its base once (PEFT ``merge_and_unload``); cached by content
+    (the base's resolved path and :func:`~popri.core.artifacts.dir_digest` of the adapter)."""
+    import os
+    import shutil
+
+    from popri.core import runtime
+    from popri.core.artifacts import digest, dir_digest
+    from popri.models import llm
+
+    dest = runtime.cache_dir() / "merged" / digest([llm.resolve(model), dir_digest(adapter)])[:24]
+    if (dest / "config.json").exists():
+        return str(dest)
+    m, tok = llm.load_causal_lm(model, adapter)
+    merged = m.merge_and_unload()
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, dest)
+    log.info(f"gen: merged {adapter} into {dest}")
+    return str(dest)

@@ -120,7 +120,7 @@ class OpenAIBackend:
                                                                  MAX_RETRIES)))
         self.tok = tokenizer_obj or llm.load_tokenizer(model)
         if adapter and adapter_mode == "merge":
-            from popri.models.generation import merged_checkpoint
+            from popri.models.lora import merged_checkpoint
 
             self.model = merged_checkpoint(model, adapter)
         elif adapter:
@@ -148,7 +148,7 @@ class OpenAIBackend:
 
     def run(self, prompts: list[str], keys: list[tuple[int, int]], attempt: int,
             tick) -> list[tuple[str, int]]:
-        from popri.models.generation import derive_seed
+        from popri.models.decoding import derive_seed
 
         # one request per run of consecutive rows sharing a prompt (a prompt's J samples)
         groups: list[list[int]] = []

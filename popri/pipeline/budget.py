@@ -16,7 +16,6 @@ from pathlib import Path
 from popri.core import log
 from popri.core.errors import ConfigError, InputError, PopriError
 from popri.core.io import read_json
-from popri.pipeline import config as C
 
 
 class BudgetError(ConfigError):
@@ -69,11 +68,11 @@ class Budget:
         from popri.privacy.ledger import LedgerEntry
 
         dp = self.cfg.dpo
-        z = gaussian_multiplier(dp.select_epsilon, C.select_delta(self.cfg), "analytic")
+        z = gaussian_multiplier(dp.select_epsilon, self.cfg.selection_delta, "analytic")
         z /= 1.0 + self._snap()
         design = F.Design("add-remove", "user", 1.0, None)
         return [LedgerEntry(stage="fred", mechanism="gaussian", noise_multiplier=z,
-                            sample_rate=1.0, steps=1, delta=C.select_delta(self.cfg),
+                            sample_rate=1.0, steps=1, delta=self.cfg.selection_delta,
                             sensitivity=sens, sampling="none", neighbouring=design.neighbouring,
                             mode="release" if self.release else "research",
                             params={"release": what})

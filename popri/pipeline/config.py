@@ -300,6 +300,12 @@ class RunConfig(Spec):
     instruct: InstructConfig = param(default_factory=InstructConfig)
     fewfedpit: FewFedPITConfig = param(default_factory=FewFedPITConfig)
 
+    @property
+    def selection_delta(self) -> float:
+        """delta of each DP checkpoint-selection release (``dpo.select_delta``, else
+        ``privacy.delta``)."""
+        return self.privacy.delta if self.dpo.select_delta is None else self.dpo.select_delta
+
     def check(self) -> None:
         from popri.pipeline.recipes import METHODS
 
@@ -442,7 +448,7 @@ def check(cfg: RunConfig) -> None:
         from popri.privacy.accounting import ParameterError
 
         try:
-            fred_z(dp.select_epsilon, select_delta(cfg), "analytic")
+            fred_z(dp.select_epsilon, cfg.selection_delta, "analytic")
         except ParameterError as e:
             raise ConfigError(e.message, field=f"dpo.select_{e.param}") from None
 
@@ -464,10 +470,6 @@ def select_on(cfg: RunConfig) -> str:
     if cfg.method != "popri" or not cfg.dpo.select_checkpoint:
         return "none"
     return cfg.dpo.select_on
-
-
-def select_delta(cfg: RunConfig) -> float:
-    return cfg.privacy.delta if cfg.dpo.select_delta is None else cfg.dpo.select_delta
 
 
 def to_dict(cfg: RunConfig) -> dict:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import math
 from pathlib import Path
 from typing import Iterable
 
@@ -42,62 +41,16 @@ from popri.core.io import atomic_write, read_json
 from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError re-exported)
 from popri.pipeline.config import RunConfig, to_dict
-from popri.pipeline.stages import RunLock, DPRelease, Stage, StageRunner
+from popri.pipeline.stages import (  # noqa: F401 (the recipe kit, re-exported for old callers)
+    Z_LATER, DPRelease, RunLock, Stage, StageRunner, _fmt, final_seed, opt, round_seed,
+    selection_note, step_argv)
 from popri.core.spec import to_argv
-
-#: the dry-run placeholder for a noise multiplier that depends on the fetched client count
-Z_LATER = "<z: set after the fetch>"
 
 MODE_NOTES = {
     "research": ("research mode: noise is seeded and reproducible from the sidecars; "
                  "not for release"),
     "release": "release mode: OS CSPRNG, discretised Gaussian",
 }
-
-
-def round_seed(seed: int, t: int) -> int:
-    """The seed of round t's stages (generation, scoring, tuning): ``seed * 1000 + t``."""
-    return seed * 1000 + t
-
-
-def final_seed(seed: int) -> int:
-    """The seed of the final synthetic set (after the last round): ``seed * 1000 + 999``."""
-    return seed * 1000 + 999
-
-
-def selection_note(on: str, cfg: RunConfig | None = None) -> str:
-    """The checkpoint-selection line of the results table (what it reads, what it costs)."""
-    if on == "private":
-        return ("checkpoint selection: private validation split, not covered by epsilon "
-                "(as POPri B.1)")
-    if on == "public":
-        return "checkpoint selection: public Omega embeddings (no privacy cost)"
-    if on == "dp":
-        e = f"{cfg.dpo.select_epsilon:g}, {C.select_delta(cfg):g}" if cfg else "eps_s, delta_s"
-        return ("checkpoint selection: DP mean + covariance of the private validation split "
-                f"('popri fred stats', ({e})-DP per release), included in the total epsilon")
-    return "checkpoint selection: none (the last epoch's adapter)"
-
-
-def opt(flag: str, value) -> list[str]:
-    """``[flag, value]``, or nothing when value is None."""
-    return [] if value is None else [flag, str(value)]
-
-
-def step_argv(spec_cls, *sections, only=None, **values) -> list[str]:
-    """A stage's options from config sections: the sections' fields that are fields of the
-    step's spec (same name: the section declared them with ``same(spec_cls, ...)``) plus
-    ``values``, validated as ``spec_cls`` and turned into options by :func:`to_argv` -- the one
-    spec -> argv path of every stage.  ``only``: emit just these fields."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(spec_cls)}
-    vals = {}
-    for sec in sections:
-        vals.update({f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)
-                     if f.name in names})
-    vals.update(values)
-    return to_argv(spec_cls(**vals), only=list(only) if only is not None else list(vals))
 
 
 def is_file_source(src: str) -> bool:
@@ -547,7 +500,7 @@ class Run(Budget):
         import hashlib
         import sys
 
-        from popri import __version__
+        from popri.core.version import __version__
 
         cfg = json.dumps(to_dict(self.cfg), sort_keys=True)
         ident = {"popri_version": __version__, "git_commit": git_commit(),
@@ -585,12 +538,6 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return (head + ("+dirty" if dirty else "")) or None
-
-
-def _fmt(x, nd=4):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
 def results_table(r: dict) -> str:

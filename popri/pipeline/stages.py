@@ -32,16 +32,19 @@ import shlex
 import subprocess
 import sys
 import time
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from popri import __version__
+from popri.core.version import __version__
 from popri.core import log
 from popri.core.artifacts import path_digest
 from popri.core.errors import PopriError
 from popri.core.io import atomic_write
 from popri.core.runtime import fault_point
+from popri.core.spec import to_argv
 
 #: POPRI_* settings a stage inherits that can change its outputs: their values are in its key
 KEYED_ENV = ("POPRI_THREADS",)
@@ -509,3 +512,60 @@ class StageRunner:
         if not self.dry_run and not self.hold:
             with atomic_write(self.log_path) as fh:
                 fh.write(COMMANDS_HEADER + "".join(c + "\n" for c in self.commands))
+
+
+# --------------------------------------------------------------------------- the recipe kit
+# What a method's recipe (methods/*/recipe.py) builds its stages with: seeds, options, notes.
+
+#: the dry-run placeholder for a noise multiplier that depends on the fetched client count
+Z_LATER = "<z: set after the fetch>"
+
+
+
+def round_seed(seed: int, t: int) -> int:
+    """The seed of round t's stages (generation, scoring, tuning): ``seed * 1000 + t``."""
+    return seed * 1000 + t
+
+
+def final_seed(seed: int) -> int:
+    """The seed of the final synthetic set (after the last round): ``seed * 1000 + 999``."""
+    return seed * 1000 + 999
+
+
+def selection_note(on: str, cfg=None) -> str:
+    """The checkpoint-selection line of the results table (what it reads, what it costs)."""
+    if on == "private":
+        return ("checkpoint selection: private validation split, not covered by epsilon "
+                "(as POPri B.1)")
+    if on == "public":
+        return "checkpoint selection: public Omega embeddings (no privacy cost)"
+    if on == "dp":
+        e = f"{cfg.dpo.select_epsilon:g}, {cfg.selection_delta:g}" if cfg else "eps_s, delta_s"
+        return ("checkpoint selection: DP mean + covariance of the private validation split "
+                f"('popri fred stats', ({e})-DP per release), included in the total epsilon")
+    return "checkpoint selection: none (the last epoch's adapter)"
+
+
+def opt(flag: str, value) -> list[str]:
+    """``[flag, value]``, or nothing when value is None."""
+    return [] if value is None else [flag, str(value)]
+
+
+def step_argv(spec_cls, *sections, only=None, **values) -> list[str]:
+    """A stage's options from config sections: the sections' fields that are fields of the
+    step's spec (same name: the section declared them with ``same(spec_cls, ...)``) plus
+    ``values``, validated as ``spec_cls`` and turned into options by :func:`to_argv` -- the one
+    spec -> argv path of every stage.  ``only``: emit just these fields."""
+    names = {f.name for f in dataclasses.fields(spec_cls)}
+    vals = {}
+    for sec in sections:
+        vals.update({f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)
+                     if f.name in names})
+    vals.update(values)
+    return to_argv(spec_cls(**vals), only=list(only) if only is not None else list(vals))
+
+
+def _fmt(x, nd=4):
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)

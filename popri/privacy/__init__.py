@@ -15,7 +15,7 @@
   (``gaussian_multiplier``: classic / analytic).
 - :mod:`popri.privacy.ledger`: the ledger files (locked appends, dedup by release id, totals).
 - :mod:`popri.privacy.release`: the one release protocol every DP stage follows.
-- :mod:`popri.privacy.audit`: empirical lower bounds on a release's epsilon.
+- :mod:`popri.apps.audit`: empirical lower bounds on a release's epsilon.
 
 Nothing is imported here, so ``import popri.privacy.noise`` stays light.
 """

@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from popri import __version__
+from popri.core.version import __version__
 from popri.core.errors import InputError
 from popri.privacy.accounting import MECHANISMS, ParameterError, get_mechanism  # noqa: F401
 

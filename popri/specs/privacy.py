@@ -21,7 +21,7 @@ FreD's private-release settings default to None and are resolved when the spec i
 level), as :class:`popri.specs.feedback.ScoreSpec` does per mode: the defaults are written once,
 here, and a setting given with ``--non-private`` is still an error naming its flag.  Paths,
 seeds, the embedding model and the dataset split are not settings: they are arguments of the
-library calls (:func:`popri.methods.fred.steps.release_stats`, :func:`popri.privacy.audit.run`).
+library calls (:func:`popri.methods.fred.steps.release_stats`, :func:`popri.apps.audit.run`).
 
 Pure Python: no numpy / torch import.
 """

@@ -6,7 +6,7 @@
     popri audit extract --model runs/x/downstream/popri --data runs/x/data/private --split train
     popri audit extract --model smollm2-135m --data data/instruct-debian -n 100 --out ex.jsonl --json
 
-Settings: :class:`popri.specs.privacy.AuditSpec`; the audit: :func:`popri.privacy.audit.run`.
+Settings: :class:`popri.specs.privacy.AuditSpec`; the audit: :func:`popri.apps.audit.run`.
 extract: :class:`popri.specs.privacy.ExtractSpec`; the attack: :func:`popri.eval.extract.run`.
 """
 
@@ -125,7 +125,7 @@ def release_cmd(
     """Empirical epsilon lower bound of one release vs the claimed epsilon."""
     from popri.core import log
     from popri.core.io import dumps
-    from popri.privacy import audit as A
+    from popri.apps import audit as A
     from popri.privacy.accounting import ParameterError
 
     spec = build(AuditSpec, mechanism=mechanism, trials=trials,

@@ -74,6 +74,7 @@ def build_cmd(
     from popri.core.guard import check_outputs
     from popri.data.build import FILES, check_out_dir
     from popri.data.instruct import build as do_build
+    from popri.models.embed import embed_texts
 
     spec = build(InstructSpec, max_output_words=max_output_words,
                  min_output_words=min_output_words, context_words=context_words,
@@ -84,7 +85,8 @@ def build_cmd(
     check_outputs([out, *(Path(out) / f for f in (*FILES, "manifest.json"))],
                   [name if Path(name).is_file() else None, source])
     check_out_dir(out, force)
-    do_build(name, out, spec, seed=seed, source=source, client_column=client_column)
+    do_build(name, out, spec, seed=seed, source=source, client_column=client_column,
+             embed=embed_texts)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,5 @@
 """popri report: tables and figures of one or more run directories, as Markdown and one
-self-contained HTML file (library: popri/eval/report.py).
+self-contained HTML file (library: popri/pipeline/report.py).
 
     popri report runs/study/oracle-s0 --out runs/report
     popri report runs/compare23/*-s0 runs/study/oracle-s0 --out runs/report --json
@@ -41,7 +41,7 @@ def report(
     from popri.core import log, outdir
     from popri.core.errors import InputError, MissingResourceError
     from popri.core.io import dumps
-    from popri.eval.report import RUN_FILES, is_run_dir
+    from popri.pipeline.report import RUN_FILES, is_run_dir
 
     for d in run_dirs:
         p = Path(d)
@@ -65,7 +65,7 @@ def report(
         for f in [*dest.glob("*.png"), dest / "report.md", dest / "report.html"]:
             if f.is_file():  # an earlier report: its files go first
                 f.unlink()
-    from popri.eval.report import build_report
+    from popri.pipeline.report import build_report
 
     log.info(f"report: {len(run_dirs)} run(s) -> {out}")
     res = build_report(list(run_dirs), out)

@@ -53,8 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SERVER_APP = "popri.federated.flower.server_app:app"
-CLIENT_APP = "popri.federated.flower.client_app:app"
+from popri.federated.flower import CLIENT_APP, SERVER_APP
+
 CONNECTION = "popri"  # the SuperLink connection name written to $FLWR_HOME/config.toml
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 MARK_ENV = "POPRI_FLOWER_LOOPBACK"  # set in every child's environment; found again at cleanup

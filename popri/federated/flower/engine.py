@@ -8,7 +8,7 @@ The in-process path (:mod:`popri.feedback.release`) computes the round's noisy s
 process.  This engine computes the same sum the way a deployment does: the round's participants
 (sampled and capped exactly as in-process, so that at z = 0 both give the same sum) are spread
 over N virtual SuperNodes (``--supernodes``; participant i goes to node i mod N); each node
-computes its clients' vectors and its noise share (:mod:`popri.federated.flower.node`); Flower's
+computes its clients' vectors and its noise share (:mod:`popri.apps.flower.node`); Flower's
 SecAgg+ sums the uploads of the nodes that survive; the server decodes and the caller finishes
 with the same aggregation code and writes the same SCORES.npy, sidecar and ledger entry.
 

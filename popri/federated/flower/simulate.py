@@ -4,8 +4,8 @@
 
 The engine (:mod:`popri.federated.flower.engine`) writes the job and starts this module in its
 own process group (so a timeout or Ctrl-C ends Ray's workers too); it runs
-``flwr.simulation.run_simulation`` with :mod:`~popri.federated.flower.server_app` and
-:mod:`~popri.federated.flower.client_app` on ``settings["secagg"]["nodes"]`` virtual SuperNodes
+``flwr.simulation.run_simulation`` with :mod:`~popri.apps.flower.server_app` and
+:mod:`~popri.apps.flower.client_app` on ``settings["secagg"]["nodes"]`` virtual SuperNodes
 (Ray backend, one CPU per client worker, at most ``--threads`` workers at once), and exits 0
 when the ServerApp wrote ``result.json``.
 """
@@ -57,10 +57,10 @@ def main(argv: list[str]) -> int:
     workers = max(1, int(settings.get("workers") or os.cpu_count() or 1))
     from flwr.simulation import run_simulation
 
-    from popri.federated.flower import client_app, server_app
+    from popri.federated.flower import CLIENT_APP, SERVER_APP, load_app
 
     run_simulation(
-        server_app=server_app.app, client_app=client_app.app,
+        server_app=load_app(SERVER_APP), client_app=load_app(CLIENT_APP),
         num_supernodes=int(settings["secagg"]["nodes"]),
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                         "init_args": {"num_cpus": workers, "include_dashboard": False,

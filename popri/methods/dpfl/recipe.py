@@ -95,7 +95,7 @@ def round_entries(run, t: int, z: float | None, q: float | None) -> list:
 
 
 def fl_args(run, z) -> list[str]:
-    from popri.pipeline.driver import Z_LATER, step_argv
+    from popri.pipeline.stages import Z_LATER, step_argv
 
     c, fl = run.cfg, run.cfg.fl
     vals = {k: getattr(fl, k) for k in _FROM_CONFIG}

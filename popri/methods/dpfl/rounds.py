@@ -54,7 +54,7 @@ import numpy as np
 
 from popri.core import log, runtime
 from popri.core.errors import InputError
-from popri.pipeline.driver import round_seed
+from popri.pipeline.stages import round_seed
 from popri.specs.fl import FLSpec
 
 THETA = "theta.npy"
@@ -67,7 +67,7 @@ LEDGER_STAGE = "fl"
 # --------------------------------------------------------------------------- data
 def client_texts(data: str, split: str = "train") -> tuple[list[str], dict[str, list[str]], str]:
     """(sorted client ids, client -> texts, source) of a federated dataset directory / JSONL."""
-    from popri.models.embed import text_records
+    from popri.data.records import text_records
 
     recs, src = text_records(data, split, require_client=True)
     by: dict[str, list[str]] = {}
@@ -165,7 +165,7 @@ def prepare_tokenizer(tok, spec: FLSpec) -> int:
 
 
 def node_updates(settings: dict, theta, texts, client_ids, rng):
-    """A Flower node's side of a DP-FL round (:mod:`popri.federated.flower.node`): for each of
+    """A Flower node's side of a DP-FL round (:mod:`popri.apps.flower.node`): for each of
     its clients (first-appearance order) the update from the global weights ``theta`` on its
     ``texts``, clipped to C, as float64 -- one at a time.  ``rng`` (the node's noise stream) is
     not used: the data order is :func:`client_rng`'s, as in-process."""

@@ -136,7 +136,7 @@ def round_samples(run, clients: list[str], k: int) -> dict[int, list[str]]:
 
 
 def _opts(fields, **extra) -> list[str]:
-    from popri.pipeline.driver import step_argv
+    from popri.pipeline.stages import step_argv
 
     return step_argv(FewFedPITSpec, **extra, only=list(fields))
 

@@ -39,7 +39,8 @@ def load_embeddings(path: str, *, what: str, split: str, **kw):
     """An embedding set from a .npy set, a dataset dir (its split), or JSONL (a file or '-')
     of texts or of 'embedding' rows (the pipe format of 'popri embed --out -')."""
     from popri.core.io import STDIO, is_embedding_path
-    from popri.models.embed import as_embedding_set, read_records
+    from popri.data.records import read_records
+    from popri.models.embed import as_embedding_set
 
     if path != STDIO and is_embedding_path(path):
         return as_embedding_set(path, what=what, **kw)

@@ -99,7 +99,7 @@ def init_file(public: str, num: int, *, split: str = "train", seed: int = 0,
     at ``out`` ('-': stdout, else atomically).  Returns counts for the log line."""
     from popri.core import io
     from popri.core.guard import check_outputs
-    from popri.models.embed import text_records
+    from popri.data.records import text_records
     from popri.privacy.noise import make_rng
 
     check_outputs([out], [public])

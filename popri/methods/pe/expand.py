@@ -421,7 +421,7 @@ def expand_file(seeds: str, spec: ExpandSpec, *, num_samples: int, out: str,
     the prompts) is a PopriError (exit 1) unless ``allow_short`` (then a warning).  Returns the
     final manifest."""
     from popri.core.guard import check_outputs
-    from popri.models.embed import text_records
+    from popri.data.records import text_records
 
     if adapter:
         from popri.models.lora import require_adapter

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from popri.pipeline.driver import final_seed, round_seed, step_argv
-from popri.pipeline.stages import Stage
+from popri.pipeline.stages import Stage, final_seed, round_seed, step_argv
 
 
 def threshold(run, z: float | None) -> float | str:
@@ -108,7 +107,7 @@ def results(run, noise: dict) -> dict:
 
 
 def shape(r: dict) -> str:
-    from popri.pipeline.driver import _fmt
+    from popri.pipeline.stages import _fmt
 
     pe = r.get("pe", {})
     return (f"PE on {r['run_dir']}: T={r['rounds']} rounds, N_syn={pe.get('num_syn')}, "

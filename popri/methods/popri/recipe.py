@@ -17,9 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from popri.pipeline import config as C
-from popri.pipeline.driver import final_seed, opt, round_seed, selection_note, step_argv
-from popri.pipeline.stages import DPRelease, Stage
+from popri.pipeline.stages import (DPRelease, Stage, final_seed, opt, round_seed, selection_note,
+                                   step_argv)
 from popri.specs.training import DPOSpec, PrefsSpec, SelectSpec, SFTSpec
 
 
@@ -31,7 +30,7 @@ def select_stats_stage(run) -> Stage:
     out = run.p["select_stats"]
     return Stage("select-stats", [
         "fred", "stats", "--private", str(run.p["emb_val"]), "--out", str(out),
-        "--epsilon", repr(dp.select_epsilon), "--delta", repr(C.select_delta(c)),
+        "--epsilon", repr(dp.select_epsilon), "--delta", repr(c.selection_delta),
         "--level", "user", "--relation", "add-remove", "--calibration", "analytic",
         "--seed", str(c.seed), *(["--release"] if run.release else [])],
         outputs=[str(out)], inputs=[str(run.p["emb_val"])],
@@ -287,7 +286,7 @@ def results(run, noise: dict) -> dict:
     c = run.cfg
     return {"checkpoint_selection": {
         "on": run.select, "note": selection_note(run.select, c),
-        **({"epsilon": c.dpo.select_epsilon, "delta": C.select_delta(c)}
+        **({"epsilon": c.dpo.select_epsilon, "delta": c.selection_delta}
            if run.select == "dp" else {})}, **_recovery(run), **_probe(run)}
 
 

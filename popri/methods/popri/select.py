@@ -199,11 +199,9 @@ class Selection:
 
 
 def _copy_adapter(checkpoint: str, dest: Path) -> str:
-    # looked up on popri.methods.popri.dpo, which re-exports popri.models.lora.save_adapter:
-    # tests/test_run_privacy.py replaces it there
-    from popri.methods.popri import dpo
+    from popri.models import lora
 
-    return dpo.save_adapter(None, dest, source=checkpoint)
+    return lora.save_adapter(None, dest, source=checkpoint)
 
 
 def prepare_selection(select_on: str, select_prompts: str, spec=None, *, model: str,

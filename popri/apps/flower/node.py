@@ -18,7 +18,7 @@ share of the noise:
   (conditional randomised rounding), summed, plus a discrete Gaussian share, reduced to
   [-m/2, m/2) -- integers that pass through Flower's quantisation unchanged.
 
-No Flower import here: the client app (:mod:`popri.federated.flower.client_app`) and the tests
+No Flower import here: the client app (:mod:`popri.apps.flower.client_app`) and the tests
 call :func:`upload`.
 """
 

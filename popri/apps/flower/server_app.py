@@ -10,7 +10,7 @@ named by ``settings["payload"]``) -- from ``$POPRI_FLOWER_JOB`` or the run confi
 ``job``.  Runs Flower's legacy workflow with SecAgg+ (``DefaultWorkflow(fit_workflow=
 SecAggPlusWorkflow(...))`` on a ``LegacyContext``) for one round: every SuperNode gets the
 synthetic embeddings as the fit parameters and the settings in the fit config, and uploads its
-masked vector (:mod:`popri.federated.flower.client_app`).  Flower's aggregate with weight 1 per
+masked vector (:mod:`popri.apps.flower.client_app`).  Flower's aggregate with weight 1 per
 node is the mean of the survivors' uploads; the app writes that mean, the number of survivors
 and of failures to ``result.json`` + ``result.npy`` (atomically).  The engine turns them into
 the sum, decodes the discrete Gaussian, finishes (:func:`popri.federated.aggregation.finish`)

@@ -455,8 +455,8 @@ def _cosine_vectors(s: Setup, rng):
 
 def _client_vectors(emb, ids, syn, clip: float):
     """Every client's clipped, standardised cosine vector, as a Flower node computes it
-    (:func:`popri.federated.flower.node.client_vectors`)."""
-    from popri.federated.flower import node
+    (:func:`popri.apps.flower.node.client_vectors`)."""
+    from popri.apps.flower import node
 
     return node.client_vectors({"mode": "cosine", "clip": clip, "standardize": True}, syn,
                                np.asarray(emb, dtype=np.float32), list(ids), None)
@@ -464,10 +464,10 @@ def _client_vectors(emb, ids, syn, clip: float):
 
 def _ddg_worlds(s: Setup):
     """The distributed discrete Gaussian of a cosine round on ``s.nodes`` SuperNodes, replayed
-    through the nodes' own encoding (:func:`popri.federated.flower.node.upload`: clip, round on
+    through the nodes' own encoding (:func:`popri.apps.flower.node.upload`: clip, round on
     the plan's grid, one noise share per node, centred residues mod m) and the server's decode
     (sum mod m, :func:`popri.privacy.ddg.decode`).  The canary is one more client (on node 0)."""
-    from popri.federated.flower import node
+    from popri.apps.flower import node
     from popri.privacy import ddg
     from popri.privacy.noise import make_rng
 

@@ -12,11 +12,11 @@ A deployed SuperNode (``popri score --federation``) is ONE client: all rows of i
 file with ``client_id`` rows (simulation, or :func:`popri.federated.flower.deploy.loopback_job`)
 holds several clients, each scored on its own.
 
-The server (:mod:`popri.federated.flower.server_app`) sends the synthetic embeddings as the fit
+The server (:mod:`popri.apps.flower.server_app`) sends the synthetic embeddings as the fit
 parameters and the round's settings (JSON) in the fit config.  The node loads its private data:
 ``node_config["data-path"]`` in a deployment (a JSONL of texts, which it embeds with the same
 model as the server, or an embedding set), or the partition the simulation engine wrote
-(``$POPRI_FLOWER_JOB/node-<partition-id>.npy``); computes :func:`popri.federated.flower.node.
+(``$POPRI_FLOWER_JOB/node-<partition-id>.npy``); computes :func:`popri.apps.flower.node.
 upload`; and returns it with ``num_examples = 1`` (Flower's SecAgg+ weight: 1/max_weight = 1, so
 its aggregate is the plain mean of the survivors' uploads, which the server turns back into the
 sum).  ``flwr.client.mod.secaggplus_mod`` masks and quantises the upload; the server never sees
@@ -43,7 +43,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import (RECORD_KEY_CONFIGS, Key,
                                                                    Stage)
 
-from popri.federated.flower import node
+from popri.apps.flower import node
 
 JOB_ENV = "POPRI_FLOWER_JOB"
 DROP_ENV = "POPRI_FLOWER_DROP"
@@ -55,7 +55,7 @@ def node_index(context) -> int:
     return int(cfg["partition-id"]) if "partition-id" in cfg else int(context.node_id)
 
 
-node_rng = node.node_rng  # the node's random source (popri.federated.flower.node)
+node_rng = node.node_rng  # the node's random source (popri.apps.flower.node)
 
 
 def load_data(context, settings: dict):
@@ -80,7 +80,7 @@ def load_texts(context, settings: dict):
     """(texts, client ids) of this node's clients in a DP-FL round: a deployed node's
     ``data-path`` (JSONL with ``text``: ONE client, the device) or the engine's
     ``node-<partition-id>.jsonl`` (rows with ``client_id``)."""
-    from popri.models.embed import text_records
+    from popri.data.records import text_records
 
     path = context.node_config.get("data-path")
     if path:
