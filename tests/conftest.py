@@ -61,6 +61,24 @@ def run_popri():
     return _run
 
 
+def assert_plan_equals_record(run_dir, stages: set[str]) -> None:
+    """`popri run`'s check that every DP stage recorded exactly the ledger entries its budget
+    guard planned (issue 27: popri.privacy.entries.conformance, after each DP stage) ran for
+    ``stages`` and found them equal; and, independently of that check, every distinct release in
+    the run's ledgers was checked by one of them."""
+    import json
+
+    from popri.privacy.ledger import read_ledger
+
+    res = json.loads((Path(run_dir) / "results.json").read_text())
+    chk = res["ledger_check"]
+    assert chk["agree"] and set(chk["stages"]) == set(stages), chk
+    assert all(c["agree"] and c["recorded"] == c["planned"] for c in chk["stages"].values()
+               if "note" not in c), chk
+    ids = {e.release_id for p in Path(run_dir).rglob("ledger.jsonl") for e in read_ledger(p)}
+    assert len(ids) == sum(c["recorded"] for c in chk["stages"].values()), (ids, chk)
+
+
 @pytest.fixture(scope="session")
 def tiny_st_model(tmp_path_factory) -> str:
     """A tiny random sentence-transformers model directory (fast, deterministic)."""

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import write_jsonl
+from conftest import assert_plan_equals_record, write_jsonl
 from test_run_privacy import dataset  # noqa: F401  (fixture)
 
 from popri.methods.dpfl import rounds as R
@@ -205,6 +205,9 @@ def test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes(tmp_path, dataset
     p = run_popri(_run_args(run, dataset, tiny_lm, method), check=True)
     res = json.loads((run / "results.json").read_text())
     assert res["method"] == method and 0 <= res["methods"][method]["accuracy"] <= 1
+    # fedavg: two releases; ftrl: the epoch's one tree, planned and recorded by round 1 (round 2
+    # records it again under the tree's id: no new release, nothing planned)
+    assert_plan_equals_record(run, {"fl-round1", "fl-round2"})
     assert "fid_to_val" not in res and not (run / "synthetic.jsonl").exists()
     assert not (run / "embeddings").exists() and not (run / "data" / "public").exists()
     entries = read_ledger(run / "fl" / "ledger.jsonl")
@@ -285,6 +288,8 @@ def test_popri_run_dp_fedavg_on_flower_spends_the_budget_through_the_ddg(tmp_pat
     res = json.loads((run / "results.json").read_text())
     (e,) = read_ledger(run / "fl" / "ledger.jsonl")
     assert e.mechanism == "distributed_discrete_gaussian" and e.params["round"] == 1
+    # the realised DDG plan spends no more than the nominal one the budget planned with
+    assert_plan_equals_record(run, {"fl-round1"})
     assert res["epsilon"] <= 1.0 * (1 + 1e-6) and res["epsilon"] == pytest.approx(1.0, abs=2e-3)
     r = json.loads((run / "fl" / "round1" / R.ROUND).read_text())["private_diagnostics"]
     assert r["flower"]["survivors"] == 3

@@ -292,3 +292,19 @@ def test_popri_run_fewfedpit_refuses_a_budget_and_plans_fedit(tiny_lm, tmp_path,
     cmds = [x for x in p.stdout.splitlines() if x.startswith("popri fewfedpit")]
     assert any(" local " in x for x in cmds) and not any(" selfgen " in x for x in cmds)
     assert any(" mix " in x and "--mode fedit" in x for x in cmds)
+
+
+def test_popri_run_fewfedpit_with_noise_records_what_it_plans(tiny_lm, tmp_path, run_popri):
+    """The popri extension (fewfedpit.noise_multiplier and clip): the aggregate stage declares its
+    release, and the entry it records is the one the plan composed (issue 27)."""
+    from conftest import assert_plan_equals_record
+    from popri.privacy.ledger import read_ledger
+
+    data, run = _instruct_table(tmp_path), tmp_path / "ffp"
+    run_popri(_ffp_run_args(run, data, tiny_lm, "fewfedpit", "--set", "baselines=false",
+                            "--set", "fewfedpit.noise_multiplier=0.5", "--set",
+                            "fewfedpit.clip=1", "--set", "fewfedpit.clients_per_round=2"),
+              check=True)
+    assert_plan_equals_record(run, {"ffp-r1-aggregate"})
+    (e,) = [e for p in run.rglob("ledger.jsonl") for e in read_ledger(p)]
+    assert e.mechanism == "subsampled_gaussian" and e.noise_multiplier == 0.5

@@ -150,3 +150,23 @@ def test_the_version_is_declared_once():
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert meta["project"]["version"] == __version__ == popri.__version__
+
+
+def test_the_driver_is_method_agnostic():
+    """No method-name branch outside the method's own package: what differs between methods is a
+    field or hook of pipeline.recipes.Method (issue 27)."""
+    import re
+
+    from popri.pipeline.recipes import METHODS
+
+    names = "|".join(re.escape(m) for m in METHODS)
+    pat = re.compile(rf"""\b(method|mode)\b\s*(==|!=|\bin\b|\bnot in\b)\s*[\(\[\{{]?\s*["']({names})["']""")
+    own = {"fewfedpit.py"}  # cli/commands/fewfedpit.py: FewFedPIT's own steps (its --mode)
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+            for p in sorted(PKG.rglob("*.py"))
+            if "methods" not in p.relative_to(PKG).parts[:1] and p.name not in own
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if pat.search(line)]
+    assert hits == []
+    # and the check would see one
+    assert pat.search('if cfg.method in ("popri", "pe-sft") and x:')

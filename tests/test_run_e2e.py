@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_jsonl
+from conftest import assert_plan_equals_record, write_jsonl
 
 WORDS = ("river market winter council harvest railway treaty budget school harbor army labor "
          "court senate tariff union farmer coal steel bank trade navy").split()
@@ -99,6 +99,7 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     assert "| POPri |" in r.stdout and "gap closed" in r.stdout, r.stdout
     assert "| POPri, T = 0 (untuned generator) |" in r.stdout and "learning: POPri minus" in r.stdout
     res = json.loads((run / "results.json").read_text())
+    assert_plan_equals_record(run, {"round1-score"})
     assert set(res["methods"]) == {"popri", "t0", "eps0", "epsinf"}
     assert res["control"]["acc_minus_control"] == pytest.approx(
         res["methods"]["popri"]["accuracy"] - res["methods"]["t0"]["accuracy"], abs=1e-9)
@@ -147,6 +148,7 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
     assert list(res["methods"]) == [method] and res["epsilon"] == pytest.approx(1.0, abs=2e-3)
+    assert_plan_equals_record(run, {"round1-score", "round2-score"})
     syn = [json.loads(l) for l in open(run / "synthetic.jsonl")]
     assert len(syn) == 12
     if method == "pe":

@@ -246,7 +246,7 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
                         "privacy.epsilon=1", "score.recovery_rate=true"])
     r = Run(cfg)
     r.noise = r.calibrate()
-    _emb_set(r.p["emb_private"], _unit(rng, 120), clients=np.arange(120) // 4)
+    _emb_set(r.paths.emb_private, _unit(rng, 120), clients=np.arange(120) // 4)
     for t in (1, 2):
         syn = _emb_set(run / f"round{t}" / "samples.npy", _unit(rng, 10))
         r.stage(r.score_stage(t, syn, run / f"round{t}" / "scores.npy", seed=t))
@@ -402,11 +402,11 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
         return r, dpo
 
     r, dpo = plan("private")
-    assert all("--select-on " + str(r.p["emb_val"]) in c for c in dpo)
+    assert all("--select-on " + str(r.paths.emb_val) in c for c in dpo)
     r, dpo = plan("public")
-    assert any(c.startswith("popri embed ") and str(r.p["emb_public"]) in c
+    assert any(c.startswith("popri embed ") and str(r.paths.emb_public) in c
                for c in r.runner.commands)
-    assert all("--select-on " + str(r.p["emb_public"]) in c for c in dpo)
+    assert all("--select-on " + str(r.paths.emb_public) in c for c in dpo)
     r, dpo = plan("none")
     assert dpo and not any("--select-on" in c for c in dpo)
     z_private = Run(C.load(None, [f"run_dir={tmp_path}/p", f"data.dir={dataset}",
@@ -415,9 +415,9 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
     fred = [c for c in r.runner.commands if c.startswith("popri fred stats ")]
     assert len(fred) == 1
     for flag in ("--level user", "--relation add-remove", "--calibration analytic",
-                 f"--private {r.p['emb_val']}", "--epsilon 0.1"):
+                 f"--private {r.paths.emb_val}", "--epsilon 0.1"):
         assert flag in fred[0]
-    assert all("--select-on " + str(r.p["select_stats"]) in c for c in dpo)
+    assert all("--select-on " + str(r.paths.select_stats) in c for c in dpo)
     # the selection release is part of privacy.epsilon: more noise on the scores, and the whole
     # plan (2 FreD releases + T score rounds) composes to the budget
     assert r.noise["noise_multiplier"] > z_private["noise_multiplier"]
@@ -503,6 +503,9 @@ def test_slow_release_run_with_dp_selection_end_to_end(tiny_inputs, tiny_lm, tin
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
     assert res["mode"] == "release" and res["checkpoint_selection"]["on"] == "dp"
+    from conftest import assert_plan_equals_record
+
+    assert_plan_equals_record(run, {"select-stats", "round1-score"})
     assert res["epsilon"] == pytest.approx(1.0, abs=2e-3) and res["epsilon"] <= 1.0 + 1e-6
     led = {p.parent.name: read_ledger(p) for p in run.rglob("ledger.jsonl")}
     assert sorted(led) == ["round1", "selection"]

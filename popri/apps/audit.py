@@ -666,26 +666,26 @@ def entry_claim(s: Setup, *, delta: float, accountant: str) -> tuple[float, floa
     how) for ddg / tree / subsampled: the entry the release would record, totalled by the
     accountant, as ``popri account ledger`` would."""
     from popri.privacy import accounting as A
-    from popri.privacy.ledger import LedgerEntry
+    from popri.privacy import entries as E
 
-    common = dict(stage="audit", steps=1, delta=delta, sensitivity=s.clip, release_id="audit")
+    common = dict(delta=delta, sensitivity=s.clip, release_id="audit", mode="research")
     if s.mechanism == "ddg":
         from popri.privacy import ddg
 
         plan = next(x for x in s.notes if isinstance(x, ddg.DDGPlan))
         z = ddg.effective_noise_multiplier(plan, s.nodes)
-        e = LedgerEntry(mechanism="distributed_discrete_gaussian", noise_multiplier=z,
-                        sample_rate=1.0, params=ddg.ledger_params(plan, s.nodes), **common)
+        e = E.distributed_discrete_gaussian("audit", noise_multiplier=z, sample_rate=1.0,
+                                            sampling="none", ddg=ddg.ledger_params(plan, s.nodes),
+                                            **common)
         how = f"{accountant}, distributed_discrete_gaussian"
     elif s.mechanism == "tree":
         z = s.z
-        e = LedgerEntry(mechanism="tree_aggregation", noise_multiplier=z, sample_rate=1.0,
-                        params={"leaves": int(s.leaves)}, **common)
+        e = E.tree_aggregation("audit", noise_multiplier=z, leaves=int(s.leaves), **common)
         how = f"{accountant}, tree_aggregation ({s.leaves} leaves)"
     else:
         z = s.z
-        e = LedgerEntry(mechanism="subsampled_gaussian", noise_multiplier=z,
-                        sample_rate=float(s.sample_rate), sampling="poisson", **common)
+        e = E.gaussian("audit", noise_multiplier=z, sample_rate=float(s.sample_rate),
+                       sampling="poisson", **common)
         how = f"{accountant}, subsampled_gaussian (q = {s.sample_rate:g})"
     return float(z), A.compose([e], delta, accountant).epsilon, how
 

@@ -1,20 +1,27 @@
 """What every command shares: options generated from the specs, help unwrapping, error mapping.
 
-    from popri.cli.options import option, build, register
-    from popri.specs import DPOSpec
+    from popri.cli.options import spec_options
+    from popri.specs.feedback import ScoreSpec
 
-    def dpo(beta: float = option(DPOSpec, "beta"), ...):
-        spec = build(DPOSpec, beta=beta, ...)       # validated; errors name --beta
+    @spec_options(ScoreSpec)                   # every field of ScoreSpec is an option
+    def score(synthetic: str = typer.Option(...), *, spec: ScoreSpec) -> None:
+        ...                                     # spec: built and validated; errors name the flag
 
 A spec field declares its default, help, source and range once (:mod:`popri.core.spec`);
-:func:`option` turns it into the Typer option, :func:`build` turns the parsed values back into
-the spec (a ConfigError from its validation becomes an InputError naming the flag: exit 2).
+:func:`spec_options` makes every field of a spec an option of a command, so a new setting is one
+field; :func:`option` turns one field into a Typer option, :func:`build` turns the parsed values
+back into the spec (a ConfigError from its validation becomes an InputError naming the flag:
+exit 2).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+import inspect
+import types
+import typing
+from typing import Any, Optional
 
 import typer
 
@@ -61,6 +68,58 @@ def build(spec_cls, **values: Any):
         return spec_cls(**values)
     except ConfigError as e:
         raise InputError(e.message, field=names.get(e.field or "", e.field)) from None
+
+
+def _option_type(t: Any) -> Any:
+    """A spec field's type as Typer reads it: ``X | None`` as ``Optional[X]``; a tuple (given as
+    one separated string, its field's ``sep``) as ``str``."""
+    args = typing.get_args(t)
+    if isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        return Optional[_option_type(inner[0])] if len(inner) == 1 else str
+    if typing.get_origin(t) is tuple or t is tuple:
+        return str
+    return t
+
+
+def spec_options(spec_cls, *, into: str = "spec", exclude: tuple[str, ...] = (),
+                 decls: dict[str, tuple[str, ...]] | None = None):
+    """Decorator: every field of ``spec_cls`` (but ``exclude``) becomes an option of the command,
+    after the command's own parameters (:func:`option`: its default, flag, help and range), and
+    the command receives the built, validated spec as the keyword ``into``.  A field the command
+    declares itself (a different flag or a required value) keeps the command's option and still
+    goes into the spec.  ``decls``: other flag spellings of a field (``--x/--no-x``)."""
+    hints = typing.get_type_hints(spec_cls)
+    fields = [f for f in dataclasses.fields(spec_cls) if f.init and f.name not in exclude]
+    decls = decls or {}
+
+    def deco(fn):
+        sig = inspect.signature(fn)
+        resolved = typing.get_type_hints(fn)  # the command module's string annotations
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY,
+                         annotation=resolved.get(n, p.annotation))
+               for n, p in sig.parameters.items() if n != into]
+        mine = {p.name for p in own}
+        added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
+                                   default=option(spec_cls, f.name, *decls.get(f.name, ())),
+                                   annotation=_option_type(hints[f.name]))
+                 for f in fields if f.name not in mine]
+        in_spec = [f.name for f in fields]
+
+        @functools.wraps(fn)
+        def command(**kw):
+            vals = {n: kw[n] for n in in_spec if n in kw}
+            for p in added:
+                kw.pop(p.name, None)
+            kw[into] = build(spec_cls, **vals)
+            return fn(**kw)
+
+        command.__signature__ = sig.replace(parameters=own + added)
+        command.__annotations__ = {**{p.name: p.annotation for p in own + added},
+                                   "return": resolved.get("return", None)}
+        return command
+
+    return deco
 
 
 def escape(text: str) -> str:

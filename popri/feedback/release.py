@@ -41,6 +41,7 @@ from popri.core.errors import InputError
 from popri.federated import aggregation, participation
 from popri.federated.aggregation import public_denominator  # noqa: F401  (re-exported)
 from popri.feedback import cosine, histogram
+from popri.privacy.entries import round_release
 from popri.privacy.release import Release
 from popri.specs.feedback import ScoreSpec
 
@@ -112,7 +113,7 @@ def check_outputs(out: str | None, per_client_out: str | None, ledger_dir: str |
         raise InputError("--per-client-out is a research-mode simulation of the clients' "
                          "uploads; in release mode the noise is drawn once on the sum "
                          "(discrete Gaussian)", field="--per-client-out")
-    if spec.engine == "flower" and per_client_out:
+    if spec.flower and per_client_out:
         raise InputError("--per-client-out writes every client's upload; with --engine flower "
                          "the server only ever sees the secure sum", field="--per-client-out")
     if out == io.STDIO and not per_client_out and not ledger_dir and not spec.diagnostic:
@@ -202,11 +203,10 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
         or model,
     }
     layout = {"per_client_rows": bool(per_client_out), "block_size": spec.block_size}
-    mechanism = "subsampled_gaussian" if q < 1 else "gaussian"
     noise_params = ({"noise": "discrete-gaussian", "nominal_noise_multiplier": noise_multiplier}
                     if secure else {"noise": "gaussian"})
-    flower = None
-    if spec.engine == "flower":
+    flower = ddg_params = None
+    if spec.flower:
         flower = _flower_round(priv, syn, codes, clients, part, keep, spec, mode=mode,
                                noise_multiplier=noise_multiplier, sens=sens, seed=seed,
                                round_=round_, secure=secure, out=out, ledger_dir=ledger_dir)
@@ -221,20 +221,19 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
                                       spec.secagg_mechanism} if secure else flower.params()}
         noise_params = {"noise": spec.secagg_mechanism, "nominal_noise_multiplier":
                         noise_multiplier, "secagg": "flower SecAgg+"}
-        if spec.secagg_mechanism == "ddg":
-            mechanism = "distributed_discrete_gaussian"
+        if spec.mechanism() == "distributed_discrete_gaussian":
             from popri.privacy import ddg
 
-            noise_params |= ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg),
-                                              flower.survivors, release=secure)
+            ddg_params = ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg), flower.survivors,
+                                           release=secure)
         for note in ([] if secure else flower.notes):
             log.warn(f"score: {note}")
     entry = None
     if not diagnostic:
-        entry = rel.entry(
-            mechanism=mechanism,
-            noise_multiplier=z_eff, sample_rate=q, steps=1, delta=delta, sensitivity=sens,
-            sampling=part.sampling,
+        # the engine's mechanism, by the one entry function the budget plans with
+        entry = round_release(
+            spec, "score", noise_multiplier=z_eff, sample_rate=q, delta=delta, sensitivity=sens,
+            sampling=part.sampling, mode=rel.mode, ddg=ddg_params,
             release_id=rel.release_id(
                 fingerprint(priv) if priv is not None else f"flower:{spec.federation}",
                 fingerprint(syn), params, layout),

@@ -32,7 +32,7 @@ class Budget:
 
     def _clients(self) -> int | None:
         """The private train split's client count N (None before the fetch)."""
-        man = self.p["private"] / "manifest.json"
+        man = self.paths.private / "manifest.json"
         if not man.exists():
             return None
         try:
@@ -65,46 +65,40 @@ class Budget:
             return []
         from popri.methods.fred import stats as F
         from popri.privacy.calibration import gaussian_multiplier
-        from popri.privacy.ledger import LedgerEntry
+        from popri.privacy.entries import gaussian
 
         dp = self.cfg.dpo
         z = gaussian_multiplier(dp.select_epsilon, self.cfg.selection_delta, "analytic")
         z /= 1.0 + self._snap()
         design = F.Design("add-remove", "user", 1.0, None)
-        return [LedgerEntry(stage="fred", mechanism="gaussian", noise_multiplier=z,
-                            sample_rate=1.0, steps=1, delta=self.cfg.selection_delta,
-                            sensitivity=sens, sampling="none", neighbouring=design.neighbouring,
-                            mode="release" if self.release else "research",
-                            params={"release": what})
+        return [gaussian("fred", noise_multiplier=z, sample_rate=1.0,
+                         delta=self.cfg.selection_delta, sensitivity=sens, sampling="none",
+                         neighbouring=design.neighbouring,
+                         mode="release" if self.release else "research", params={"release": what})
                 for what, sens in (("mean", design.mean_sensitivity),
                                    ("covariance", design.cov_sensitivity))]
 
     def score_entry(self, t: int) -> list:
         """The prospective ledger entry of round t's DP scores (z, q, sensitivity; steps 1)."""
-        from popri.privacy.ledger import LedgerEntry
-
-        sc, n = self.cfg.score, self.noise
+        n = self.noise
         if n.get("noise_multiplier") is None or n.get("sample_rate") is None:
             return []  # a dry run before the fetch: z or q is not known yet
-        q = float(n["sample_rate"])
-        nn = self.method.score_mode(self.cfg) == "nn-histogram"
-        sampling = ("poisson" if sc.sample_rate else "fixed" if sc.clients_per_round else "none")
-        if sc.engine == "flower" and sc.secagg_mechanism == "ddg":
-            from popri.privacy import ddg
+        return [self._score_release(t, float(n["noise_multiplier"]), float(n["sample_rate"]))]
 
-            z = float(n["noise_multiplier"])  # see _calibrate_ddg
-            return [LedgerEntry(stage="score", mechanism="distributed_discrete_gaussian",
-                                noise_multiplier=z, sample_rate=q, steps=1,
-                                delta=self.cfg.privacy.delta,
-                                sensitivity=float(sc.max_samples_per_client if nn else sc.clip),
-                                sampling=sampling, mode="release" if self.release else "research",
-                                params={"round": t, **ddg.nominal_params(z)})]
-        return [LedgerEntry(stage="score", mechanism="subsampled_gaussian" if q < 1 else "gaussian",
-                            noise_multiplier=float(n["noise_multiplier"]), sample_rate=q, steps=1,
-                            delta=self.cfg.privacy.delta,
-                            sensitivity=float(sc.max_samples_per_client if nn else sc.clip),
-                            sampling=sampling, mode="release" if self.release else "research",
-                            params={"round": t})]
+    def _score_release(self, t: int, z: float, q: float):
+        """Round t's score release at (z, q) as ``popri score`` will record it: the one entry
+        function of the engine's mechanism (:func:`popri.privacy.entries.round_release`)."""
+        from popri.privacy.entries import round_release
+        from popri.specs.engine import EngineSpec
+
+        sc = self.cfg.score
+        nn = self.method.score_mode(self.cfg) == "nn-histogram"
+        return round_release(
+            EngineSpec.of(sc), "score", noise_multiplier=z, sample_rate=q,
+            sensitivity=float(sc.max_samples_per_client if nn else sc.clip),
+            sampling="poisson" if sc.sample_rate else "fixed" if sc.clients_per_round else "none",
+            delta=self.cfg.privacy.delta, mode="release" if self.release else "research",
+            params={"round": t})
 
     def _compose(self, entries: list):
         from popri.privacy import accounting as A
@@ -121,6 +115,7 @@ class Budget:
         entries within privacy.epsilon."""
         from popri.privacy import accounting as A
         from popri.privacy.calibration import noise_multiplier
+        from popri.specs.engine import EngineSpec
 
         c, pr = self.cfg, self.cfg.privacy
         try:
@@ -140,35 +135,22 @@ class Budget:
                             for e in self.method.round_entries(self, t, z, q)] + list(fixed)
 
                 return calibrate(pr.epsilon, pr.delta, entries_at, pr.accountant)
-            if sc.engine == "flower" and sc.secagg_mechanism == "ddg":
-                return self._calibrate_ddg(q, fixed)
+            if EngineSpec.of(sc).mechanism() != "gaussian":
+                # e.g. the distributed discrete Gaussian on Flower: calibrate z with that
+                # mechanism's own accounting (at q < 1 its general subsampling bound needs more
+                # noise than the sampled Gaussian's); the rounds' entries are the ones recorded
+                from popri.privacy.calibration import calibrate
+
+                def score_entries_at(z):
+                    return [self._score_release(t, z, q)
+                            for t in range(1, c.rounds + 1)] + list(fixed)
+
+                return calibrate(pr.epsilon, pr.delta, score_entries_at, pr.accountant)
             return noise_multiplier(pr.epsilon, q, c.rounds, pr.delta, pr.accountant,
                                     also=fixed)
         except A.ParameterError as e:
             raise ConfigError(f"no noise multiplier meets the budget: {e.message}",
                               field="privacy.epsilon") from None
-
-    def _calibrate_ddg(self, q: float, fixed: list) -> float:
-        """Flower with the distributed discrete Gaussian (popri.federated.flower.engine): the
-        rounds' ledger entries are that mechanism's, at the asked z (the engine scales the noise
-        to the rounded sensitivity) and a negligible tau (the noise shares are many integer
-        units wide), so calibrate z with its accounting: at q < 1 its general subsampling bound
-        needs more noise than the sampled Gaussian's."""
-        from popri.privacy.calibration import calibrate
-
-        c, pr = self.cfg, self.cfg.privacy
-        sampling = "none" if q >= 1 else ("poisson" if c.score.sample_rate else "fixed")
-
-        from popri.privacy import ddg
-
-        def entries_at(z):
-            return [{"stage": "score", "mechanism": "distributed_discrete_gaussian",
-                     "noise_multiplier": z, "sample_rate": q, "steps": c.rounds,
-                     "sampling": sampling, "delta": pr.delta,
-                     "params": ddg.nominal_params(z)},
-                    *fixed]
-
-        return calibrate(pr.epsilon, pr.delta, entries_at, pr.accountant)
 
     def calibrate(self) -> dict:
         """z and q of the score rounds.  Before the fetch, when q = clients_per_round / N needs
@@ -199,7 +181,7 @@ class Budget:
                         "clients": None, "how": f"z is set after the fetch: {q_how}"}
             if cpr > n:
                 raise ConfigError(f"{cpr} exceeds the {n} clients of the private "
-                                  f"train split ({self.p['private']}): set {sec}.clients_per_round"
+                                  f"train split ({self.paths.private}): set {sec}.clients_per_round"
                                   f" <= {n}, or {sec}.sample_rate",
                                   field=f"{sec}.clients_per_round")
             q = cpr / n

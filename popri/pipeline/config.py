@@ -433,7 +433,9 @@ def check(cfg: RunConfig) -> None:
     if sc.clients_per_round is not None and sc.sample_rate is not None:
         raise ConfigError("give score.clients_per_round or score.sample_rate, not both",
                           field="score.sample_rate")
-    if cfg.method in ("popri", "pe-sft") and dp.rejected_rank > cfg.samples_per_prompt:
+    from popri.pipeline.recipes import METHODS
+
+    if METHODS[cfg.method].pairs and dp.rejected_rank > cfg.samples_per_prompt:
         raise ConfigError(f"must be <= samples_per_prompt ({cfg.samples_per_prompt}): the "
                           f"rejected sample is the l-th best of J per prompt (got "
                           f"{dp.rejected_rank})", field="dpo.rejected_rank")
@@ -467,7 +469,9 @@ def check_files(cfg: RunConfig) -> None:
 
 def select_on(cfg: RunConfig) -> str:
     """The checkpoint selection in effect: none for methods without DPO or when turned off."""
-    if cfg.method != "popri" or not cfg.dpo.select_checkpoint:
+    from popri.pipeline.recipes import METHODS
+
+    if not METHODS[cfg.method].selects or not cfg.dpo.select_checkpoint:
         return "none"
     return cfg.dpo.select_on
 

@@ -42,7 +42,7 @@ from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError re-exported)
 from popri.pipeline.config import RunConfig, to_dict
 from popri.pipeline.stages import (  # noqa: F401 (the recipe kit, re-exported for old callers)
-    Z_LATER, DPRelease, RunLock, Stage, StageRunner, _fmt, final_seed, opt, round_seed,
+    Z_LATER, DPRelease, RunLock, RunPaths, Stage, StageRunner, _fmt, final_seed, opt, round_seed,
     selection_note, step_argv)
 from popri.core.spec import to_argv
 
@@ -74,25 +74,17 @@ class Run(Budget):
         self.release = bool(cfg.release)
         self.select = C.select_on(cfg)       # private | public | dp | none
         self.runner = StageRunner(self.run, dry_run=dry_run)
+        self.runner.accountant = cfg.privacy.accountant
         self.noise: dict = {}
         self.notes: list[str] = []            # dry run: said in the plan's header
-        self.p = {
-            "private": Path(cfg.data.dir) if cfg.data.dir else self.run / "data" / "private",
-            "public": self.run / "data" / "public",
-            "emb_private": self.run / "embeddings" / "private.npy",
-            "emb_val": self.run / "embeddings" / "val.npy",
-            "emb_public": self.run / "embeddings" / "public.npy",
-            "select_stats": self.run / "selection" / "val_stats.npz",
-            "synthetic": self.run / "synthetic.jsonl",
-            "eval": self.run / "eval",
-        }
+        self.paths = RunPaths.of(self.run, cfg.data.dir)
         d = cfg.data
         if d.public_source and is_file_source(d.public_source):
             self.omega = [d.public_source]
             self.omega_inputs = [d.public_source]
         else:
-            self.omega = [str(self.p["public"]), "--split", "train"]
-            self.omega_inputs = [str(self.p["public"])]
+            self.omega = [str(self.paths.public), "--split", "train"]
+            self.omega_inputs = [str(self.paths.public)]
 
     # ------------------------------------------------------------------ stages
     def stage(self, st: Stage) -> bool:
@@ -115,41 +107,41 @@ class Run(Budget):
 
             if not d.dir:
                 yield Stage("instruct-private", [
-                    "instruct", "build", d.source, "--out", str(self.p["private"]),
+                    "instruct", "build", d.source, "--out", str(self.paths.private),
                     *step_argv(InstructSpec, c.instruct), "--seed", str(c.seed)],
-                    outputs=[str(self.p["private"])])
+                    outputs=[str(self.paths.private)])
             return
         common = ["--max-tokens", str(d.max_tokens), "--seed", str(c.seed)]
         if not d.dir:
             yield Stage("fetch-private", [
-                "bench", "fetch", d.source, "--out", str(self.p["private"]), "--split", d.split,
+                "bench", "fetch", d.source, "--out", str(self.paths.private), "--split", d.split,
                 *common, *opt("--date-from", d.date_from),
                 *opt("--max-samples-per-client", d.max_samples_per_client),
                 *opt("--max-clients", d.max_clients)],
-                outputs=[str(self.p["private"])])
+                outputs=[str(self.paths.private)])
         if not d.public_source:
             raise ConfigError("is needed (the initial population Omega)",
                               field="data.public_source")
         if not is_file_source(d.public_source) and self.method.embeds:
             yield Stage("fetch-public", [
-                "bench", "fetch", d.public_source, "--out", str(self.p["public"]), *common,
+                "bench", "fetch", d.public_source, "--out", str(self.paths.public), *common,
                 *opt("--date-to", d.public_date_to),
                 *opt("--max-samples-per-client", d.public_max_samples_per_client)],
-                outputs=[str(self.p["public"])])
+                outputs=[str(self.paths.public)])
 
     def embed_stages(self) -> Iterable[Stage]:
         c = self.cfg
         if not self.method.embeds:
             return
-        for split, key in (("train", "emb_private"), ("val", "emb_val")):
+        for split, out in (("train", self.paths.emb_private), ("val", self.paths.emb_val)):
             yield Stage(f"embed-{split}", [
-                "embed", str(self.p["private"]), "--split", split, "--out", str(self.p[key]),
+                "embed", str(self.paths.private), "--split", split, "--out", str(out),
                 "--model", c.embedder],
-                outputs=[str(self.p[key])], inputs=[str(self.p["private"])])
+                outputs=[str(out)], inputs=[str(self.paths.private)])
         if self.select == "public":
             yield Stage("embed-public", [
-                "embed", *self.omega, "--out", str(self.p["emb_public"]), "--model", c.embedder],
-                outputs=[str(self.p["emb_public"])], inputs=self.omega_inputs)
+                "embed", *self.omega, "--out", str(self.paths.emb_public), "--model", c.embedder],
+                outputs=[str(self.paths.emb_public)], inputs=self.omega_inputs)
 
     # ------------------------------------------------------------------ shared builders
     def gen_args(self, *, adapter: str | None, seed: int) -> list[str]:
@@ -162,6 +154,7 @@ class Run(Budget):
         """``popri score``'s options: the score section + privacy.delta + the mode, as a
         :class:`~popri.specs.feedback.ScoreSpec`.  ``z``: the noise multiplier (None in a dry
         run before the fetch: a placeholder is shown)."""
+        from popri.specs.engine import EngineSpec
         from popri.specs.feedback import ScoreSpec
 
         sc = self.cfg.score
@@ -171,10 +164,8 @@ class Run(Budget):
         own = ({"clip": sc.clip, "standardize": sc.standardize} if mode == "cosine" else
                {"max_samples_per_client": sc.max_samples_per_client,
                 **({} if later else {"threshold": th})})
-        if sc.engine != "inprocess":  # (the in-process command line is unchanged: same cache)
-            own |= {"engine": sc.engine, "supernodes": sc.supernodes,
-                    "secagg_mechanism": sc.secagg_mechanism, "max_dropout": sc.max_dropout,
-                    "flower_timeout": sc.flower_timeout}
+        # the engine's settings: none in-process (its command line, so its cache, unchanged)
+        own |= EngineSpec.of(sc).engine_settings()
         a = step_argv(ScoreSpec, mode=mode, noise_multiplier=z, delta=self.cfg.privacy.delta,
                       clients_per_round=sc.clients_per_round, sample_rate=sc.sample_rate,
                       release=self.release, **own)
@@ -182,7 +173,7 @@ class Run(Budget):
             a += ["--noise-multiplier", Z_LATER]
         if later:
             a += ["--threshold", th]
-        return ["--private", str(self.p["emb_private"]), "--seed", str(seed), "--round", str(t),
+        return ["--private", str(self.paths.emb_private), "--seed", str(seed), "--round", str(t),
                 "--model", self.cfg.embedder, *a]
 
     def score_stage(self, t: int, synthetic: str | Path, out: Path, seed: int, *,
@@ -193,7 +184,7 @@ class Run(Budget):
             "score", "--synthetic", str(synthetic), "--out", str(out),
             *self.score_args(self.noise.get("noise_arg"), seed, t, mode=mode,
                              threshold=threshold)],
-            outputs=[str(out)], inputs=[str(synthetic), str(self.p["emb_private"])],
+            outputs=[str(out)], inputs=[str(synthetic), str(self.paths.emb_private)],
             release=DPRelease(self.score_entry(t), ledger,
                               lambda e, t=t: e.stage == "score" and e.params.get("round") == t))
 
@@ -206,14 +197,14 @@ class Run(Budget):
             return None
         exact = self.run / "diagnostics" / f"round{t}" / "exact.npy"
         ex = ["--diagnostic", "--noise-multiplier", "0", "--seed", str(seed), "--model",
-              c.embedder, "--private", str(self.p["emb_private"]), "--mode", c.score.mode]
+              c.embedder, "--private", str(self.paths.emb_private), "--mode", c.score.mode]
         # no clipping in effect: a client's vector of mean cosines has norm <= sqrt(n_syn),
         # below 1e6 (score's largest --clip) for any n_syn < 1e12
         ex += (["--no-standardize", "--clip", "1e6"] if c.score.mode == "cosine"
                else ["--max-samples-per-client", str(c.score.max_samples_per_client)])
         return Stage(f"round{t}-exact-scores", [
             "--quiet", "score", "--synthetic", str(synthetic), "--out", str(exact), *ex],
-            outputs=[str(exact)], inputs=[str(synthetic), str(self.p["emb_private"])])
+            outputs=[str(exact)], inputs=[str(synthetic), str(self.paths.emb_private)])
 
     # ------------------------------------------------------------------ evaluation
     def downstream_stages(self) -> Iterable[Stage]:
@@ -226,13 +217,13 @@ class Run(Budget):
             return
         c, ds = self.cfg, self.cfg.downstream
         name = c.method
-        priv = str(self.p["private"])
-        syn = str(self.p["synthetic"])
-        E = self.p["eval"]
+        priv = str(self.paths.private)
+        syn = str(self.paths.synthetic)
+        E = self.paths.eval
         if self.method.model_out is None:
             yield Stage("fid-synthetic", [
-                "eval", "fid", syn, str(self.p["emb_val"]), "--model", c.embedder, "--json"],
-                outputs=[str(E / "fid.json")], inputs=[syn, str(self.p["emb_val"])],
+                "eval", "fid", syn, str(self.paths.emb_val), "--model", c.embedder, "--json"],
+                outputs=[str(E / "fid.json")], inputs=[syn, str(self.paths.emb_val)],
                 stdout_to=str(E / "fid.json"))
 
         def train(name: str, data: list[str], inputs: list[str], max_samples: int | None = None):
@@ -436,6 +427,10 @@ class Run(Budget):
                 fh.write("".join(json.dumps(r) + "\n" for r in rows))
         results = self.results(self.noise)
         results["run"] = self.identity()
+        # every DP stage's recorded ledger entries against the ones its budget guard composed
+        checks = self.runner.ledger_checks(self.all_stages())
+        results["ledger_check"] = {"stages": checks,
+                                   "agree": all(v.get("agree") for v in checks.values())}
         with atomic_write(self.run / "results.json") as fh:
             json.dump(results, fh, indent=2)
         with atomic_write(self.run / "results.md") as fh:
@@ -466,7 +461,7 @@ class Run(Budget):
     def results(self, noise: dict) -> dict:
         """RUN/results.json (schema: docs/formats.md): the budget and what was spent, the
         method's own fields, accuracy per method, gap closed, FID, recovery rates, timings."""
-        c, E = self.cfg, self.p["eval"]
+        c, E = self.cfg, self.paths.eval
         priv = read_json(self.run / "privacy.json")
         out = {"run_dir": str(self.run), "epsilon": priv.get("epsilon"), "delta": priv.get("delta"),
                "accountant": priv.get("accountant"), "noise_multiplier": noise["noise_multiplier"],

@@ -4,7 +4,7 @@
 
 A method is a *recipe* -- ``recipe(run) -> Iterator[Stage]``, a pure function of the config,
 the run directory's paths and the calibrated noise that yields the method's stages and ends by
-writing ``run.p["synthetic"]`` -- plus a few hooks the method-agnostic driver
+writing ``run.paths.synthetic`` -- plus a few hooks the method-agnostic driver
 (:mod:`popri.pipeline.driver`) calls: which client feedback the DP rounds use (its
 sensitivity), the method's fields of ``results.json``, its line in the results table and its
 notes in a dry-run plan.  The driver does the rest for every method: data, calibration, the
@@ -72,6 +72,11 @@ class Method:
     control: Callable[..., object] | None = None
     # per-round rows of RUN/metrics.jsonl: metrics(run) -> [dict]
     metrics: Callable[..., list] | None = None
+    # the method builds preference pairs from the DP scores (best vs dpo.rejected_rank-th of J
+    # per prompt): the config checks dpo.rejected_rank <= samples_per_prompt
+    pairs: bool = False
+    # the method tunes with DPO and selects its checkpoint (dpo.select_on / select_checkpoint)
+    selects: bool = False
 
     def __post_init__(self):
         if self.shape is None:
@@ -89,14 +94,14 @@ def _methods() -> dict[str, Method]:
     return {m.name: m for m in (
         Method("popri", "POPri", popri.recipe, results=popri.results,
                plan_notes=popri.plan_notes, control=popri.control_stage,
-               metrics=popri.round_metrics,
+               metrics=popri.round_metrics, pairs=True, selects=True,
                summary="POPri: T rounds of gen, DP scores, preference pairs, DPO; then N samples"),
         Method("pe", "PE (PrE-Text)", pe.recipe, score_mode=lambda cfg: "nn-histogram",
                results=pe.results, shape=pe.shape,
                summary="PrE-Text: T rounds of DP nearest-neighbour votes, draws, variations; "
                        "then Expand"),
         Method("pe-sft", "PE+SFT", popri.recipe_sft, results=popri.results_sft,
-               control=popri.control_stage, metrics=popri.round_metrics,
+               control=popri.control_stage, metrics=popri.round_metrics, pairs=True,
                summary="POPri's PE+SFT baseline: SFT on each prompt's top-scored sample"),
         *(Method(f"dp-{a}", label, dpfl.recipe, results=dpfl.results, shape=dpfl.shape,
                  plan_notes=dpfl.plan_notes, participation=dpfl.participation,

@@ -90,6 +90,32 @@ class DPRelease:
     match: Callable[[object], bool]
 
 
+@dataclass(frozen=True)
+class RunPaths:
+    """The files a run's stages share, by name (``run.paths.synthetic``): under the run
+    directory, except the private data when ``data.dir`` names an existing dataset."""
+
+    private: Path       # the private federated dataset (bench fetch / instruct build)
+    public: Path        # the public data Omega (bench fetch), when not a file
+    emb_private: Path   # the private train split's embeddings
+    emb_val: Path       # the private validation split's embeddings
+    emb_public: Path    # Omega's embeddings
+    select_stats: Path  # dpo.select_on: dp -- the DP mean and covariance of the validation split
+    synthetic: Path     # the method's synthetic set
+    eval: Path          # the evaluation's outputs
+
+    @classmethod
+    def of(cls, run: str | Path, data_dir: str | None = None) -> "RunPaths":
+        run = Path(run)
+        return cls(private=Path(data_dir) if data_dir else run / "data" / "private",
+                   public=run / "data" / "public",
+                   emb_private=run / "embeddings" / "private.npy",
+                   emb_val=run / "embeddings" / "val.npy",
+                   emb_public=run / "embeddings" / "public.npy",
+                   select_stats=run / "selection" / "val_stats.npz",
+                   synthetic=run / "synthetic.jsonl", eval=run / "eval")
+
+
 class RunLock:
     """An exclusive lock on a run directory (``fcntl.flock`` on the directory itself: nothing
     is written) held by one ``popri run`` from its budget check to its last stage marker, so
@@ -220,6 +246,7 @@ class StageRunner:
         self.ran: list[str] = []
         self.skipped: list[str] = []
         self.log_path = self.run_dir / "commands.sh"
+        self.accountant = "rdp"            # the run's accountant (the plan-vs-record check)
 
     # ------------------------------------------------------------------ keys
     def _input_key(self, path: str) -> str:
@@ -294,6 +321,8 @@ class StageRunner:
         self._record(shown)
         t0 = time.time()
         self._pending(stage, key)
+        before = self._ledger_snapshot(stage)
+
         def failed(rc: int) -> PopriError:
             return PopriError(f"stage {stage.name} failed (exit {rc}): {shown} (its log: "
                               f"{self._log_path(stage)})")
@@ -311,24 +340,80 @@ class StageRunner:
         missing = [o for o in stage.outputs if not Path(o).exists()]
         if missing:
             raise PopriError(f"stage {stage.name} finished but did not write {missing}")
+        check = self._conform(stage, before)
         fault_point(f"before-marker:{stage.name}")  # tests: a stop between commit and marker
         self.timings[stage.name] = time.time() - t0
         log.info(f"run: {self._where()} {stage.name} done in {self.timings[stage.name]:.0f} s")
-        self._finish(stage, key, self.timings[stage.name])
+        self._finish(stage, key, self.timings[stage.name], check)
         self.ran.append(stage.name)
         return True
 
-    def _finish(self, stage: Stage, key: str, seconds: float | None) -> None:
-        """The stage's marker (its key and outputs' hashes), written last."""
+    def _finish(self, stage: Stage, key: str, seconds: float | None,
+                check: dict | None = None) -> None:
+        """The stage's marker (its key and outputs' hashes; a DP stage's plan-vs-record check),
+        written last."""
         hashes = {o: path_digest(o) for o in stage.outputs}
         with atomic_write(self._marker(stage)) as fh:
             json.dump({"key": key, "popri": __version__, "args": stage.args,
                        "env": {k: self.env.get(k) for k in KEYED_ENV},
                        "outputs": stage.outputs, "hashes": hashes,
-                       "seconds": None if seconds is None else round(seconds, 2)}, fh, indent=2)
+                       "seconds": None if seconds is None else round(seconds, 2),
+                       **({"ledger_check": check} if check is not None else {})}, fh, indent=2)
         for o in stage.outputs:
             self.keys[o] = hashes[o]
         self._pending_path(stage.name).unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ DP stages: plan = record
+    def _ledger_snapshot(self, stage: Stage) -> tuple[int, set[str]] | None:
+        """A DP stage's ledger before it runs: its entry count and release ids."""
+        if stage.release is None:
+            return None
+        mine = self._mine(stage)
+        return len(mine), {e.release_id for e in mine}
+
+    def _conform(self, stage: Stage, before: tuple[int, set[str]] | None) -> dict | None:
+        """After a DP stage ran: do the entries it recorded equal the ones the budget guard
+        composed for it (``stage.release.entries``)?  A stage whose entries all repeat release
+        ids already in the ledger (a research-mode rerun of the same seeded release, a DP-FTRL
+        tree's later round) released nothing new, and its plan is empty for that reason too.
+        A difference stops the run: the guard was computed on the wrong entries."""
+        if before is None:
+            return None
+        from popri.privacy.entries import conformance
+
+        n, ids = before
+        appended = self._mine(stage)[n:]
+        new = [e for e in appended if e.release_id not in ids]
+        planned = list(stage.release.entries)
+        if not new:
+            # the ledger already held the release (it dedupes by release id): its outputs
+            # record an id that was there before the stage ran
+            outs = set().union(*(recorded_release_ids(o) for o in stage.outputs))
+            if appended or (outs and outs <= ids):
+                return {"planned": len(planned), "recorded": 0, "agree": True,
+                        "note": "no new release: the ledger already held its release ids"}
+        problems = conformance(planned, new, accountant=self.accountant)
+        if problems:
+            raise PopriError(f"stage {stage.name}: the ledger entries it recorded differ from "
+                             f"the ones the budget guard planned: {'; '.join(problems)}. This is "
+                             "a popri bug (the recorded entries are in the ledger, and `popri "
+                             "account` totals them); please report it")
+        return {"planned": len(planned), "recorded": len(new), "agree": True}
+
+    def ledger_checks(self, stages: list[Stage]) -> dict:
+        """``{stage name: its plan-vs-record check}`` for the DP stages among ``stages`` (from
+        their markers: a resumed run reports the stages an earlier invocation ran)."""
+        out = {}
+        for st in stages:
+            if st.release is None:
+                continue
+            try:
+                rec = json.loads(self._marker(st).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("ledger_check"), dict):
+                out[st.name] = rec["ledger_check"]
+        return out
 
     # ------------------------------------------------------------------ DP stages: adoption
     def _pending_path(self, name: str) -> Path:

@@ -23,13 +23,10 @@ from dataclasses import dataclass
 from popri.core.errors import ConfigError
 from popri.core.spec import Spec, param
 from popri.core.validate import CLIP_MAX, MIN_SAMPLE_RATE, Z_MAX
+from popri.specs.engine import ENGINES, SECAGG_MECHANISMS, EngineSpec  # noqa: F401
 
 MODES = ("cosine", "nn-histogram")
 REDUCES = ("mean", "sum")
-#: where the round's sum is computed: in this process, or on Flower with SecAgg+ (issue 12)
-ENGINES = ("inprocess", "flower")
-#: the noise of a Flower round: distributed discrete Gaussian, or Flower's float Gaussian path
-SECAGG_MECHANISMS = ("ddg", "gaussian")
 
 #: the per-mode defaults (None in the spec = this value for its mode)
 COSINE_CLIP = 1.0
@@ -49,8 +46,9 @@ class ThresholdSpec(Spec):
 
 
 @dataclass(frozen=True)
-class ScoreSpec(ThresholdSpec):
-    """One round of DP client feedback (``popri score``)."""
+class ScoreSpec(ThresholdSpec, EngineSpec):
+    """One round of DP client feedback (``popri score``); where its sum is computed:
+    :class:`~popri.specs.engine.EngineSpec`."""
 
     mode: str = param("cosine", "cosine (POPri) or nn-histogram (PE).",
                       cite="POPri 4.1; PrE-Text 3", choices=MODES)
@@ -90,32 +88,11 @@ class ScoreSpec(ThresholdSpec):
         negatable=False)
     block_size: int | None = param(
         None, "Clients per block for per-client rows (default: ~256 MB of float32).", lo=1)
-    engine: str = param(
-        "inprocess", "Where the round's sum is computed: inprocess (fast, one process) or flower "
-                     "(Flower's simulation runtime: SuperNodes, SecAgg+; pip install "
-                     "'popri[flower]'; docs/flower.md).", choices=ENGINES)
-    supernodes: int | None = param(
-        None, "flower: virtual SuperNodes the participants are spread over (participant i on "
-              "node i mod N; default min(L, 10)); at least 3.", lo=3, hi=100_000)
-    secagg_mechanism: str = param(
-        "ddg", "flower: the noise behind SecAgg+: ddg, the distributed discrete Gaussian "
-               "(integer uploads, formally DP after quantisation and the modular sum; "
-               "Kairouz-Liu-Steinke, arXiv:2102.06387), or gaussian (Flower's float path, "
-               "research mode only).", choices=SECAGG_MECHANISMS)
-    max_dropout: float = param(
-        0.1, "flower: the fraction of SuperNodes that may drop out mid-round. Sets SecAgg+'s "
-             "reconstruction threshold and scales each node's noise for the fewest survivors; "
-             "the ledger records the noise of those who did survive.", lo=0, hi=0.5,
-        hi_open=True)
     federation: str | None = param(
         None, "flower: run the round on a DEPLOYMENT: the SuperLink connection of that name in "
               "$FLWR_HOME/config.toml (docs/flower.md). The private data stay on the "
               "SuperNodes (no --private); each SuperNode is one client; every one of the "
               "--supernodes N takes part (q = 1). Without it: the simulation runtime.")
-    flower_timeout: float = param(
-        900.0, "flower: seconds before the round (start-up included) is abandoned and its "
-               "processes killed.", lo=1, hi=86_400)
-
     def __post_init__(self) -> None:
         fill = ({"clip": COSINE_CLIP, "standardize": COSINE_STANDARDIZE}
                 if self.mode == "cosine" else
@@ -151,7 +128,7 @@ class ScoreSpec(ThresholdSpec):
             raise ConfigError("0 with --release would publish the exact aggregate",
                               field="noise_multiplier")
         if self.federation is not None:
-            if self.engine != "flower":
+            if not self.flower:
                 raise ConfigError("is a Flower deployment: add --engine flower",
                                   field="federation")
             if self.supernodes is None:
@@ -161,14 +138,7 @@ class ScoreSpec(ThresholdSpec):
             if self.sample_rate is not None or self.clients_per_round is not None:
                 raise ConfigError("a deployment round has every SuperNode take part (q = 1); "
                                   "sampling is not supported there yet", field="sample_rate")
-        if self.engine == "flower":
-            if self.diagnostic:
-                raise ConfigError("noise-free diagnostics are computed in-process; drop "
-                                  "--engine flower", field="diagnostic")
-            if self.release and self.secagg_mechanism != "ddg":
-                raise ConfigError("release mode on Flower needs the distributed discrete "
-                                  "Gaussian (ddg): the float path quantises with numpy's global "
-                                  "generator", field="secagg_mechanism")
+        self.check_engine(release=self.release, diagnostic=self.diagnostic)
 
     @property
     def sensitivity(self) -> float:

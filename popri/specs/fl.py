@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from popri.core.errors import ConfigError
 from popri.core.spec import param, same
+from popri.specs.engine import EngineSpec
 from popri.specs.feedback import ScoreSpec
 from popri.specs.training import LoraSpec, PrecisionSpec, SequenceSpec
 
@@ -32,7 +33,7 @@ RESTARTS = ("epoch", "round")
 
 
 @dataclass(frozen=True)
-class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
+class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
     """One round of DP-FedAvg / DP-FTRL on a LoRA adapter (CPU default) or the full model."""
 
     algorithm: str = param("fedavg", "fedavg (DP-FedAvg, Gaussian noise) | ftrl (DP-FTRL, "
@@ -76,14 +77,6 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
     sample_rate: float | None = same(ScoreSpec, "sample_rate")
     delta: float = same(ScoreSpec, "delta")
     release: bool = same(ScoreSpec, "release")
-    # where the round's sum is computed: in-process, or Flower's simulation runtime with SecAgg+
-    # (each virtual SuperNode trains its clients and uploads their clipped updates' sum + its
-    # noise share; popri/federated/flower/engine.py)
-    engine: str = same(ScoreSpec, "engine")
-    supernodes: int | None = same(ScoreSpec, "supernodes")
-    secagg_mechanism: str = same(ScoreSpec, "secagg_mechanism")
-    max_dropout: float = same(ScoreSpec, "max_dropout")
-    flower_timeout: float = same(ScoreSpec, "flower_timeout")
 
     @property
     def federation(self) -> None:
@@ -108,9 +101,7 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
         if self.clients_per_round is not None and self.sample_rate is not None:
             raise ConfigError("give clients_per_round or sample_rate, not both",
                               field="sample_rate")
-        if self.engine == "flower" and self.release and self.secagg_mechanism != "ddg":
-            raise ConfigError("release mode on Flower needs the distributed discrete Gaussian "
-                              "(--secagg-mechanism ddg)", field="secagg_mechanism")
+        self.check_engine(release=self.release)
         if self.release and self.noise_multiplier == 0:
             raise ConfigError("0 with --release would publish the exact sum of the updates",
                               field="noise_multiplier")
@@ -120,7 +111,7 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec):
                                   "clients per round (--clients-per-round), not Poisson "
                                   "sampling (tree aggregation gets no amplification by "
                                   "sampling); or --restart round", field="sample_rate")
-        if self.algorithm == "ftrl" and self.engine == "flower" and self.restart == "epoch":
+        if self.algorithm == "ftrl" and self.flower and self.restart == "epoch":
             raise ConfigError("DP-FTRL on Flower restarts the tree every round (the SuperNodes' "
                               "noise shares are one release each): add --restart round",
                               field="restart")

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.fl import FLSpec
 
 HELP = """DP federated learning, one round: the DP-FL baselines of POPri (section 4, appendix C.1
@@ -44,6 +44,8 @@ gaussian: Flower's float path); the server only sees the sum. A client trains ex
 in-process (its data order depends on the seed, round and client id)."""
 
 
+@spec_options(FLSpec, decls={"noise_multiplier": ("--noise-multiplier", "-z"),
+                             "clients_per_round": ("--clients-per-round", "-L")})
 def round_cmd(
     data: str = typer.Option(..., "--data", "-d", help="Private data: a federated dataset "
                              "directory (its --split) or JSONL with 'client_id' and 'text'."),
@@ -58,66 +60,33 @@ def round_cmd(
     split: str = typer.Option("train", "--split", help="Split of --data the clients hold."),
     seed: int = typer.Option(0, "--seed", help="The run's seed: LoRA init, tree noise keys; with "
                              "the round: sampling, data order, noise."),
-    algorithm: str = option(FLSpec, "algorithm"),
-    restart: str = option(FLSpec, "restart"),
-    noise_multiplier: float = option(FLSpec, "noise_multiplier", "--noise-multiplier", "-z"),
-    clip: float = option(FLSpec, "clip"),
-    client_lr: float = option(FLSpec, "client_lr"),
-    local_epochs: int = option(FLSpec, "local_epochs"),
-    client_batch_size: int = option(FLSpec, "client_batch_size"),
-    server_lr: Optional[float] = option(FLSpec, "server_lr"),
-    momentum: Optional[float] = option(FLSpec, "momentum"),
-    clients_per_round: Optional[int] = option(FLSpec, "clients_per_round", "--clients-per-round",
-                                              "-L"),
-    sample_rate: Optional[float] = option(FLSpec, "sample_rate"),
-    max_samples_per_client: Optional[int] = option(FLSpec, "max_samples_per_client"),
     lora: bool = typer.Option(True, "--lora/--full", help="LoRA adapter (default) or the whole "
                               "model."),
-    lora_r: int = option(FLSpec, "lora_r"),
-    lora_alpha: int = option(FLSpec, "lora_alpha"),
-    target_modules: Optional[str] = option(FLSpec, "target_modules"),
-    max_length: int = option(FLSpec, "max_length"),
-    bf16: bool = option(FLSpec, "bf16"),
-    delta: float = option(FLSpec, "delta"),
-    release: bool = option(FLSpec, "release"),
-    engine: str = option(FLSpec, "engine"),
-    supernodes: Optional[int] = option(FLSpec, "supernodes"),
-    secagg_mechanism: str = option(FLSpec, "secagg_mechanism"),
-    max_dropout: float = option(FLSpec, "max_dropout"),
-    flower_timeout: float = option(FLSpec, "flower_timeout"),
     diagnostics: bool = typer.Option(
         False, "--diagnostics", help="Release mode: also write the round's exact statistics of "
         "the clients' data (clients, participants, update norms, clipped share, local loss) "
         "to round.json's private_diagnostics, labelled NOT PRIVATE (research mode always "
         "writes them)."),
+    *, spec: FLSpec,
 ) -> None:
+    """Every FLSpec field is an option (:func:`popri.cli.options.spec_options`)."""
     from pathlib import Path
 
     from popri.core.errors import InputError
     from popri.core.guard import check_outputs
     from popri.methods.dpfl import rounds as lib
 
-    if noise_multiplier is None:
+    if spec.noise_multiplier is None:
         raise InputError("is required (popri run calibrates it to the budget; 'popri account "
                          "sigma' finds the z of a target epsilon)", field="--noise-multiplier")
-    spec = build(FLSpec, algorithm=algorithm, restart=restart,
-                 noise_multiplier=noise_multiplier, clip=clip,
-                 client_lr=client_lr, local_epochs=local_epochs,
-                 client_batch_size=client_batch_size, server_lr=server_lr, momentum=momentum,
-                 clients_per_round=clients_per_round, sample_rate=sample_rate,
-                 max_samples_per_client=max_samples_per_client, lora=lora, lora_r=lora_r,
-                 lora_alpha=lora_alpha, target_modules=target_modules, max_length=max_length,
-                 bf16=bf16, delta=delta, release=release, engine=engine, supernodes=supernodes,
-                 secagg_mechanism=secagg_mechanism, max_dropout=max_dropout,
-                 flower_timeout=flower_timeout)
     check_outputs([out], [data, init, model if Path(model).exists() else None])
-    if diagnostics and not release:
+    if diagnostics and not spec.release:
         raise InputError("--diagnostics is for release mode (research mode always writes the "
                          "exact statistics)", field="--diagnostics")
-    lib.run_round(data, out, spec, round_=round_, noise_multiplier=noise_multiplier,
-                  model=model, init=init, clients_per_round=clients_per_round,
-                  sample_rate=sample_rate, delta=delta, seed=seed, release=release, split=split,
-                  diagnostics=diagnostics)
+    lib.run_round(data, out, spec, round_=round_, noise_multiplier=spec.noise_multiplier,
+                  model=model, init=init, clients_per_round=spec.clients_per_round,
+                  sample_rate=spec.sample_rate, delta=spec.delta, seed=seed,
+                  release=spec.release, split=split, diagnostics=diagnostics)
     print(out, flush=True)
 
 

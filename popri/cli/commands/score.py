@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.core.spec import help_of, spec_field
 from popri.specs.feedback import ScoreSpec
 
@@ -58,6 +58,7 @@ through SecAgg+ (derived shares, threshold and quantisation), the distributed di
 by default (--secagg-mechanism); same outputs and ledger (docs/flower.md)."""
 
 
+@spec_options(ScoreSpec, decls={"standardize": ("--standardize/--no-standardize",)})
 def score(
     private: Optional[str] = typer.Option(
         None, "--private",
@@ -71,17 +72,9 @@ def score(
     noise_multiplier: float = typer.Option(  # required here; the spec's is None until calibrated
         ..., "--noise-multiplier", "-z",
         help=help_of(spec_field(ScoreSpec, "noise_multiplier"))),
-    mode: str = option(ScoreSpec, "mode"),
-    clip: Optional[float] = option(ScoreSpec, "clip"),
-    sample_rate: Optional[float] = option(ScoreSpec, "sample_rate"),
-    clients_per_round: Optional[int] = option(ScoreSpec, "clients_per_round"),
     seed: int = typer.Option(
         0, "--seed", help="Seed for client sampling, the per-client cap and the noise "
                           "(separate streams)."),
-    standardize: Optional[bool] = option(ScoreSpec, "standardize",
-                                         "--standardize/--no-standardize"),
-    max_samples_per_client: Optional[int] = option(ScoreSpec, "max_samples_per_client"),
-    threshold: Optional[float] = option(ScoreSpec, "threshold"),
     out: Optional[str] = typer.Option(
         None, "--out", "-o", help="SCORES.npy (+ SCORES.json), or '-' for JSONL on stdout."),
     per_client_out: Optional[str] = typer.Option(
@@ -96,30 +89,13 @@ def score(
         help="Embedding model for text inputs (default all-MiniLM-L6-v2: POPri B.1, "
              "PrE-Text D.2)."),
     split: str = typer.Option("train", "--split", help="Split when --private is a dataset dir."),
-    delta: float = option(ScoreSpec, "delta"),
-    release: bool = option(ScoreSpec, "release"),
     round_: int = typer.Option(0, "--round", help="Round number, recorded in sidecar and ledger."),
-    block_size: Optional[int] = option(ScoreSpec, "block_size"),
-    public_clients: Optional[int] = option(ScoreSpec, "public_clients"),
-    diagnostic: bool = option(ScoreSpec, "diagnostic"),
-    engine: str = option(ScoreSpec, "engine"),
-    supernodes: Optional[int] = option(ScoreSpec, "supernodes"),
-    secagg_mechanism: str = option(ScoreSpec, "secagg_mechanism"),
-    max_dropout: float = option(ScoreSpec, "max_dropout"),
-    flower_timeout: float = option(ScoreSpec, "flower_timeout"),
-    federation: Optional[str] = option(ScoreSpec, "federation"),
+    *, spec: ScoreSpec,
 ) -> None:
+    """The options of every ScoreSpec field come from the spec (:func:`spec_options`)."""
     from popri.core import io
     from popri.feedback.release import release_scores
 
-    spec = build(ScoreSpec, mode=mode, noise_multiplier=noise_multiplier, clip=clip,
-                 standardize=standardize, max_samples_per_client=max_samples_per_client,
-                 threshold=threshold, sample_rate=sample_rate,
-                 clients_per_round=clients_per_round, public_clients=public_clients, delta=delta,
-                 release=release, diagnostic=diagnostic, block_size=block_size, engine=engine,
-                 supernodes=supernodes, secagg_mechanism=secagg_mechanism,
-                 max_dropout=max_dropout, flower_timeout=flower_timeout,
-                 federation=federation)
     r = release_scores(private, synthetic, spec, out=out, per_client_out=per_client_out,
                        ledger_dir=ledger_dir, seed=seed, round_=round_, model=model, split=split)
     if out == io.STDIO:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterator
 
 from popri.pipeline.stages import DPRelease, Stage
+from popri.specs.engine import EngineSpec
 from popri.specs.fl import FLSpec
 
 #: FLSpec fields that come from the run config's fl section
@@ -53,30 +54,21 @@ def model_out(run) -> Path:
 
 
 def round_entries(run, t: int, z: float | None, q: float | None) -> list:
-    """Round t's prospective ledger entry (what ``popri fl round`` will record)."""
-    from popri.privacy.ledger import LedgerEntry
+    """Round t's prospective ledger entry (what ``popri fl round`` will record: the same entry
+    function, :func:`popri.privacy.entries.round_release`, on the same engine)."""
+    from popri.privacy.entries import round_release
 
     if z is None or q is None:
         return []
     c, fl = run.cfg, run.cfg.fl
+    spec = fl_spec(run)
     sampling = ("poisson" if fl.sample_rate else "fixed" if fl.clients_per_round and q < 1
                 else "none")
-    common = dict(stage="fl", noise_multiplier=float(z), sample_rate=float(q), steps=1,
-                  delta=c.privacy.delta, sensitivity=float(fl.clip), sampling=sampling,
-                  mode="release" if run.release else "research")
-    info = {"round": t, "algorithm": c.method}
-    if fl.engine == "flower":
-        if algorithm(c) == "ftrl":  # a one-leaf tree, no amplification by sampling
-            common.update(sample_rate=1.0, sampling="none")
-        if fl.secagg_mechanism == "ddg":
-            from popri.privacy import ddg
-
-            return [LedgerEntry(mechanism="distributed_discrete_gaussian",
-                                params={**info, **ddg.nominal_params(z)}, **common)]
-    if algorithm(c) == "fedavg" or fl.engine == "flower":
-        return [LedgerEntry(mechanism="subsampled_gaussian" if common["sample_rate"] < 1
-                            else "gaussian", params=info, **common)]
-    if fl.restart == "epoch":
+    common = dict(noise_multiplier=float(z), sample_rate=float(q), delta=c.privacy.delta,
+                  sensitivity=float(fl.clip), sampling=sampling,
+                  mode="release" if run.release else "research",
+                  params={"round": t, "algorithm": c.method}, tree=algorithm(c) == "ftrl")
+    if spec.epoch_trees:
         # one tree per epoch of R = floor(N / L) rounds: the tree is one release, recorded by
         # each of its rounds under one id (counted once), so only its first round plans it
         from popri.methods.dpfl.rounds import epoch_schedule
@@ -87,21 +79,24 @@ def round_entries(run, t: int, z: float | None, q: float | None) -> list:
         R, e, r = epoch_schedule(n, fl.clients_per_round or n, t)
         if r > 1:
             return []
-        common.update(sample_rate=1.0, sampling="none")
-        return [LedgerEntry(mechanism="tree_aggregation",
-                            params={**info, "leaves": R, "tree": e, "restart": "epoch"},
-                            **common)]
-    return [LedgerEntry(mechanism="tree_aggregation", params={**info, "leaves": 1}, **common)]
+        common.update(sample_rate=1.0, sampling="none", leaves=R,
+                      params={**common["params"], "tree": e, "restart": "epoch"})
+    return [round_release(spec, "fl", **common)]
+
+
+def fl_spec(run):
+    """The FLSpec of the run's rounds (its engine, algorithm and restart decide the entry)."""
+    c, fl = run.cfg, run.cfg.fl
+    return FLSpec(algorithm=algorithm(c), clip=fl.clip, restart=fl.restart,
+                  clients_per_round=fl.clients_per_round, sample_rate=fl.sample_rate,
+                  **EngineSpec.of(fl).engine_settings())
 
 
 def fl_args(run, z) -> list[str]:
     from popri.pipeline.stages import Z_LATER, step_argv
 
     c, fl = run.cfg, run.cfg.fl
-    vals = {k: getattr(fl, k) for k in _FROM_CONFIG}
-    if fl.engine != "inprocess":
-        vals |= {k: getattr(fl, k) for k in ("engine", "supernodes", "secagg_mechanism",
-                                              "max_dropout", "flower_timeout")}
+    vals = {k: getattr(fl, k) for k in _FROM_CONFIG} | EngineSpec.of(fl).engine_settings()
     if algorithm(c) == "ftrl":
         vals["restart"] = fl.restart
     a = step_argv(FLSpec, algorithm=algorithm(c), noise_multiplier=z, delta=c.privacy.delta,
@@ -115,7 +110,7 @@ def fl_args(run, z) -> list[str]:
 def recipe(run) -> Iterator[Stage]:
     """T rounds of ``popri fl round``, each from the previous round's directory."""
     c = run.cfg
-    priv = str(run.p["private"])
+    priv = str(run.paths.private)
     z = run.noise.get("noise_arg")
     q = run.noise.get("sample_rate")
     prev = None

@@ -526,7 +526,7 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
                     for cid in members}
         flower = None
         norms, losses = [], []
-        if spec.engine == "flower":
+        if spec.flower:
             flower = _flower_sum(members, texts_of, theta, spec, base=base, seed=seed,
                                  round_=round_, z=float(noise_multiplier), release=release,
                                  where=out_p.parent)
@@ -649,38 +649,24 @@ def round_entry(spec: FLSpec, part, *, z_eff: float, delta: float, rid: str, mod
     each client in one of them, q = 1); with per-round restarts one tree of one leaf --,
     ``distributed_discrete_gaussian`` on Flower with the DDG.  Release mode records no exact
     client count in it."""
-    from popri.privacy.ledger import LedgerEntry
+    from popri.privacy.entries import round_release
 
+    info = {"round": round_, "algorithm": f"dp-{spec.algorithm}", "dim": int(dim)}
+    common = dict(noise_multiplier=float(z_eff), delta=delta, sensitivity=float(spec.clip),
+                  mode=mode, tree=spec.algorithm == "ftrl")
     if epoch is not None:
         R, e, r = epoch[:3]
-        return LedgerEntry(stage=LEDGER_STAGE, mechanism="tree_aggregation",
-                           noise_multiplier=float(z_eff), sample_rate=1.0, steps=1,
-                           delta=delta, sensitivity=float(spec.clip), sampling="none",
-                           release_id=epoch[4], mode=mode,
-                           params={"round": round_, "algorithm": f"dp-{spec.algorithm}",
-                                   "dim": int(dim), "leaves": R, "tree": e,
-                                   "restart": "epoch"})
-
-    q = float(part.sample_rate)
-    sampling = part.sampling
-    common = dict(noise_multiplier=float(z_eff), sample_rate=q, steps=1, delta=delta,
-                  sensitivity=float(spec.clip), sampling=sampling, release_id=rid, mode=mode)
-    info = {"round": round_, "algorithm": f"dp-{spec.algorithm}", "dim": int(dim)}
+        return round_release(spec, LEDGER_STAGE, sample_rate=1.0, sampling="none",
+                             release_id=epoch[4], leaves=R,
+                             params={**info, "tree": e, "restart": "epoch"}, **common)
+    ddg = None
     if flower is not None:
         if not release:
             info["engine"] = flower.params()
-        if spec.algorithm == "ftrl":  # a one-leaf tree is one Gaussian release, and tree
-            # aggregation takes no amplification by sampling: accounted at q = 1
-            common.update(sample_rate=1.0, sampling="none")
-    if flower is not None and spec.secagg_mechanism == "ddg":
-        from popri.privacy import ddg
+        if spec.mechanism(tree=common["tree"]) == "distributed_discrete_gaussian":
+            from popri.privacy import ddg as D
 
-        info |= ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg), flower.survivors,
+            ddg = D.ledger_params(D.DDGPlan.from_dict(flower.ddg), flower.survivors,
                                   release=release)
-        return LedgerEntry(stage=LEDGER_STAGE, mechanism="distributed_discrete_gaussian",
-                           params=info, **common)
-    if spec.algorithm == "fedavg" or flower is not None:
-        return LedgerEntry(stage=LEDGER_STAGE, mechanism="subsampled_gaussian"
-                           if common["sample_rate"] < 1 else "gaussian", params=info, **common)
-    return LedgerEntry(stage=LEDGER_STAGE, mechanism="tree_aggregation",
-                       params={**info, "leaves": 1}, **common)
+    return round_release(spec, LEDGER_STAGE, sample_rate=float(part.sample_rate),
+                         sampling=part.sampling, release_id=rid, ddg=ddg, params=info, **common)

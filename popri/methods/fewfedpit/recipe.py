@@ -68,7 +68,7 @@ def slug(client: str) -> str:
 
 def train_clients(run) -> list[str] | None:
     """The private train split's client ids (sorted), None before the data is built."""
-    f = Path(run.p["private"]) / "train.jsonl"
+    f = Path(run.paths.private) / "train.jsonl"
     if not f.is_file():
         return None
     ids = set()
@@ -150,24 +150,22 @@ def spec_of(cfg) -> dict:
 def round_entries(run, t: int, z, q) -> list:
     """Round t's ledger entry when the extension adds noise (declared, so the budget guard
     sees it); none otherwise (the noise-free entry is eps = inf, and such a run has no budget)."""
-    from popri.privacy.ledger import LedgerEntry
+    from popri.privacy.entries import gaussian
 
     f = run.cfg.fewfedpit
     if not f.noise_multiplier or q is None:
         return []
-    return [LedgerEntry(stage="fewfedpit",
-                        mechanism="subsampled_gaussian" if q < 1 else "gaussian",
-                        noise_multiplier=float(f.noise_multiplier), sample_rate=float(q), steps=1,
-                        delta=run.cfg.privacy.delta, sensitivity=float(f.clip),
-                        sampling="fixed" if q < 1 else "none",
-                        mode="release" if run.release else "research",
-                        params={"round": t, "method": run.cfg.method, "clients": None})]
+    return [gaussian("fewfedpit", noise_multiplier=float(f.noise_multiplier), sample_rate=float(q),
+                     delta=run.cfg.privacy.delta, sensitivity=float(f.clip),
+                     sampling="fixed" if q < 1 else "none",
+                     mode="release" if run.release else "research",
+                     params={"round": t, "method": run.cfg.method, "clients": None})]
 
 
 def recipe(run) -> Iterator[Stage]:
     c, f = run.cfg, run.cfg.fewfedpit
     s = spec_of(c)
-    priv = str(run.p["private"])
+    priv = str(run.paths.private)
     mode = c.method
     r0 = root(run) / "r0"
     yield Stage("ffp-init", ["fewfedpit", "init", "--model", model_name(c), "--seed", str(c.seed),
@@ -232,8 +230,8 @@ def evaluation(run) -> Iterator[Stage]:
     eps = inf (centralised tuning on the pooled training examples), and the gap closed."""
     c, f = run.cfg, run.cfg.fewfedpit
     s = spec_of(c)
-    priv = str(run.p["private"])
-    E = run.p["eval"]
+    priv = str(run.paths.private)
+    E = run.paths.eval
     models = {c.method: (str(model_out(run)), [str(global_dir(run, c.rounds))])}
     if c.baselines:
         central = root(run) / "centralized"
@@ -273,7 +271,7 @@ def evaluation(run) -> Iterator[Stage]:
 def results(run, noise: dict) -> dict:
     from popri.core.io import read_json
 
-    c, E = run.cfg, run.p["eval"]
+    c, E = run.cfg, run.paths.eval
     methods, leakage = {}, {}
     for name in (c.method, "eps0", "epsinf"):
         if (E / f"{name}.json").exists():

@@ -51,7 +51,7 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
     from popri.core import outdir
     from popri.methods.dpfl.rounds import add_noise, set_flat
     from popri.models import llm
-    from popri.privacy.ledger import LedgerEntry
+    from popri.privacy.entries import gaussian
     from popri.privacy.release import NOT_PRIVATE, Release
     from popri.specs.fl import FLSpec
 
@@ -112,14 +112,11 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
         # under add/remove-one-client neighbours; the accountant needs only q
         info = {"round": round_, "method": spec.mode,
                 **({} if release else {"clients": K}), **({} if private else {"note": NO_DP})}
-        entry = LedgerEntry(stage=LEDGER_STAGE,
-                            mechanism=("subsampled_gaussian" if K < N else "gaussian")
-                            if private else "gaussian",
-                            noise_multiplier=float(z_eff), sample_rate=K / N if private else 1.0,
-                            steps=1, delta=delta,
-                            sensitivity=float(spec.clip) if spec.clip is not None else 1.0,
-                            sampling=("fixed" if K < N else "none") if private else "none",
-                            release_id=rid, mode=rel.mode, params=info)
+        entry = gaussian(LEDGER_STAGE, noise_multiplier=float(z_eff),
+                         sample_rate=K / N if private else 1.0, delta=delta,
+                         sensitivity=float(spec.clip) if spec.clip is not None else 1.0,
+                         sampling=("fixed" if K < N else "none") if private else "none",
+                         release_id=rid, mode=rel.mode, params=info)
         rel.outputs = outdir.DirOutput(out_p, kind="fewfedpit-global", legacy=C.WEIGHTS_FILES)
         tmp = rel.outputs.tmp
         set_flat(params, new)

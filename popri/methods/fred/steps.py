@@ -90,7 +90,7 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
     from popri.core.artifacts import array_digest
     from popri.core.guard import check_outputs
     from popri.methods.fred import stats as F
-    from popri.privacy import ledger
+    from popri.privacy.entries import gaussian
     from popri.privacy.release import Release
 
     if spec is None:
@@ -140,10 +140,9 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
         for what, sens, std in (("mean", design.mean_sensitivity, st.params["noise_std_sum1"]),
                                 ("covariance", design.cov_sensitivity,
                                  st.params["noise_std_sum2"])):
-            entries.append(ledger.LedgerEntry(
-                stage="fred", mechanism="gaussian",
-                noise_multiplier=st.params["effective_noise_multiplier"][what], sample_rate=1.0,
-                steps=1, delta=delta, sensitivity=sens, sampling="none",
+            entries.append(gaussian(
+                "fred", noise_multiplier=st.params["effective_noise_multiplier"][what],
+                sample_rate=1.0, delta=delta, sensitivity=sens, sampling="none",
                 neighbouring=design.neighbouring, mode=rel.mode,
                 release_id=rel.release_id(what, *rid_parts),
                 params={"release": what, "epsilon": eps, "delta": delta, "calibration": cal,

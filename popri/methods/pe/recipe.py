@@ -89,9 +89,9 @@ def recipe(run) -> Iterator[Stage]:
                 outputs=[str(seeds)], inputs=survivors)
     yield Stage("expand", [
         "expand", str(seeds), "--num-samples", str(c.num_synthetic), "--out",
-        str(run.run / "expand"), "--merged-out", str(run.p["synthetic"]),
+        str(run.run / "expand"), "--merged-out", str(run.paths.synthetic),
         *run.gen_args(adapter=None, seed=final_seed(c.seed))],
-        outputs=[str(run.p["synthetic"])], inputs=[str(seeds)])
+        outputs=[str(run.paths.synthetic)], inputs=[str(seeds)])
 
 
 def results(run, noise: dict) -> dict:

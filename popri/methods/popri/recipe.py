@@ -27,21 +27,21 @@ def select_stats_stage(run) -> Stage:
     once under DP ('popri fred stats', user level, add/remove one client: the relation of the
     score releases, so one accountant totals them)."""
     c, dp = run.cfg, run.cfg.dpo
-    out = run.p["select_stats"]
+    out = run.paths.select_stats
     return Stage("select-stats", [
-        "fred", "stats", "--private", str(run.p["emb_val"]), "--out", str(out),
+        "fred", "stats", "--private", str(run.paths.emb_val), "--out", str(out),
         "--epsilon", repr(dp.select_epsilon), "--delta", repr(c.selection_delta),
         "--level", "user", "--relation", "add-remove", "--calibration", "analytic",
         "--seed", str(c.seed), *(["--release"] if run.release else [])],
-        outputs=[str(out)], inputs=[str(run.p["emb_val"])],
+        outputs=[str(out)], inputs=[str(run.paths.emb_val)],
         release=DPRelease(run.select_entries(), out.parent / "ledger.jsonl",
                           lambda e: e.stage == "fred"))
 
 
 def select_args(run) -> tuple[list[str], list[str]]:
     """dpo's checkpoint-selection options and inputs for dpo.select_on."""
-    target = {"private": run.p["emb_val"], "public": run.p["emb_public"],
-              "dp": run.p["select_stats"]}.get(run.select)
+    target = {"private": run.paths.emb_val, "public": run.paths.emb_public,
+              "dp": run.paths.select_stats}.get(run.select)
     if target is None:
         return [], []
     return ["--select-on", str(target)], [str(target)]
@@ -106,7 +106,7 @@ def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
     """The final adapter writes N samples from Omega prompts (``adapter`` None with ``name``
     synthetic-t0: the control, the untuned generator on the same prompts and seeds)."""
     c = run.cfg
-    out = out or run.p["synthetic"]
+    out = out or run.paths.synthetic
     return Stage(name, [
         "gen", *run.omega, "--num-samples", str(c.num_synthetic), "--samples-per-prompt",
         str(c.samples_per_prompt), "--round", str(c.rounds + 1), "--out",
@@ -144,10 +144,10 @@ def probe_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
         *run.gen_args(adapter=adapter, seed=probe_seed(c.seed))],
         outputs=[str(samples)], inputs=[*run.omega_inputs, *([adapter] if adapter else [])])
     yield Stage(f"probe{t}", [
-        "eval", "probe", str(samples), "--target", str(run.p["emb_val"]), "--embed-model",
+        "eval", "probe", str(samples), "--target", str(run.paths.emb_val), "--embed-model",
         c.embedder, *(["--model", c.generator.model] if pr.perplexity else []),
         "--bf16" if c.generator.bf16 else "--no-bf16", "--seed", str(c.seed), "--json"],
-        outputs=[str(P / f"round{t}.json")], inputs=[str(samples), str(run.p["emb_val"])],
+        outputs=[str(P / f"round{t}.json")], inputs=[str(samples), str(run.paths.emb_val)],
         stdout_to=str(P / f"round{t}.json"))
 
 
