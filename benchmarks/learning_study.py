@@ -19,8 +19,7 @@ table (stdout, and benchmarks/results/learning_study.md / .json) has, per settin
 - minutes the run took on this machine.
 
 The settings: `oracle` (z ~ 0, every client: is it the tuning or the privacy?) and its knobs
-(learning rate, epochs, beta, loss, rejected rank, J, temperature, the final set's mix of
-untuned samples), `eps7` and `eps1` at the paper's q, and the out-of-domain pair
+(learning rate, epochs, beta, loss, RPO's NLL term, rejected rank, temperature), `eps7` and `eps1` at the paper's q, and the out-of-domain pair
 (`ood-*`: private shakespeare, public sotu).
 """
 
@@ -54,6 +53,9 @@ SETTINGS: dict[str, list[str]] = {
     "oracle-ipo": ORACLE + ["dpo.loss=ipo"],
     "oracle-rank3": ORACLE + ["dpo.rejected_rank=3"],
     "oracle-temp0.7": ORACLE + ["generator.temperature=0.7"],
+    # DPO + the chosen sample's NLL (RPO, arXiv:2404.19733, alpha = 1): keeps the generator fluent
+    "oracle-rpo": ORACLE + ["dpo.sft_weight=1.0"],
+    "ood-oracle-rpo": OOD + ORACLE + ["dpo.sft_weight=1.0"],
     "eps7": ["privacy.epsilon=7"],
     "eps1": ["privacy.epsilon=1"],
     "ood-oracle": OOD + ORACLE,

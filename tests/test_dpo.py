@@ -83,6 +83,22 @@ def test_ipo_loss_path(tiny_lm, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_rpo_adds_the_chosen_nll_to_the_preference_loss(tiny_lm, tmp_path):
+    """dpo.sft_weight (RPO, arXiv:2404.19733): TRL's loss_type [sigmoid, sft] with weights
+    [1, w]; at the first step the adapter is the reference, so the DPO term is ln 2 and the
+    loss exceeds it by w times the chosen sample's NLL (> 0)."""
+    assert lib.loss_config(DPOSpec()) == {"loss_type": ["sigmoid"]}
+    assert lib.loss_config(DPOSpec(loss="ipo", sft_weight=0.5)) == {
+        "loss_type": ["ipo", "sft"], "loss_weights": [1.0, 0.5]}
+    res = lib.train_dpo(make_pairs(4), DPOSpec(sft_weight=1.0, lr=1e-3, max_steps=2, **FAST),
+                        model=tiny_lm, out_dir=tmp_path / "o")
+    m = json.loads(Path(res["metrics"]).read_text())
+    assert m["steps"][0]["loss"] > np.log(2) + 1.0  # a random tiny LM's NLL is several nats
+    assert m["config"]["sft_weight"] == 1.0
+    with pytest.raises(ConfigError, match="sft_weight"):
+        DPOSpec(sft_weight=-1)
+
+
 def test_reference_is_the_base_with_the_adapter_disabled_no_copy(tiny_lm, tmp_path):
     from popri.models import llm
 
@@ -233,11 +249,13 @@ def test_cli_prefs_build_then_dpo(tiny_lm, tmp_path, run_popri):
     run_popri(["prefs", "build", "--samples", sp, "--scores", npy, "--out", pairs], check=True)
     out = tmp_path / "dpo"
     p = run_popri(["dpo", "--pairs", pairs, "--model", tiny_lm, "--out", out, "--max-steps", "2",
-                   "--batch-size", "2", "--no-bf16", "--lr", "1e-3", "--loss", "ipo"], check=True)
+                   "--batch-size", "2", "--no-bf16", "--lr", "1e-3", "--loss", "ipo",
+                   "--sft-weight", "0.5"], check=True)
     assert p.stdout.strip() == str(out / "adapter")
     assert (out / "adapter" / "adapter_model.safetensors").exists()
     m = json.loads((out / "metrics.json").read_text())
     assert m["config"]["loss"] == "ipo" and len(m["steps"]) == 2
+    assert m["config"]["sft_weight"] == 0.5  # a spec field is an option (spec_options)
     assert "margin" in p.stderr and "epoch" in p.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "a", "chosen": "b"}\n')

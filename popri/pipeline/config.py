@@ -105,6 +105,7 @@ class DPOConfig(Spec):
     select_delta per release), ledgered in the run: it is PART of privacy.epsilon."""
     loss: str = same(DPOSpec, "loss")
     beta: float = same(DPOSpec, "beta")
+    sft_weight: float | None = same(DPOSpec, "sft_weight")
     lora_r: int = same(DPOSpec, "lora_r")
     lora_alpha: int = same(DPOSpec, "lora_alpha")
     lr: float = same(DPOSpec, "lr")

@@ -1,4 +1,4 @@
-"""Privacy accounting: the mechanism registry, epsilon of a composition, and ledger totals.
+"""Privacy accounting: epsilon of a composition of mechanisms, and ledger totals.
 
     popri account epsilon --noise-multiplier 2.5 --sample-rate 0.1 --steps 20 --delta 3e-6
     popri account sigma --epsilon 1 --sample-rate 0.1 --steps 20 --delta 3e-6 --accountant pld
@@ -15,24 +15,7 @@ adding or removing one client's data (user-level DP); POPri = "Private Federated
 Preference-Optimized Synthetic Data" (arXiv:2504.16438), PrE-Text = "PrE-Text: Training Language
 Models on Private Federated Data in the Age of LLMs" (arXiv:2406.02958).
 
-Mechanisms (the registry, as opacus' ``accountants.registry``: one class per mechanism, found by
-the name a ledger entry records).  A :class:`Mechanism` names the ledger fields it needs and gives
-its Renyi DP curve (``rdp``, for the ``rdp`` accountant) and its dp-accounting ``DpEvent`` (for
-``pld``); :func:`compose` and :mod:`popri.privacy.ledger` look every entry's mechanism up with
-:func:`get_mechanism`, so a new mechanism (tree aggregation for DP-FTRL, the distributed discrete
-Gaussian of secure aggregation) is one :func:`register_mechanism` call::
-
-    @register_mechanism
-    class TreeAggregation(GaussianMechanism):
-        name = "tree_aggregation"
-        params_fields = ("leaves",)            # read from the entry's "params" object
-        def key(self, d, who, notes): ...      # its accounting parameters
-        def rdp(self, key, steps, orders): ...
-        def event(self, key, steps): ...       # dp_event.SingleEpochTreeAggregationDpEvent
-
-Registered here: ``gaussian`` (one Gaussian release of the whole population, q = 1) and
-``subsampled_gaussian`` (the Gaussian on a Poisson sample of clients at rate q), both of the
-sum's L2 sensitivity: ``noise_multiplier`` z = noise std / sensitivity.
+Mechanisms: :mod:`popri.privacy.mechanisms` (the registry; its names are re-exported here).
 
 Accountants:
 
@@ -56,415 +39,45 @@ Calibration (epsilon -> noise multiplier) is :mod:`popri.privacy.calibration`.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
 from popri.specs.privacy import ACCOUNTANTS  # ("rdp", "pld"), declared once in the spec
-
-NEIGHBOURING = "add/remove one client"
-#: the relations an entry may name, matched exactly (no substring tests: "not add/remove ..."
-#: must not pass for add/remove); popri.privacy.ledger.RELATIONS is their union
-ADD_REMOVE = ("add/remove one client", "add/remove one sample")
-REPLACE = ("replace one client", "replace one sample")
-
-# == opacus.accountants.RDPAccountant.DEFAULT_ALPHAS (checked by the tests), + larger orders.
-OPACUS_ALPHAS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
-ORDERS = OPACUS_ALPHAS + (64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024)
-
-PLD_INTERVAL = 1e-4         # dp-accounting's default value_discretization_interval
-PLD_SEARCH_INTERVAL = 1e-3  # coarse grid for bracketing (popri.privacy.calibration)
-Z_MIN, Z_MAX = 1e-2, 1e6    # search range of popri.privacy.calibration.noise_multiplier()
-#: a noise multiplier above this is accounted as this one: epsilon falls as z grows, so the
-#: result is an upper bound (~0: 0.0047 by RDP, whose floor is set by its largest order, 0 by
-#: PLD); z = 1e200 overflowed z**2 in both accountants
-Z_CLAMP = 1e10
-#: the PLD grid is coarsened (a pessimistic estimate is an upper bound at any interval) so that
-#: the privacy losses it spans take at most this many points: a noise multiplier of 1e-3 asked
-#: dp-accounting for 10^10 points (76 GiB); a loss range that needs an interval above
-#: PLD_MAX_INTERVAL is reported as epsilon = infinity (the noise is negligible: z < ~1e-4)
-PLD_MAX_POINTS = 3_000_000
-PLD_MAX_INTERVAL = 10.0
-TINY_NOTE = ("the privacy losses (smallest noise multiplier {z:g}) are beyond the {acc} "
-             "accountant's range (a tiny noise multiplier, or very many steps): epsilon reported "
-             "as infinity")
-
-FIXED_NOTE = ("fixed-size sampling (L of N clients per round) is accounted with the Poisson-"
-              "subsampling analysis at q = L/N, as POPri did (appendix D.1, 'client sampling "
-              "ratio'); this is the papers' convention, not a proven bound for sampling without "
-              "replacement")
-INF_NOTE = "a noise multiplier of 0 releases the exact aggregate: no privacy (epsilon = infinity)"
-
-
-class ParameterError(ValueError):
-    """A bad accounting parameter; ``param`` names it (noise_multiplier, sample_rate, ...)."""
-
-    def __init__(self, param: str, message: str):
-        self.param = param
-        self.message = message
-        super().__init__(f"{param}: {message}")
-
-
-def check(*, z: float | None = None, q: float | None = None, steps: Any = None,
-          delta: float | None = None, eps: float | None = None,
-          accountant: str | None = None) -> None:
-    """Raise :class:`ParameterError` for the first parameter outside its domain."""
-    def bad(x):
-        return isinstance(x, bool) or not isinstance(x, (int, float, np.number)) or math.isnan(x)
-
-    if z is not None and (bad(z) or not (0 <= z < math.inf)):
-        raise ParameterError("noise_multiplier", f"must be a finite number >= 0 (got {z})")
-    if q is not None and (bad(q) or not (0 < q <= 1)):
-        raise ParameterError("sample_rate", f"must be in (0, 1] (got {q})")
-    if steps is not None and (bad(steps) or steps != int(steps) or steps < 1):
-        raise ParameterError("steps", f"must be an integer >= 1 (got {steps})")
-    if delta is not None and (bad(delta) or not (0 < delta < 1)):
-        raise ParameterError("delta", f"must be in (0, 1) (got {delta})")
-    if eps is not None and (bad(eps) or not (0 < eps < math.inf)):
-        raise ParameterError("epsilon", f"must be a finite number > 0 (got {eps})")
-    if accountant is not None and accountant not in ACCOUNTANTS:
-        raise ParameterError("accountant",
-                             f"must be one of {', '.join(ACCOUNTANTS)} (got {accountant!r})")
-
-
-@lru_cache(maxsize=1)
-def _rdp_lib():
-    """``opacus.accountants.analysis.rdp``, loaded from its file: importing the ``opacus``
-    package runs its ``__init__``, which imports torch (~3 s); this module needs only numpy and
-    scipy.  Falls back to the ordinary import."""
-    spec = importlib.util.find_spec("opacus")
-    if spec is not None and spec.origin:
-        path = Path(spec.origin).parent / "accountants" / "analysis" / "rdp.py"
-        if path.is_file():
-            s = importlib.util.spec_from_file_location("popri.privacy._opacus_rdp", path)
-            mod = importlib.util.module_from_spec(s)
-            s.loader.exec_module(mod)
-            return mod
-    from opacus.accountants.analysis import rdp
-
-    return rdp
-
-
-@dataclass(frozen=True)
-class Result:
-    epsilon: float                  # math.inf when a noise multiplier is 0
-    delta: float
-    accountant: str
-    order: float | None = None      # rdp: the optimal Renyi order
-    warnings: tuple[str, ...] = ()
-
-
-# --------------------------------------------------------------------------- mechanisms
-class Mechanism:
-    """One DP mechanism the accountants know (subclass, set ``name``, :func:`register_mechanism`).
-
-    Every ledger entry records ``noise_multiplier``, ``sample_rate`` and ``steps`` (the common
-    shape; ``steps`` = how many times the mechanism described by the rest is self-composed);
-    ``fields`` names those the mechanism reads, ``params_fields`` the further numbers it needs,
-    read from the entry's ``params`` object (e.g. a tree's leaves, a discrete Gaussian's
-    dimension).  The accounting of one entry goes through:
-
-    - :meth:`key`: the entry's accounting parameters as a hashable tuple (entries of one stage
-      with equal keys are one group, their steps added);
-    - :meth:`rdp`: its Renyi DP at ``orders`` after ``steps`` compositions (the ``rdp``
-      accountant sums these over the groups, as opacus' ``RDPAccountant`` sums its history);
-    - :meth:`event`: its dp-accounting ``DpEvent`` after ``steps`` compositions (the ``pld``
-      accountant composes these in one ``ComposedDpEvent``).
-
-    A mechanism without one of the two analyses leaves it unimplemented: that accountant then
-    refuses it with a :class:`ParameterError` naming the other."""
-
-    name: str = ""
-    #: one line for error messages and the docs
-    summary: str = ""
-    #: the entry's top-level fields it reads (all entries carry these three)
-    fields: tuple[str, ...] = ("noise_multiplier", "sample_rate", "steps")
-    #: numbers it needs from the entry's ``params`` object
-    params_fields: tuple[str, ...] = ()
-
-    # -- the entry
-    def check(self, d: dict) -> None:
-        """:class:`ParameterError` for a missing or out-of-domain field of entry ``d``."""
-        for k in self.fields:
-            if d.get(k) is None:
-                raise ParameterError(k, f"missing (mechanism {self.name!r} needs "
-                                        f"{', '.join(self.fields)})")
-        check(z=d.get("noise_multiplier"), q=d.get("sample_rate"), steps=d.get("steps"))
-        params = d.get("params") or {}
-        for k in self.params_fields:
-            v = params.get(k) if isinstance(params, dict) else None
-            if (isinstance(v, bool) or not isinstance(v, (int, float, np.number))
-                    or not math.isfinite(v)):
-                raise ParameterError(f"params.{k}", f"mechanism {self.name!r} needs "
-                                                    f"params.{k}, a finite number (got {v!r})")
-
-    def key(self, d: dict, who: str, notes: list) -> tuple:
-        """The accounting parameters of entry ``d`` (checked); may append a note."""
-        raise NotImplementedError
-
-    def describe(self, key: tuple) -> dict:
-        """The group's columns for ``popri account ledger`` (after stage and mechanism)."""
-        return {"noise_multiplier": key[0], "sample_rate": key[1] if len(key) > 1 else 1.0}
-
-    def noise_multiplier(self, key: tuple) -> float:
-        """For messages: the noise multiplier of a group."""
-        return float(key[0])
-
-    def replace_ok(self, d: dict) -> bool:
-        """Whether entry ``d``'s guarantee also holds under a *replace* neighbouring relation
-        (its privacy curve does not depend on the relation); add/remove always composes."""
-        return False
-
-    def infinite(self, key: tuple) -> bool:
-        """No privacy at all (a noise multiplier of 0): epsilon = infinity, no accountant run."""
-        return False
-
-    def clamp(self, key: tuple) -> tuple:
-        """The key the accountants see (e.g. a huge noise multiplier capped: an upper bound)."""
-        return key
-
-    # -- the analyses
-    def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
-        """Renyi DP at ``orders`` of ``steps`` compositions (the ``rdp`` accountant)."""
-        raise NotImplementedError
-
-    def event(self, key: tuple, steps: int):
-        """dp-accounting ``DpEvent`` of ``steps`` compositions (the ``pld`` accountant)."""
-        raise NotImplementedError
-
-    def loss_range(self, key: tuple, steps: int) -> float:
-        """A rough width of the privacy losses of ``steps`` compositions (bounds the PLD grid;
-        see :data:`PLD_MAX_POINTS`); 0 when unknown (the grid is then not coarsened)."""
-        return 0.0
-
-    def __repr__(self) -> str:
-        return f"<mechanism {self.name}>"
-
-
-#: name -> mechanism; :func:`register_mechanism` adds, :func:`get_mechanism` looks up
-MECHANISMS: dict[str, Mechanism] = {}
-
-
-def register_mechanism(mechanism, *, force: bool = False):
-    """Register a :class:`Mechanism` (a subclass or an instance) under its ``name``; usable as a
-    class decorator, returns its argument.  A name already taken is a ValueError unless
-    ``force`` (as opacus' ``register_accountant``)."""
-    mech = mechanism() if isinstance(mechanism, type) else mechanism
-    if not isinstance(mech, Mechanism) or not mech.name or not isinstance(mech.name, str):
-        raise ValueError(f"{mechanism!r} is not a Mechanism with a name")
-    if mech.name in MECHANISMS and not force:
-        raise ValueError(f"mechanism {mech.name!r} is already registered (force=True replaces)")
-    MECHANISMS[mech.name] = mech
-    return mechanism
-
-
-def unregister_mechanism(name: str) -> None:
-    """Remove a registered mechanism (tests)."""
-    MECHANISMS.pop(name, None)
-
-
-def get_mechanism(name: Any) -> Mechanism:
-    """The registered mechanism called ``name``; a :class:`ParameterError` (param
-    ``mechanism``) listing the known ones otherwise."""
-    mech = MECHANISMS.get(name) if isinstance(name, str) else None
-    if mech is None:
-        raise ParameterError("mechanism", f"unknown mechanism {name!r} (known: "
-                                          f"{', '.join(MECHANISMS)})")
-    return mech
-
-
-@register_mechanism
-class GaussianMechanism(Mechanism):
-    """The Gaussian mechanism on a sum of L2 sensitivity D, noise std z D, every client taking
-    part (q = 1): its privacy curve depends on z alone, under any neighbouring relation
-    (Balle & Wang, "Improving the Gaussian mechanism for differential privacy", ICML 2018).
-    An entry with ``sample_rate`` < 1 is accounted at q = 1 (no amplification), with a note."""
-
-    name = "gaussian"
-    summary = "Gaussian mechanism, every client takes part (q = 1)"
-
-    def key(self, d: dict, who: str, notes: list) -> tuple:
-        if float(d["sample_rate"]) < 1:
-            notes.append(f"{who}: {d['mechanism']} with sampling {d['sampling']!r} is "
-                         f"accounted at q = 1 (no amplification by sampling)")
-        return (float(d["noise_multiplier"]), 1.0)
-
-    def replace_ok(self, d: dict) -> bool:
-        return True
-
-    def infinite(self, key: tuple) -> bool:
-        return key[0] == 0
-
-    def clamp(self, key: tuple) -> tuple:
-        return (min(float(key[0]), Z_CLAMP), *key[1:])  # see Z_CLAMP
-
-    def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
-        z, q = key[0], key[1]
-        return np.asarray(_rdp_lib().compute_rdp(q=float(q), noise_multiplier=float(z),
-                                                 steps=int(steps), orders=list(orders)),
-                          dtype=float)
-
-    def event(self, key: tuple, steps: int):
-        from dp_accounting import dp_event
-
-        z, q = float(key[0]), float(key[1])
-        g = dp_event.GaussianDpEvent(z)
-        return dp_event.SelfComposedDpEvent(
-            g if q >= 1 else dp_event.PoissonSampledDpEvent(q, g), int(steps))
-
-    def loss_range(self, key: tuple, steps: int) -> float:
-        """A Gaussian of multiplier z has losses ~ 1/(2 z^2) +- 10/z.  q = 1 steps fold into
-        one Gaussian of z / sqrt(steps) (as dp-accounting does).  n Poisson-subsampled steps
-        compose k Gaussian-sized losses, k ~ the steps a client takes part in at the far tail
-        (n q + 10 sqrt(n q) + 10, at most n).  Calibrated on dp-accounting 0.4: ~225 bytes per
-        point, so PLD_MAX_POINTS keeps a call under ~0.7 GB, and every setting with z >= 0.5 and
-        q <= 0.1 keeps the 1e-4 grid."""
-        z, q, n = key[0], key[1], steps
-        # measured: q = 1 needs the +-10/z tails; composed subsampled PMFs are truncated harder
-        k, c = (n, 20.0) if q >= 1 else (min(n, n * q + 10.0 * math.sqrt(n * q) + 10.0), 2.0)
-        try:
-            return k / (z * z) + c * math.sqrt(k) / z
-        except (ZeroDivisionError, OverflowError):
-            return math.inf
-
-
-@register_mechanism
-class SubsampledGaussianMechanism(GaussianMechanism):
-    """The Gaussian mechanism on a Poisson sample of clients at rate q (each client takes part
-    independently with probability q), as in DP-SGD / DP-FedAvg (Abadi et al., "Deep learning
-    with differential privacy", CCS 2016; RDP: Mironov, Talwar, Zhang 2019).  ``sampling``
-    ``"fixed"`` (L of N clients) is accounted at q = L/N (see FIXED_NOTE); ``"none"`` at q = 1."""
-
-    name = "subsampled_gaussian"
-    summary = "Gaussian mechanism on a Poisson sample of clients at rate q"
-
-    def key(self, d: dict, who: str, notes: list) -> tuple:
-        if d.get("sampling") == "none":
-            return super().key(d, who, notes)
-        return (float(d["noise_multiplier"]), float(d["sample_rate"]))
-
-    def replace_ok(self, d: dict) -> bool:
-        return d.get("sampling") == "none" or d.get("sample_rate") == 1
-
-
-@register_mechanism
-class DistributedDiscreteGaussianMechanism(Mechanism):
-    """The distributed discrete Gaussian of secure aggregation (Kairouz, Liu, Steinke, "The
-    Distributed Discrete Gaussian Mechanism for Federated Learning with Secure Aggregation",
-    ICML 2021, arXiv:2102.06387, Theorem 1): ``params.noisy`` noise shares N_Z(0,
-    ``params.local_sigma``^2) in ``params.dim`` coordinates, L2 sensitivity ``params.delta2``
-    (integer units), maths in :mod:`popri.privacy.ddg`.  The release is (1/2) eps^2-concentrated
-    DP (:func:`popri.privacy.ddg.cdp_epsilon`), i.e. RDP alpha eps^2 / 2 at every order; on a
-    Poisson sample at rate q < 1 (``sampling`` other than ``"none"``), Zhu & Wang's general
-    subsampling bound at integer orders (:func:`popri.privacy.ddg.rdp`).  RDP only: the PLD
-    accountant refuses it (dp-accounting has no PLD for a concentrated-DP event).  The entry's
-    ``noise_multiplier`` (sqrt(noisy) local_sigma / delta2) is for reading; the params decide."""
-
-    name = "distributed_discrete_gaussian"
-    summary = "distributed discrete Gaussian (secure aggregation mod m), concentrated DP"
-    params_fields = ("dim", "noisy", "local_sigma", "delta2")
-
-    def check(self, d: dict) -> None:
-        super().check(d)
-        p = d["params"]
-        for k, lo in (("dim", 1), ("noisy", 0)):
-            if p[k] != int(p[k]) or p[k] < lo:
-                raise ParameterError(f"params.{k}", f"must be an integer >= {lo} (got {p[k]!r})")
-        if p["local_sigma"] < 0:
-            raise ParameterError("params.local_sigma", f"must be >= 0 (got {p['local_sigma']!r})")
-        if not p["delta2"] > 0:
-            raise ParameterError("params.delta2", f"must be > 0 (got {p['delta2']!r})")
-
-    def key(self, d: dict, who: str, notes: list) -> tuple:
-        p = d["params"]
-        q = 1.0 if d.get("sampling") == "none" else float(d["sample_rate"])
-        if q == 1.0 and float(d["sample_rate"]) < 1:
-            notes.append(f"{who}: {self.name} with sampling 'none' is accounted at q = 1 "
-                         f"(no amplification by sampling)")
-        n, s, d2 = int(p["noisy"]), float(p["local_sigma"]), float(p["delta2"])
-        return (math.sqrt(n) * s / d2, q, int(p["dim"]), n, s, d2)
-
-    def describe(self, key: tuple) -> dict:
-        from popri.privacy import ddg
-
-        e = ddg.cdp_epsilon(key[5], key[4], key[3], key[2])
-        return {"noise_multiplier": key[0], "sample_rate": key[1], "dim": key[2],
-                "noisy": key[3], "local_sigma": key[4], "delta2": key[5],
-                "epsilon_cdp": e if math.isfinite(e) else None}
-
-    def infinite(self, key: tuple) -> bool:
-        return key[3] == 0 or key[4] == 0
-
-    def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
-        from popri.privacy import ddg
-
-        eps = ddg.cdp_epsilon(key[5], key[4], key[3], key[2])
-        return ddg.rdp(orders, eps, key[1]) * int(steps)
-
-
-@register_mechanism
-class TreeAggregationMechanism(GaussianMechanism):
-    """Tree-aggregation noise of DP-FTRL (Kairouz, McMahan, Song, Thakkar, Thakurta, Xu,
-    "Practical and Private (Deep) Learning without Sampling or Shuffling", arXiv:2103.00039,
-    section 3 and appendix D; noise in :mod:`popri.privacy.tree`).  An entry is ``steps`` trees
-    (restarts), each over ``params.leaves`` rounds, every node N(0, (z C)^2) with z =
-    ``noise_multiplier``, and each client contributing (norm <= C) to at most ONE leaf per tree
-    -- the caller guarantees this.  With ``leaves = 1`` (a restart every round) it holds even
-    when every client takes part in every round: the DP-FTRL setting popri uses, where each
-    round is one Gaussian release.  A leaf lies in at most d = :func:`popri.privacy.tree.depth`
-    (leaves) = floor(log2(leaves)) + 1 released nodes, so a tree is the Gaussian mechanism at
-    multiplier z / sqrt(d): RDP = steps alpha d / (2 z^2), equal to dp-accounting's
-    ``SelfComposedDpEvent(SingleEpochTreeAggregationDpEvent(z, leaves), steps)`` under
-    ``NeighboringRelation.REPLACE_SPECIAL`` (the relation dp-accounting requires for trees: a
-    client's data replaced by the zero record; popri's add/remove of a client whose absence
-    leaves the others' leaves unchanged moves the nodes the same way); PLD:
-    ``SelfComposedDpEvent(GaussianDpEvent(z / sqrt(d)), steps)``.  ``sample_rate`` < 1 is
-    accounted at q = 1, with a note: no amplification by sampling is claimed for trees."""
-
-    name = "tree_aggregation"
-    summary = "tree-aggregation Gaussian noise of DP-FTRL (restarts every params.leaves rounds)"
-    params_fields = ("leaves",)
-
-    def check(self, d: dict) -> None:
-        super().check(d)
-        v = d["params"]["leaves"]
-        if v != int(v) or v < 1:
-            raise ParameterError("params.leaves", f"must be an integer >= 1 (got {v!r})")
-
-    def key(self, d: dict, who: str, notes: list) -> tuple:
-        if float(d["sample_rate"]) < 1:
-            notes.append(f"{who}: {self.name} with sample_rate {d['sample_rate']:g} is accounted "
-                         f"at q = 1 (no amplification by sampling for tree aggregation)")
-        return (float(d["noise_multiplier"]), 1.0, int(d["params"]["leaves"]))
-
-    def describe(self, key: tuple) -> dict:
-        return {"noise_multiplier": key[0], "sample_rate": key[1], "leaves": key[2]}
-
-    @staticmethod
-    def _gauss(key: tuple) -> tuple:
-        """The key of the equivalent Gaussian: (z / sqrt(depth), 1)."""
-        from popri.privacy.tree import depth
-
-        return (float(key[0]) / math.sqrt(depth(int(key[2]))), 1.0)
-
-    def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
-        return super().rdp(self._gauss(key), steps, orders)
-
-    def event(self, key: tuple, steps: int):
-        return super().event(self._gauss(key), steps)
-
-    def loss_range(self, key: tuple, steps: int) -> float:
-        return super().loss_range(self._gauss(key), steps)
-
-
-GAUSSIAN = MECHANISMS["gaussian"]
-SUBSAMPLED_GAUSSIAN = MECHANISMS["subsampled_gaussian"]
+from popri.privacy.mechanisms import (  # noqa: F401 (the registry, re-exported)
+    Z_MAX,
+    Z_MIN,
+    ADD_REMOVE,
+    DistributedDiscreteGaussianMechanism,
+    FIXED_NOTE,
+    GAUSSIAN,
+    GaussianMechanism,
+    INF_NOTE,
+    MECHANISMS,
+    Mechanism,
+    NEIGHBOURING,
+    OPACUS_ALPHAS,
+    ORDERS,
+    PLD_INTERVAL,
+    PLD_MAX_INTERVAL,
+    PLD_MAX_POINTS,
+    PLD_SEARCH_INTERVAL,
+    ParameterError,
+    REPLACE,
+    Result,
+    SUBSAMPLED_GAUSSIAN,
+    SubsampledGaussianMechanism,
+    TINY_NOTE,
+    TreeAggregationMechanism,
+    Z_CLAMP,
+    _rdp_lib,
+    check,
+    get_mechanism,
+    register_mechanism,
+    unregister_mechanism)
 
 
 # --------------------------------------------------------------------------- the accountants

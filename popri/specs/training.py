@@ -133,6 +133,12 @@ class DPOSpec(TrainSpec):
                       choices=("dpo", "ipo"))
     beta: float = param(0.01, "DPO beta = POPri tau (reference code: training.beta 0.01).",
                         cite="POPri 4.2", lo=0, lo_open=True)
+    sft_weight: float | None = param(
+        None, "popri extension (issue 24), not in POPri: add this weight times the NLL of the "
+              "chosen sample to the preference loss (RPO: Pang et al., 'Iterative Reasoning "
+              "Preference Optimization', arXiv:2404.19733, section 2; TRL loss_type "
+              "[sigmoid|ipo, sft]), which keeps the tuned generator fluent. None: the plain "
+              "loss.", lo=0, lo_open=True, hi=100)
     holdout: float = param(0.0, "Fraction of the pairs (whole prompts, seeded) held out of "
                            "training: after training, the exact (fp32) reward margin and "
                            "preference accuracy on them, next to the same on the training "

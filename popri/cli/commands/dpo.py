@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import build, option, spec_options, unwrap
 from popri.specs.training import DPOSpec, SelectSpec
 
 HELP = """Fine-tune the server LLM on preference pairs with DPO (POPri 4.2, Algorithm 1 line 27)
@@ -52,6 +52,7 @@ round's samples; or Omega texts with "text", from which prompts are built as 'po
 Each checkpoint writes --select-samples samples; FID on all-MiniLM-L6-v2 embeddings."""
 
 
+@spec_options(DPOSpec)
 def dpo(
     pairs: str = typer.Option(..., "--pairs", "-p", help="Preference pairs JSONL ('popri prefs build')."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (checkpoints, adapter/, "
@@ -61,24 +62,9 @@ def dpo(
                                    "dir or hub id (POPri: LLaMA-3-8B)."),
     adapter: Optional[str] = typer.Option(None, "--adapter", help="Continue from this adapter "
                                           "(round t+1 from round t)."),
-    loss: str = option(DPOSpec, "loss"),
-    beta: float = option(DPOSpec, "beta"),
-    lora_r: int = option(DPOSpec, "lora_r"),
-    lora_alpha: int = option(DPOSpec, "lora_alpha"),
-    target_modules: Optional[str] = option(DPOSpec, "target_modules"),
-    lr: float = option(DPOSpec, "lr"),
-    min_lr_ratio: float = option(DPOSpec, "min_lr_ratio"),
-    epochs: float = option(DPOSpec, "epochs"),
-    batch_size: int = option(DPOSpec, "batch_size"),
-    grad_accum: int = option(DPOSpec, "grad_accum"),
-    max_length: int = option(DPOSpec, "max_length"),
-    save_steps: Optional[int] = option(DPOSpec, "save_steps"),
-    max_steps: Optional[int] = option(DPOSpec, "max_steps"),
     seed: int = typer.Option(0, "--seed", help="Seeds LoRA init and data order."),
-    bf16: bool = option(DPOSpec, "bf16"),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest "
                                 "checkpoint in --out."),
-    gradient_checkpointing: bool = option(DPOSpec, "gradient_checkpointing"),
     eval_pairs: int = typer.Option(0, "--eval-pairs", min=0, help="After training, the exact "
                                    "(fp32) reward margin on the first N pairs (the bf16-logged "
                                    "margins carry rounding noise ~1e-3); into metrics.json."),
@@ -89,9 +75,10 @@ def dpo(
                                                  "selection samples (JSONL 'prompt', or Omega 'text')."),
     select_samples: int = option(SelectSpec, "select_samples"),
     select_by: str = option(SelectSpec, "select_by"),
-    holdout: float = option(DPOSpec, "holdout"),
     embed_model: Optional[str] = typer.Option(None, "--embed-model", envvar="POPRI_EMBED_MODEL",
                                               help="Embedder for the FID (default all-MiniLM-L6-v2)."),
+
+    *, spec: DPOSpec,
 ) -> None:
     from pathlib import Path
 
@@ -101,11 +88,6 @@ def dpo(
     from popri.methods.popri import dpo as lib
     from popri.methods.popri.select import SELECTION_FILE, prepare_selection
 
-    spec = build(DPOSpec, loss=loss, beta=beta, lora_r=lora_r, lora_alpha=lora_alpha,
-                 target_modules=target_modules, lr=lr, min_lr_ratio=min_lr_ratio, epochs=epochs,
-                 batch_size=batch_size, grad_accum=grad_accum, max_length=max_length,
-                 save_steps=save_steps, max_steps=max_steps, bf16=bf16,
-                 gradient_checkpointing=gradient_checkpointing, holdout=holdout)
     sel = build(SelectSpec, select_samples=select_samples, select_by=select_by)
     if bool(select_on) != bool(select_prompts):
         raise InputError("checkpoint selection needs both --select-on and --select-prompts")

@@ -130,8 +130,17 @@ def build_dpo_trainer(records: list[dict], spec: DPOSpec | None = None, *, model
         records, spec, trainer_cls=DPOTrainer, config_cls=DPOConfig, model=model,
         out_dir=out_dir, seed=seed, adapter=adapter, logging_steps=logging_steps,
         callbacks=callbacks, trainer_kwargs={"ref_model": None},
-        config=dict(beta=float(spec.beta), loss_type=["sigmoid" if spec.loss == "dpo" else "ipo"],
+        config=dict(beta=float(spec.beta), **loss_config(spec),
                     max_length=int(spec.max_length), disable_dropout=True))
+
+
+def loss_config(spec: DPOSpec) -> dict:
+    """TRL's ``loss_type`` (and ``loss_weights``) of the spec: the preference loss (sigmoid =
+    DPO, ipo), plus the chosen sample's NLL at ``sft_weight`` (RPO, arXiv:2404.19733)."""
+    base = "sigmoid" if spec.loss == "dpo" else "ipo"
+    if not spec.sft_weight:
+        return {"loss_type": [base]}
+    return {"loss_type": [base, "sft"], "loss_weights": [1.0, float(spec.sft_weight)]}
 
 
 def train_dpo(pairs_path_or_records, spec: DPOSpec | None = None, *, model: str, out_dir,
