@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.training import SFTSpec
 
 HELP = """PE+SFT baseline (POPri section 3, "Supervised Fine-Tuning"; Table 1): fine-tune the
@@ -32,6 +32,7 @@ token accuracy per step and epoch), run.json; the adapter path on stdout. --adap
 earlier adapter; --resume (default) picks up a killed run."""
 
 
+@spec_options(SFTSpec)
 def sft(
     out: str = typer.Option(..., "--out", "-o", help="Output directory."),
     pairs: Optional[str] = typer.Option(None, "--pairs", "-p", help="Preference pairs JSONL "
@@ -42,32 +43,16 @@ def sft(
     model: str = typer.Option("smollm2-135m", "--model", "-m", envvar="POPRI_GEN_MODEL",
                               help="Base LLM (alias, checkpoint dir or hub id)."),
     adapter: Optional[str] = typer.Option(None, "--adapter", help="Continue from this adapter."),
-    lora_r: int = option(SFTSpec, "lora_r"),
-    lora_alpha: int = option(SFTSpec, "lora_alpha"),
-    target_modules: Optional[str] = option(SFTSpec, "target_modules"),
-    lr: float = option(SFTSpec, "lr"),
-    min_lr_ratio: float = option(SFTSpec, "min_lr_ratio"),
-    epochs: float = option(SFTSpec, "epochs"),
-    batch_size: int = option(SFTSpec, "batch_size"),
-    grad_accum: int = option(SFTSpec, "grad_accum"),
-    max_length: int = option(SFTSpec, "max_length"),
-    save_steps: Optional[int] = option(SFTSpec, "save_steps"),
-    max_steps: Optional[int] = option(SFTSpec, "max_steps"),
     seed: int = typer.Option(0, "--seed", help="Seeds LoRA init and data order."),
-    bf16: bool = option(SFTSpec, "bf16"),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest "
                                 "checkpoint in --out."),
-    gradient_checkpointing: bool = option(SFTSpec, "gradient_checkpointing"),
+    *, spec: SFTSpec,
 ) -> None:
     from pathlib import Path
 
     from popri.core.guard import check_outputs
     from popri.methods.popri import dpo as lib
 
-    spec = build(SFTSpec, lora_r=lora_r, lora_alpha=lora_alpha, target_modules=target_modules,
-                 lr=lr, min_lr_ratio=min_lr_ratio, epochs=epochs, batch_size=batch_size,
-                 grad_accum=grad_accum, max_length=max_length, save_steps=save_steps,
-                 max_steps=max_steps, bf16=bf16, gradient_checkpointing=gradient_checkpointing)
     o = Path(out)
     check_outputs([out, o / lib.ADAPTER_DIR, o / lib.METRICS_FILE, o / lib.RUN_FILE,
                    *(() if resume else lib.list_checkpoints(o, complete_only=False))],

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.training import DownstreamSpec
 
 _HELP = """Fine-tune a causal LM on the 'text' of TRAIN and keep the epoch that is best on --val.
@@ -35,6 +35,7 @@ accuracy; 'initial' = the model before training; the settings).  Evaluate it wit
 'popri eval accuracy --model OUT'.  Progress goes to stderr; --json prints the summary on stdout."""
 
 
+@spec_options(DownstreamSpec, decls={'lora': ('--lora/--full',)})
 def train_downstream(
     train: str = typer.Argument(..., metavar="TRAIN", help="JSONL with 'text', or a dataset dir."),
     out: str = typer.Option(..., "--out", "-o", help="Checkpoint directory to create."),
@@ -47,30 +48,12 @@ def train_downstream(
              "pretrained LM installable offline), 'distilgpt2' (the papers' model; needs the hub "
              "or a local copy), any local checkpoint dir or hub id."),
     train_split: str = typer.Option("train", help="Split of TRAIN when it is a dataset directory."),
-    max_length: int = option(DownstreamSpec, "max_length"),
-    lr: float = option(DownstreamSpec, "lr"),
-    weight_decay: float = option(DownstreamSpec, "weight_decay"),
-    epochs: int = option(DownstreamSpec, "epochs"),
-    batch_size: int = option(DownstreamSpec, "batch_size"),
-    micro_batch_size: int = option(DownstreamSpec, "micro_batch_size"),
-    lora: bool = option(DownstreamSpec, "lora", "--lora/--full"),
-    lora_r: int = option(DownstreamSpec, "lora_r"),
-    lora_alpha: int = option(DownstreamSpec, "lora_alpha"),
-    target_modules: Optional[str] = option(DownstreamSpec, "target_modules"),
-    select_by: str = option(DownstreamSpec, "select_by"),
-    count_eos: bool = option(DownstreamSpec, "count_eos"),
-    bf16: bool = option(DownstreamSpec, "bf16"),
-    bos_token: Optional[str] = option(DownstreamSpec, "bos_token"),
-    eos_token: Optional[str] = option(DownstreamSpec, "eos_token"),
     seed: int = typer.Option(0, help="Seeds the shuffling and the LoRA initialisation."),
-    max_steps: Optional[int] = option(DownstreamSpec, "max_steps"),
-    max_samples: Optional[int] = option(DownstreamSpec, "max_samples"),
-    max_val_samples: Optional[int] = option(DownstreamSpec, "max_val_samples"),
-    eval_batch_size: int = option(DownstreamSpec, "eval_batch_size"),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out that popri "
                                "wrote (a model of an earlier run); a directory popri did not "
                                "write is never replaced."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+    *, spec: DownstreamSpec,
 ) -> None:
     from pathlib import Path
 
@@ -78,12 +61,6 @@ def train_downstream(
     from popri.core.io import dumps
     from popri.eval.downstream import train_downstream as run
 
-    spec = build(DownstreamSpec, max_length=max_length, lr=lr, weight_decay=weight_decay,
-                 epochs=epochs, batch_size=batch_size, micro_batch_size=micro_batch_size,
-                 lora=lora, lora_r=lora_r, lora_alpha=lora_alpha, target_modules=target_modules,
-                 select_by=select_by, count_eos=count_eos, bf16=bf16, bos_token=bos_token,
-                 eos_token=eos_token, max_steps=max_steps, max_samples=max_samples,
-                 max_val_samples=max_val_samples, eval_batch_size=eval_batch_size)
     # the checkpoint directory is replaced whole: every file now under it is overwritten
     o = Path(out)
     check_outputs([out, *(sorted(map(str, o.rglob("*"))) if o.is_dir() else ())],
