@@ -10,11 +10,11 @@ Settings: :class:`popri.specs.feedback.AggregateSpec`; the shard reduction:
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.feedback import AggregateSpec
 
 HELP = """Sum per-client uploads (from 'popri score --per-client-out') into one score vector.
@@ -31,18 +31,15 @@ No new privacy is spent: the output sidecar and the ledger.jsonl next to it get 
 entries (same release_id, so 'popri account ledger' counts them once).  --out - prints JSONL
 {"id", "score"} and writes no ledger (the release is already recorded next to the inputs)."""
 
+@spec_options(AggregateSpec)
 def aggregate(
     files: List[str] = typer.Argument(..., help="CLIENTS.npy files (+ CLIENTS.json sidecars)."),
     out: str = typer.Option(..., "--out", "-o", help="SCORES.npy (+ SCORES.json), or '-'."),
-    reduce: Optional[str] = option(AggregateSpec, "reduce"),
-    threshold: Optional[float] = option(AggregateSpec, "threshold"),
-    expected_clients: Optional[float] = option(AggregateSpec, "expected_clients"),
+    *, spec: AggregateSpec,
 ) -> None:
     from popri.core import io
     from popri.federated.aggregation import aggregate_uploads
 
-    spec = build(AggregateSpec, reduce=reduce, threshold=threshold,
-                 expected_clients=expected_clients)
     r = aggregate_uploads(files, spec, out=out)
     if out == io.STDIO:
         io.write_jsonl(({"id": i, "score": float(s)} for i, s in zip(r["ids"], r["scores"])), "-")

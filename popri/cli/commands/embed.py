@@ -7,34 +7,29 @@
 
 from __future__ import annotations
 
-from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option
+from popri.cli.options import spec_options
 from popri.specs.data import EmbedSpec
 
 
+@spec_options(EmbedSpec)
 def embed(
     input: str = typer.Argument(..., help="Federated dataset directory, JSONL with 'text' "
                                           "(and 'id', 'client_id'), or '-' for stdin."),
     out: str = typer.Option(..., "--out", "-o",
                             help="NAME.npy (writes NAME.npy + NAME.jsonl + NAME.meta.json) or '-' "
                                  "for JSONL rows with an 'embedding' list on stdout."),
-    model: str = option(EmbedSpec, "model"),
     split: str = typer.Option("train", help="Split to embed when INPUT is a federated dataset."),
-    normalize: bool = option(EmbedSpec, "normalize"),
-    batch_size: int = option(EmbedSpec, "batch_size"),
-    device: Optional[str] = option(EmbedSpec, "device"),
     cache: bool = typer.Option(True, "--cache/--no-cache",
                                help="Re-use embeddings cached by content hash (POPRI_CACHE)."),
+    *, spec: EmbedSpec,
 ) -> None:
     """Embed texts with a sentence-transformers model into an embedding set."""
     from popri.core.guard import check_outputs
     from popri.models.embed import embed_file
 
-    spec = build(EmbedSpec, model=model, normalize=normalize, batch_size=batch_size,
-                 device=device)
     check_outputs([out], [input], companions="embeddings")
     embed_file(input, out, spec, split=split, use_cache=cache)
 
