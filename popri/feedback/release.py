@@ -124,6 +124,36 @@ def check_outputs(out: str | None, per_client_out: str | None, ledger_dir: str |
     guard([out, per_client_out], [private, synthetic], companions="scores")
 
 
+def _flower_release(priv, syn, codes, clients, part, keep, spec: ScoreSpec, *, mode: str,
+                    noise_multiplier: float, sens: float, seed: int, round_: int, secure: bool,
+                    out, ledger_dir, params: dict, layout: dict):
+    """The round on Flower (``--engine flower``): its result, the release's params and noise
+    params, and the realised DDG plan's ledger params when the engine's mechanism is the
+    distributed discrete Gaussian (``layout`` gains the engine's shape)."""
+    ddg_params = None
+    flower = _flower_round(priv, syn, codes, clients, part, keep, spec, mode=mode,
+                           noise_multiplier=noise_multiplier, sens=sens, seed=seed,
+                           round_=round_, secure=secure, out=out, ledger_dir=ledger_dir)
+    layout["engine"] = {"engine": "flower", "supernodes": flower.nodes,
+                        "secagg_mechanism": spec.secagg_mechanism,
+                        "max_dropout": spec.max_dropout}
+    # release mode: the engine's realised shape (nodes = min(S, L), survivors, the plan
+    # sized by L, its quantisation bound) follows the private participant count
+    params = params | {"engine": {"engine": "flower", "supernodes_requested":
+                                  spec.supernodes, "secagg_mechanism":
+                                  spec.secagg_mechanism} if secure else flower.params()}
+    noise_params = {"noise": spec.secagg_mechanism, "nominal_noise_multiplier":
+                    noise_multiplier, "secagg": "flower SecAgg+"}
+    if spec.mechanism() == "distributed_discrete_gaussian":
+        from popri.privacy import ddg
+
+        ddg_params = ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg), flower.survivors,
+                                       release=secure)
+    for note in ([] if secure else flower.notes):
+        log.warn(f"score: {note}")
+    return flower, params, noise_params, ddg_params
+
+
 def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, *,
                    out: str | None = None, per_client_out: str | None = None,
                    ledger_dir: str | None = None, seed: int = 0, round_: int = 0,
@@ -207,27 +237,11 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
                     if secure else {"noise": "gaussian"})
     flower = ddg_params = None
     if spec.flower:
-        flower = _flower_round(priv, syn, codes, clients, part, keep, spec, mode=mode,
-                               noise_multiplier=noise_multiplier, sens=sens, seed=seed,
-                               round_=round_, secure=secure, out=out, ledger_dir=ledger_dir)
+        flower, params, noise_params, ddg_params = _flower_release(
+            priv, syn, codes, clients, part, keep, spec, mode=mode,
+            noise_multiplier=noise_multiplier, sens=sens, seed=seed, round_=round_,
+            secure=secure, out=out, ledger_dir=ledger_dir, params=params, layout=layout)
         z_eff = flower.noise_multiplier
-        layout["engine"] = {"engine": "flower", "supernodes": flower.nodes,
-                            "secagg_mechanism": spec.secagg_mechanism,
-                            "max_dropout": spec.max_dropout}
-        # release mode: the engine's realised shape (nodes = min(S, L), survivors, the plan
-        # sized by L, its quantisation bound) follows the private participant count
-        params = params | {"engine": {"engine": "flower", "supernodes_requested":
-                                      spec.supernodes, "secagg_mechanism":
-                                      spec.secagg_mechanism} if secure else flower.params()}
-        noise_params = {"noise": spec.secagg_mechanism, "nominal_noise_multiplier":
-                        noise_multiplier, "secagg": "flower SecAgg+"}
-        if spec.mechanism() == "distributed_discrete_gaussian":
-            from popri.privacy import ddg
-
-            ddg_params = ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg), flower.survivors,
-                                           release=secure)
-        for note in ([] if secure else flower.notes):
-            log.warn(f"score: {note}")
     entry = None
     if not diagnostic:
         # the engine's mechanism, by the one entry function the budget plans with
