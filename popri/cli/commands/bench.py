@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.data import FetchSpec
 
 bench_app = typer.Typer(
@@ -41,20 +41,11 @@ token boundaries; the original text is cut at character offsets, so casing survi
 default tokenizer; samples under --min-words words are dropped."""
 
 
+@spec_options(FetchSpec)
 def fetch(
     name: str = typer.Argument(..., metavar="NAME", help="Source name or local table file."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory."),
-    max_tokens: int = option(FetchSpec, "max_tokens"),
-    min_words: int = option(FetchSpec, "min_words"),
-    tokenizer: str = option(FetchSpec, "tokenizer"),
-    max_samples_per_client: Optional[int] = option(FetchSpec, "max_samples_per_client"),
-    max_clients: Optional[int] = option(FetchSpec, "max_clients"),
-    split: str = option(FetchSpec, "split"),
-    val_frac: float = option(FetchSpec, "val_frac"),
-    test_frac: float = option(FetchSpec, "test_frac"),
     seed: int = typer.Option(0, help="Seed of the split, the client subset and the cap."),
-    date_from: Optional[str] = option(FetchSpec, "date_from"),
-    date_to: Optional[str] = option(FetchSpec, "date_to"),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty DIR that is not a "
                                                      "popri dataset."),
     source: Optional[str] = typer.Option(
@@ -71,16 +62,13 @@ def fetch(
                                                          "'data')."),
     date_column: Optional[str] = typer.Option(None, help="Column holding a date (for --split "
                                                          "date); '@none' = ignore the default."),
+    *, spec: FetchSpec,
 ) -> None:
     from pathlib import Path
 
     from popri.core.guard import check_outputs
     from popri.data.build import FILES, fetch as do_fetch
 
-    spec = build(FetchSpec, max_tokens=max_tokens, min_words=min_words, tokenizer=tokenizer,
-                 max_samples_per_client=max_samples_per_client, max_clients=max_clients,
-                 split=split, val_frac=val_frac, test_frac=test_frac, date_from=date_from,
-                 date_to=date_to)
     check_outputs([out, *(Path(out) / f for f in (*FILES, "manifest.json"))],
                   [name if Path(name).is_file() else None, source])
     do_fetch(name, out, spec, seed=seed, force=force, source=source, hub_id=hub_id,

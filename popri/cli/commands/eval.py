@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import build, option, spec_options, unwrap
 from popri.specs.training import EvalSpec, GapSpec
 
 eval_app = typer.Typer(
@@ -38,6 +38,7 @@ test clients (records without client_id are each a client).  --per-client-out wr
 ('popri eval gap').  stdout: one summary line, or the JSON object with --json."""
 
 
+@spec_options(EvalSpec)
 def accuracy(
     model: str = typer.Option(
         "smollm2-135m", "--model", "-m",
@@ -47,18 +48,11 @@ def accuracy(
     data: str = typer.Option(..., "--data", "-d", help="Dataset dir (its --split) or JSONL with 'text' "
                                                        "(and 'client_id')."),
     split: str = typer.Option("test", help="Split of a dataset dir (default: test)."),
-    max_length: int = option(EvalSpec, "max_length"),
-    count_eos: bool = option(EvalSpec, "count_eos"),
-    bos_token: Optional[str] = option(EvalSpec, "bos_token"),
-    eos_token: Optional[str] = option(EvalSpec, "eos_token"),
-    batch_size: int = option(EvalSpec, "batch_size"),
-    bf16: bool = option(EvalSpec, "bf16"),
-    max_samples: Optional[int] = option(EvalSpec, "max_samples"),
-    bootstrap: int = option(EvalSpec, "bootstrap"),
     seed: int = typer.Option(0, help="Seed of the bootstrap."),
     per_client_out: Optional[str] = typer.Option(None, "--per-client-out",
                                                  help="Write per-client sums to this JSONL file."),
     json_out: bool = typer.Option(False, "--json", help="Print the full result as JSON."),
+    *, spec: EvalSpec,
 ) -> None:
     from pathlib import Path
 
@@ -67,9 +61,6 @@ def accuracy(
     from popri.core.guard import check_outputs
     from popri.core.io import dumps, write_jsonl
 
-    spec = build(EvalSpec, max_length=max_length, count_eos=count_eos, bos_token=bos_token,
-                 eos_token=eos_token, batch_size=batch_size, bf16=bf16, max_samples=max_samples,
-                 bootstrap=bootstrap)
     check_outputs([per_client_out], [data, adapter, model if Path(model).exists() else None])
     res = evaluate_next_token(model, data, spec, adapter=adapter, split=split, seed=seed)
     per = res.pop("per_client")

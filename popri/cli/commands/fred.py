@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import typer
 
-from popri.cli.options import build, option, param_error, unwrap
+from popri.cli.options import param_error, spec_options, unwrap
 from popri.specs.privacy import FredStatsSpec
 
 fred_app = typer.Typer(
@@ -95,6 +95,7 @@ in STATS.json (override with --model; it must match).  Prints a table (rank, fre
 candidate) or, with --json, a JSON list of {"candidate", "fred"}."""
 
 
+@spec_options(FredStatsSpec, decls={'denoise': ('--denoise/--no-denoise',)})
 def stats(
     private: str = typer.Option(
         ..., "--private",
@@ -103,29 +104,17 @@ def stats(
              "required at --level user; at sample level a row without one is its own client."),
     out: str = typer.Option(..., "--out", "-o",
                             help="STATS.npz; STATS.json and ledger.jsonl are written next to it."),
-    epsilon: Optional[float] = option(FredStatsSpec, "epsilon"),
-    delta: Optional[float] = option(FredStatsSpec, "delta"),
-    clip: Optional[float] = option(FredStatsSpec, "clip"),
-    non_private: bool = option(FredStatsSpec, "non_private"),
-    relation: Optional[str] = option(FredStatsSpec, "relation"),
-    level: Optional[str] = option(FredStatsSpec, "level"),
-    max_samples_per_client: Optional[int] = option(FredStatsSpec, "max_samples_per_client"),
-    calibration: Optional[str] = option(FredStatsSpec, "calibration"),
-    denoise: Optional[bool] = option(FredStatsSpec, "denoise", "--denoise/--no-denoise"),
     seed: int = typer.Option(0, "--seed", help="Seed of the noise and of the per-client cap."),
-    release: bool = option(FredStatsSpec, "release"),
     split: str = typer.Option("train", "--split", help="Split when --private is a dataset dir."),
     model: Optional[str] = typer.Option(
         None, "--model", "--embedder", "-m", envvar="POPRI_EMBED_MODEL",
         help="Embedding model for texts (default all-MiniLM-L6-v2: POPri B.1; the paper used "
              "ALBERT)."),
+    *, spec: FredStatsSpec,
 ) -> None:
     from popri.methods.fred.steps import OPTION, release_stats
     from popri.privacy.accounting import ParameterError
 
-    spec = build(FredStatsSpec, epsilon=epsilon, delta=delta, clip=clip, non_private=non_private,
-                 relation=relation, level=level, max_samples_per_client=max_samples_per_client,
-                 calibration=calibration, denoise=denoise, release=release)
     try:
         release_stats(private, out, spec, seed=seed, split=split, model=model)
     except ParameterError as e:

@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.instruct import InstructSpec
 
 HELP = """Build federated instruction data: (instruction, input, response) triples held by
@@ -41,24 +41,11 @@ that 'popri embed', 'train-downstream' and 'eval' read as any other.  Same input
 --force."""
 
 
+@spec_options(InstructSpec)
 def build_cmd(
     name: str = typer.Argument(..., metavar="SOURCE", help="debian, sotu, shakespeare or a "
                                ".jsonl/.json file."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory."),
-    max_output_words: int = option(InstructSpec, "max_output_words"),
-    min_output_words: int = option(InstructSpec, "min_output_words"),
-    context_words: int = option(InstructSpec, "context_words"),
-    max_samples_per_client: Optional[int] = option(InstructSpec, "max_samples_per_client"),
-    max_clients: Optional[int] = option(InstructSpec, "max_clients"),
-    partition: str = option(InstructSpec, "partition"),
-    clusters: int = option(InstructSpec, "clusters"),
-    per_cluster: Optional[int] = option(InstructSpec, "per_cluster"),
-    num_clients: int = option(InstructSpec, "num_clients"),
-    alpha: float = option(InstructSpec, "alpha"),
-    embedder: str = option(InstructSpec, "embedder"),
-    split: str = option(InstructSpec, "split"),
-    val_frac: float = option(InstructSpec, "val_frac"),
-    test_frac: float = option(InstructSpec, "test_frac"),
     seed: int = typer.Option(0, help="Seed of the partition, the client subset, the cap and "
                                      "the split."),
     source: Optional[str] = typer.Option(
@@ -68,6 +55,7 @@ def build_cmd(
         None, help="Field holding the client id (a table file; default client_id)."),
     force: bool = typer.Option(False, "--force", help="Write into a non-empty DIR that is not a "
                                                      "popri dataset."),
+    *, spec: InstructSpec,
 ) -> None:
     from pathlib import Path
 
@@ -76,12 +64,6 @@ def build_cmd(
     from popri.data.instruct import build as do_build
     from popri.models.embed import embed_texts
 
-    spec = build(InstructSpec, max_output_words=max_output_words,
-                 min_output_words=min_output_words, context_words=context_words,
-                 max_samples_per_client=max_samples_per_client, max_clients=max_clients,
-                 partition=partition, clusters=clusters, per_cluster=per_cluster,
-                 num_clients=num_clients, alpha=alpha, embedder=embedder, split=split,
-                 val_frac=val_frac, test_frac=test_frac)
     check_outputs([out, *(Path(out) / f for f in (*FILES, "manifest.json"))],
                   [name if Path(name).is_file() else None, source])
     check_out_dir(out, force)
