@@ -38,8 +38,8 @@ from popri.core.io import (
     write_jsonl,
 )
 from popri.core.spec import spec_field
-from popri.data.records import is_federated_dir, read_records, text_records  # noqa: F401
-from popri.core.weights import TINY_EMBEDDER, materialise_tiny, resolve_model  # noqa: F401
+from popri.core.weights import resolve_model
+from popri.data.records import text_records
 from popri.specs.data import EmbedSpec
 
 

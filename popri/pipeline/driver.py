@@ -41,7 +41,7 @@ from popri.core.io import atomic_write, read_json
 from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError re-exported)
 from popri.pipeline.config import RunConfig, to_dict
-from popri.pipeline.stages import (  # noqa: F401 (the recipe kit, re-exported for old callers)
+from popri.pipeline.stages import (
     Z_LATER, DPRelease, RunLock, RunPaths, Stage, StageRunner, _fmt, final_seed, opt, round_seed,
     selection_note, step_argv)
 from popri.core.spec import to_argv

@@ -320,8 +320,8 @@ class StageRunner:
         log.info(f"run: {self._where()} {stage.name}: {shown}")
         self._record(shown)
         t0 = time.time()
-        self._pending(stage, key)
         before = self._ledger_snapshot(stage)
+        self._pending(stage, key, before)
 
         def failed(rc: int) -> PopriError:
             return PopriError(f"stage {stage.name} failed (exit {rc}): {shown} (its log: "
@@ -364,14 +364,14 @@ class StageRunner:
         self._pending_path(stage.name).unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ DP stages: plan = record
-    def _ledger_snapshot(self, stage: Stage) -> tuple[int, set[str]] | None:
-        """A DP stage's ledger before it runs: its entry count and release ids."""
+    def _ledger_snapshot(self, stage: Stage) -> tuple[int, list[str]] | None:
+        """A DP stage's ledger before it runs (read once): its entry count and release ids."""
         if stage.release is None:
             return None
         mine = self._mine(stage)
-        return len(mine), {e.release_id for e in mine}
+        return len(mine), [e.release_id for e in mine]
 
-    def _conform(self, stage: Stage, before: tuple[int, set[str]] | None) -> dict | None:
+    def _conform(self, stage: Stage, before: tuple[int, list[str]] | None) -> dict | None:
         """After a DP stage ran: do the entries it recorded equal the ones the budget guard
         composed for it (``stage.release.entries``)?  A stage whose entries all repeat release
         ids already in the ledger (a research-mode rerun of the same seeded release, a DP-FTRL
@@ -381,7 +381,7 @@ class StageRunner:
             return None
         from popri.privacy.entries import conformance
 
-        n, ids = before
+        n, ids = before[0], set(before[1])
         appended = self._mine(stage)[n:]
         new = [e for e in appended if e.release_id not in ids]
         planned = list(stage.release.entries)
@@ -441,9 +441,12 @@ class StageRunner:
             with atomic_write(self._pending_path(name)) as fh:
                 json.dump({"key": key, "before": list(before)}, fh)
 
-    def _pending(self, stage: Stage, key: str) -> None:
-        if stage.release is not None and self.attempt(stage.name).get("key") != key:
-            self.note_attempt(stage.name, key, [e.release_id for e in self._mine(stage)])
+    def _pending(self, stage: Stage, key: str,
+                 before: tuple[int, list[str]] | None) -> None:
+        """A DP stage's first attempt with ``key``: the release ids its ledger held before it
+        (``before``, :meth:`_ledger_snapshot`)."""
+        if before is not None and self.attempt(stage.name).get("key") != key:
+            self.note_attempt(stage.name, key, before[1])
 
     def committed(self, stage: Stage, key: str | None = None) -> bool:
         """The DP stage's last attempt (with ``key``; any key when None) committed its release:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from popri.core.errors import ConfigError
 from popri.core.spec import Spec, param
 from popri.core.validate import CLIP_MAX, MIN_SAMPLE_RATE, Z_MAX
-from popri.specs.engine import ENGINES, SECAGG_MECHANISMS, EngineSpec  # noqa: F401
+from popri.specs.engine import EngineSpec
 
 MODES = ("cosine", "nn-histogram")
 REDUCES = ("mean", "sum")

@@ -67,7 +67,7 @@ def round_entries(run, t: int, z: float | None, q: float | None) -> list:
     common = dict(noise_multiplier=float(z), sample_rate=float(q), delta=c.privacy.delta,
                   sensitivity=float(fl.clip), sampling=sampling,
                   mode="release" if run.release else "research",
-                  params={"round": t, "algorithm": c.method}, tree=algorithm(c) == "ftrl")
+                  params={"round": t, "algorithm": c.method}, tree=spec.algorithm == "ftrl")
     if spec.epoch_trees:
         # one tree per epoch of R = floor(N / L) rounds: the tree is one release, recorded by
         # each of its rounds under one id (counted once), so only its first round plans it

@@ -128,7 +128,8 @@ def selection_target(select_on: str, embed_model: str | None) -> tuple[dict, str
     """(``select_checkpoint`` target keyword, criterion sentence) for ``--select-on``: a FreD
     STATS.npz (its mean and covariance; its embedder must be the selection's), else validation
     embeddings (a dataset dir's 'val' split, an embedding set, JSONL texts)."""
-    from popri.models.embed import as_embedding_set, is_federated_dir
+    from popri.data.records import is_federated_dir
+    from popri.models.embed import as_embedding_set
 
     if str(select_on).endswith(".npz"):  # FreD statistics: a mean + covariance, no samples
         from popri.methods.fred.stats import load_stats
