@@ -321,6 +321,14 @@ def test_rr11_popri_run_dp_fl_release_writes_no_exact_statistic(tmp_path, datase
     res = json.loads((run / "results.json").read_text())
     assert res["mode"] == "release"
     assert [sorted(r) for r in res["fl"]["rounds"]] == [["round"]]
+    # issue 27's plan-vs-record check (results.json and the stage marker): counts of ledger
+    # entries, i.e. the plan's structure, and a verdict -- nothing of the clients' data
+    check = {"planned": 1, "recorded": 1, "agree": True}
+    assert keys(res["ledger_check"]) == {"stages", "stages.fl-round1", "agree",
+                                         *(f"stages.fl-round1.{k}" for k in check)}
+    assert res["ledger_check"] == {"stages": {"fl-round1": check}, "agree": True}
+    marker = json.loads((run / ".stages" / "fl-round1.json").read_text())
+    assert marker["ledger_check"] == check
     assert "private_diagnostics" not in json.loads((run / "fl" / "round1" / "round.json")
                                                    .read_text())
     for m in PRIVATE_LINE.finditer(p.stderr):
