@@ -60,6 +60,9 @@ SETTINGS: dict[str, list[str]] = {
     "eps1": ["privacy.epsilon=1"],
     "ood-oracle": OOD + ORACLE,
     "ood-eps1": OOD + ["privacy.epsilon=1"],
+    # the best oracle setting (RPO: the largest move, no significant loss against T = 0) under DP
+    "eps1-rpo": ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
+    "ood-eps1-rpo": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
 }
 
 

@@ -19,7 +19,8 @@ VENV=${VENV_MIN:-.venv-min}
 TESTS=(tests/test_compat.py tests/test_dpo.py tests/test_downstream.py tests/test_gen.py
        tests/test_cli.py tests/test_account_cli.py tests/test_accounting.py tests/test_embed.py
        tests/test_fred.py tests/test_tree.py tests/test_dpfl.py tests/test_fewfedpit_filters.py
-       tests/test_instruct.py tests/test_report.py tests/test_remote.py tests/test_layers.py)
+       tests/test_instruct.py tests/test_report.py tests/test_remote.py tests/test_layers.py
+       tests/test_cli_options.py)
 
 # the pins must really be what is installed (a venv someone pip-installed into is rebuilt)
 pins_installed() {

@@ -68,12 +68,16 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
     from popri.pipeline.driver import Run
     from popri.pipeline.stages import Stage
 
-    def toy(run):
-        yield run.score_stage(1, run.paths.emb_val, run.run / "toy" / "scores.npy", seed=7)
-        yield Stage("toy-copy", ["pe", "seeds", str(run.run / "x.jsonl"), "--out",
-                                 str(run.paths.synthetic)], outputs=[str(run.paths.synthetic)])
+    class Toy(recipes.Method):
+        name, label = "toy", "Toy"
 
-    monkeypatch.setitem(recipes.METHODS, "toy", recipes.Method("toy", "Toy", toy))
+        def recipe(self, run):
+            yield run.score_stage(1, run.paths.emb_val, run.run / "toy" / "scores.npy", seed=7)
+            yield Stage("toy-copy", ["pe", "seeds", str(run.run / "x.jsonl"), "--out",
+                                     str(run.paths.synthetic)],
+                        outputs=[str(run.paths.synthetic)])
+
+    monkeypatch.setitem(recipes.METHODS, "toy", Toy())
     cfg = C.load(None, [f"run_dir={tmp_path / 'r'}", "method=toy", "rounds=1"])
     r = Run(cfg, dry_run=True)
     r.execute()

@@ -27,6 +27,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
+from popri.federated import flower  # noqa: E402
 from popri.federated.flower import deploy  # noqa: E402
 
 TOY = Path(__file__).parent / "fixtures" / "flower_toy" / "flower_toy.py"
@@ -115,7 +116,7 @@ def test_app_dir_pyproject_valid_for_flwr(tmp_path):
     app = deploy.app_dir(tmp_path / "app", config=cfg)
     data = tomllib.loads((app / "pyproject.toml").read_text())
     comps = data["tool"]["flwr"]["app"]["components"]
-    assert comps == {"serverapp": deploy.SERVER_APP, "clientapp": deploy.CLIENT_APP}
+    assert comps == {"serverapp": flower.SERVER_APP, "clientapp": flower.CLIENT_APP}
     assert data["tool"]["flwr"]["app"]["config"]["job"] == cfg["job"]
     assert deploy.app_config_keys(app) == {"job", "nodes", "z", "release", "nested.k"}
     config, errors = load_and_validate(app / "pyproject.toml", check_module=False)

@@ -154,7 +154,7 @@ def test_the_version_is_declared_once():
 
 def test_the_driver_is_method_agnostic():
     """No method-name branch outside the method's own package: what differs between methods is a
-    field or hook of pipeline.recipes.Method (issue 27)."""
+    hook of popri.methods.base.Method, overridden by the method's own subclass (issue 27)."""
     import re
 
     from popri.pipeline.recipes import METHODS
@@ -170,3 +170,23 @@ def test_the_driver_is_method_agnostic():
     assert hits == []
     # and the check would see one
     assert pat.search('if cfg.method in ("popri", "pe-sft") and x:')
+
+
+def test_every_method_is_a_subclass_in_its_own_package():
+    """Each registered method is an instance of a Method subclass defined in its own package
+    (popri/methods/NAME/), and the registry holds nothing else: what differs between methods
+    lives in their hooks, not in the driver."""
+    import inspect
+
+    from popri.methods.base import Method
+    from popri.pipeline.recipes import METHODS
+
+    for name, m in METHODS.items():
+        assert isinstance(m, Method) and type(m) is not Method and m.name == name, name
+        mod = type(m).__module__
+        assert mod.startswith("popri.methods.") and mod.count(".") == 3, (name, mod)
+        assert m.label and m.summary, name
+        assert not inspect.isabstract(type(m)), name
+    # the base class cannot be instantiated without a recipe
+    with pytest.raises(TypeError):
+        Method()

@@ -83,14 +83,22 @@ def _option_type(t: Any) -> Any:
 
 
 def spec_options(spec_cls, *, into: str = "spec", exclude: tuple[str, ...] = (),
+                 only: tuple[str, ...] | None = None,
                  decls: dict[str, tuple[str, ...]] | None = None):
-    """Decorator: every field of ``spec_cls`` (but ``exclude``) becomes an option of the command,
-    after the command's own parameters (:func:`option`: its default, flag, help and range), and
-    the command receives the built, validated spec as the keyword ``into``.  A field the command
+    """Decorator: every field of ``spec_cls`` (but ``exclude``; or just ``only``, in that order)
+    becomes an option of the command, after the command's own parameters (:func:`option`: its
+    default, flag, help and range), and the command receives the built, validated spec as the
+    keyword ``into`` (fields that are not options keep their defaults).  A field the command
     declares itself (a different flag or a required value) keeps the command's option and still
     goes into the spec.  ``decls``: other flag spellings of a field (``--x/--no-x``)."""
     hints = typing.get_type_hints(spec_cls)
     fields = [f for f in dataclasses.fields(spec_cls) if f.init and f.name not in exclude]
+    if only is not None:
+        by = {f.name: f for f in fields}
+        unknown = [n for n in only if n not in by]
+        if unknown:
+            raise TypeError(f"{spec_cls.__name__} has no field {', '.join(unknown)}")
+        fields = [by[n] for n in only]
     decls = decls or {}
 
     def deco(fn):

@@ -69,24 +69,3 @@ def finite(value, option: str, lo: float | None = None, hi: float | None = None,
     if not ok:
         raise InputError(f"must be {want} (got {value!r})", field=option, path=path, line=line)
     return x
-
-
-def optional(value, option: str, **kw) -> float | None:
-    """:func:`finite` for an option that may be left out (None passes through)."""
-    return None if value is None else finite(value, option, **kw)
-
-
-def noise_multiplier(z, option: str = "--noise-multiplier") -> float:
-    return finite(z, option, lo=0, hi=Z_MAX)
-
-
-def clip(c, option: str = "--clip") -> float:
-    return finite(c, option, lo=0, lo_open=True, hi=CLIP_MAX)
-
-
-def sample_rate(q, option: str = "--sample-rate") -> float:
-    return finite(q, option, lo=MIN_SAMPLE_RATE, hi=1)
-
-
-def delta(d, option: str = "--delta") -> float:
-    return finite(d, option, lo=0, hi=1, lo_open=True, hi_open=True)

@@ -127,7 +127,7 @@ class Budget:
                                       f"(at delta={pr.delta:g}): lower dpo.select_epsilon",
                                       field="dpo.select_epsilon")
             sc = c.score
-            if self.method.round_entries is not None:
+            if self.method.round_entries(self, 1, None, q) is not None:
                 from popri.privacy.calibration import calibrate
 
                 def entries_at(z):

@@ -18,6 +18,7 @@ from typing import Any
 from popri.core.errors import ConfigError
 from popri.core.spec import Spec, param, same
 from popri.specs.data import EmbedSpec, FetchSpec
+from popri.specs.engine import EngineSpec
 from popri.specs.feedback import (
     COSINE_CLIP,
     COSINE_STANDARDIZE,
@@ -71,8 +72,10 @@ class PrivacyConfig(Spec):
 
 
 @dataclass(frozen=True)
-class ScoreConfig(Spec):
-    """The clients' DP feedback of every round (``popri score``'s settings)."""
+class ScoreConfig(EngineSpec):
+    """The clients' DP feedback of every round (``popri score``'s settings; where each round's
+    sum is computed -- in-process, or Flower + SecAgg+ (issue 12) -- is the engine's, an
+    :class:`~popri.specs.engine.EngineSpec`)."""
     mode: str = same(ScoreSpec, "mode")
     clip: float = same(ScoreSpec, "clip", COSINE_CLIP)
     standardize: bool = same(ScoreSpec, "standardize", COSINE_STANDARDIZE)
@@ -81,12 +84,6 @@ class ScoreConfig(Spec):
     max_samples_per_client: int = same(ScoreSpec, "max_samples_per_client",
                                        HISTOGRAM_MAX_SAMPLES)   # nn-histogram only (PrE-Text)
     threshold: float = same(ScoreSpec, "threshold", HISTOGRAM_THRESHOLD)  # nn-histogram only
-    # where each round's sum is computed (issue 12): in-process, or Flower + SecAgg+
-    engine: str = same(ScoreSpec, "engine")
-    supernodes: int | None = same(ScoreSpec, "supernodes")
-    secagg_mechanism: str = same(ScoreSpec, "secagg_mechanism")
-    max_dropout: float = same(ScoreSpec, "max_dropout")
-    flower_timeout: float = same(ScoreSpec, "flower_timeout")
     # also score noise-free for the recovery rate: `popri score --diagnostic` (NOT private, no
     # ledger entry, never released); skipped in release mode
     recovery_rate: bool = param(True, "Also score noise-free for the recovery rate (a "
@@ -154,7 +151,7 @@ class DownstreamConfig(Spec):
 
 
 @dataclass(frozen=True)
-class FLConfig(Spec):
+class FLConfig(EngineSpec):
     """DP federated learning of the downstream model (``method: dp-fedavg | dp-ftrl``, POPri
     appendix C.1 / C.2): ``rounds`` rounds of ``popri fl round`` (FLSpec's settings), the noise
     multiplier calibrated to privacy.epsilon over them.  CPU default: SmolLM2-135M with a LoRA
@@ -176,11 +173,6 @@ class FLConfig(Spec):
     max_samples_per_client: int | None = same(FLSpec, "max_samples_per_client")
     max_length: int = same(FLSpec, "max_length")
     bf16: bool = same(FLSpec, "bf16")
-    engine: str = same(FLSpec, "engine")
-    supernodes: int | None = same(FLSpec, "supernodes")
-    secagg_mechanism: str = same(FLSpec, "secagg_mechanism")
-    max_dropout: float = same(FLSpec, "max_dropout")
-    flower_timeout: float = same(FLSpec, "flower_timeout")
 
     def check(self) -> None:
         if self.clients_per_round is not None and self.sample_rate is not None:

@@ -101,16 +101,18 @@ class Run(Budget):
 
     # ------------------------------------------------------------------ data
     def fetch_stages(self) -> Iterable[Stage]:
-        c, d = self.cfg, self.cfg.data
-        if self.method.data_kind == "instruct":  # FewFedPIT: instruction data, no Omega
-            from popri.specs.instruct import InstructSpec
+        """The method's data stages (:meth:`Method.data`; default :meth:`fetch_text`)."""
+        return self.method.data(self)
 
-            if not d.dir:
-                yield Stage("instruct-private", [
-                    "instruct", "build", d.source, "--out", str(self.paths.private),
-                    *step_argv(InstructSpec, c.instruct), "--seed", str(c.seed)],
-                    outputs=[str(self.paths.private)])
-            return
+    def embed_stages(self) -> Iterable[Stage]:
+        """The method's embedding stages (:meth:`Method.embeddings`; default
+        :meth:`embed_private`)."""
+        return self.method.embeddings(self)
+
+    def fetch_text(self, *, public: bool = True) -> Iterable[Stage]:
+        """``bench fetch`` of the private federated text (unless data.dir) and, with ``public``,
+        of Omega (unless it is a file)."""
+        c, d = self.cfg, self.cfg.data
         common = ["--max-tokens", str(d.max_tokens), "--seed", str(c.seed)]
         if not d.dir:
             yield Stage("fetch-private", [
@@ -122,17 +124,17 @@ class Run(Budget):
         if not d.public_source:
             raise ConfigError("is needed (the initial population Omega)",
                               field="data.public_source")
-        if not is_file_source(d.public_source) and self.method.embeds:
+        if public and not is_file_source(d.public_source):
             yield Stage("fetch-public", [
                 "bench", "fetch", d.public_source, "--out", str(self.paths.public), *common,
                 *opt("--date-to", d.public_date_to),
                 *opt("--max-samples-per-client", d.public_max_samples_per_client)],
                 outputs=[str(self.paths.public)])
 
-    def embed_stages(self) -> Iterable[Stage]:
+    def embed_private(self) -> Iterable[Stage]:
+        """``embed`` of the private train and validation splits, and of Omega when checkpoint
+        selection reads it."""
         c = self.cfg
-        if not self.method.embeds:
-            return
         for split, out in (("train", self.paths.emb_private), ("val", self.paths.emb_val)):
             yield Stage(f"embed-{split}", [
                 "embed", str(self.paths.private), "--split", split, "--out", str(out),
@@ -208,19 +210,25 @@ class Run(Budget):
 
     # ------------------------------------------------------------------ evaluation
     def downstream_stages(self) -> Iterable[Stage]:
+        """The method's evaluation stages (:meth:`Method.evaluation`; default
+        :meth:`downstream_evaluation`)."""
+        return self.method.evaluation(self)
+
+    def downstream_evaluation(self) -> Iterable[Stage]:
         """The synthetic set's FID to the validation split, the downstream model on it, its
-        accuracy on the private test split; with baselines eps = 0 / eps = inf and the gap."""
+        accuracy on the private test split; with baselines eps = 0 / eps = inf and the gap;
+        with the method's control (:meth:`Method.control`) its T = 0 row and the paired
+        difference.  A method that trained the model itself (:meth:`Method.model_out`) is
+        evaluated as it is."""
         from popri.specs.training import DownstreamSpec, EvalSpec, GapSpec
 
-        if self.method.evaluation is not None:  # e.g. FewFedPIT: instruction-following
-            yield from self.method.evaluation(self)
-            return
         c, ds = self.cfg, self.cfg.downstream
         name = c.method
         priv = str(self.paths.private)
         syn = str(self.paths.synthetic)
         E = self.paths.eval
-        if self.method.model_out is None:
+        model = self.method.model_out(self)
+        if model is None:
             yield Stage("fid-synthetic", [
                 "eval", "fid", syn, str(self.paths.emb_val), "--model", c.embedder, "--json"],
                 outputs=[str(E / "fid.json")], inputs=[syn, str(self.paths.emb_val)],
@@ -249,8 +257,8 @@ class Run(Budget):
             return st, str(per)
 
         per = {}
-        if self.method.model_out is not None:  # DP-FL: the method trained the model itself
-            ckpt = str(self.method.model_out(self))
+        if model is not None:  # DP-FL: the method trained the model itself
+            ckpt = str(model)
             st, per[name] = evaluate(name, ["--model", ckpt], [str(Path(ckpt).parent)])
             yield st
         else:
@@ -258,9 +266,9 @@ class Run(Budget):
             yield st
             st, per[name] = evaluate(name, ["--model", ckpt], [ckpt])
             yield st
-        control = self.method.control is not None and c.control
+        st = self.method.control(self) if c.control else None
+        control = st is not None
         if control:  # the untuned generator's T = 0 row (issue 24): same prompts, N, recipe
-            st = self.method.control(self)
             yield st
             st, ck = train("t0", [st.outputs[0]], [st.outputs[0]])
             yield st
@@ -421,8 +429,8 @@ class Run(Budget):
         self.account_stage()
         if self.dry_run:
             return {}
-        if self.method.metrics is not None:
-            rows = self.method.metrics(self)
+        rows = self.method.metrics(self)
+        if rows is not None:
             with atomic_write(self.run / "metrics.jsonl") as fh:
                 fh.write("".join(json.dumps(r) + "\n" for r in rows))
         results = self.results(self.noise)
@@ -542,8 +550,9 @@ def results_table(r: dict) -> str:
     eps = r.get("epsilon")
     method = r.get("method", "popri")
     m = METHODS.get(method)
-    if m is not None and m.table is not None:
-        return m.table(r)
+    own = m.table(r) if m is not None else None
+    if own is not None:
+        return own
     label = m.label if m else method
     shape = m.shape(r) if m else f"{method} on {r['run_dir']}"
     lines = [f"{shape}, generator {r['generator']}, downstream {r['downstream']}", "",

@@ -12,11 +12,11 @@ Settings: :mod:`popri.specs.privacy` (EpsilonSpec, SigmaSpec, LedgerTotalSpec); 
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from typing import List
 
 import typer
 
-from popri.cli.options import build, option, param_error
+from popri.cli.options import param_error, spec_options
 from popri.core.spec import help_of, spec_field
 from popri.specs.privacy import FIXED, EpsilonSpec, LedgerTotalSpec, SigmaSpec
 
@@ -68,21 +68,19 @@ def _emit(obj: dict, as_json: bool, line: str) -> None:
     "rounded up), or with --json one object {\"epsilon\", \"noise_multiplier\", \"sample_rate\", "
     "\"steps\", \"delta\", \"accountant\", ...}; z = 0 gives 'inf' / null with a \"note\".\n\n"
     + NEIGHBOURS))
+@spec_options(EpsilonSpec)
 def epsilon_cmd(
     noise_multiplier: float = _required(EpsilonSpec, "noise_multiplier", "--noise-multiplier",
                                         "-z"),
     sample_rate: float = _required(EpsilonSpec, "sample_rate", "--sample-rate", "-q"),
     steps: int = _required(EpsilonSpec, "steps", "--steps", "-T"),
-    delta: float = option(EpsilonSpec, "delta"),
-    accountant: str = option(EpsilonSpec, "accountant"),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
+    *, spec: EpsilonSpec,
 ) -> None:
     """Epsilon of a Gaussian mechanism run --steps times at sample rate q."""
     from popri.core import log
     from popri.privacy import accounting as A
 
-    spec = build(EpsilonSpec, noise_multiplier=noise_multiplier, sample_rate=sample_rate,
-                 steps=steps, delta=delta, accountant=accountant)
     try:
         r = A.epsilon_details(spec.noise_multiplier, spec.sample_rate, spec.steps, spec.delta,
                               spec.accountant)
@@ -93,15 +91,15 @@ def epsilon_cmd(
             log.warn(w)
     obj = {"epsilon": r.epsilon if math.isfinite(r.epsilon) else None,
            "noise_multiplier": noise_multiplier, "sample_rate": sample_rate, "steps": steps,
-           "delta": delta, "accountant": accountant, "neighbouring": A.NEIGHBOURING}
+           "delta": spec.delta, "accountant": spec.accountant, "neighbouring": A.NEIGHBOURING}
     if r.order is not None:
         obj["order"] = r.order
-    if accountant == "pld":
+    if spec.accountant == "pld":
         obj["value_discretization_interval"] = A.PLD_INTERVAL
     if not math.isfinite(r.epsilon):  # z = 0, or z too small / steps too many to account
         obj["note"] = r.warnings[0] if r.warnings else A.INF_NOTE
-    _emit(obj, as_json, f"epsilon = {_up(r.epsilon)} ({accountant}, q={_g(sample_rate)}, "
-                        f"T={steps}, delta={_g(delta)}, z={_g(noise_multiplier)})")
+    _emit(obj, as_json, f"epsilon = {_up(r.epsilon)} ({spec.accountant}, q={_g(sample_rate)}, "
+                        f"T={steps}, delta={_g(spec.delta)}, z={_g(noise_multiplier)})")
 
 
 @app.command("sigma", help=(
@@ -110,22 +108,19 @@ def epsilon_cmd(
     "line shows z rounded up, e.g. 'noise_multiplier = 2.3098 (rdp, q=1, T=11, delta=3e-06, "
     "epsilon=7.5800 <= 7.58)'. --json: {\"noise_multiplier\", \"epsilon_achieved\", \"epsilon\" "
     "(the target), the other inputs, \"accountant\"}.\n\n" + NEIGHBOURS))
+@spec_options(SigmaSpec)
 def sigma_cmd(
     epsilon: float = _required(SigmaSpec, "epsilon", "--epsilon", "-e"),
     sample_rate: float = _required(SigmaSpec, "sample_rate", "--sample-rate", "-q"),
     steps: int = _required(SigmaSpec, "steps", "--steps", "-T"),
-    delta: float = option(SigmaSpec, "delta"),
-    accountant: str = option(SigmaSpec, "accountant"),
-    tol: float = option(SigmaSpec, "tol"),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
+    *, spec: SigmaSpec,
 ) -> None:
     """Calibrate the noise multiplier to a privacy budget."""
     from popri.core import log
     from popri.privacy import accounting as A
     from popri.privacy.calibration import noise_multiplier_details
 
-    spec = build(SigmaSpec, epsilon=epsilon, sample_rate=sample_rate, steps=steps, delta=delta,
-                 accountant=accountant, tol=tol)
     try:
         z, r = noise_multiplier_details(spec.epsilon, spec.sample_rate, spec.steps, spec.delta,
                                         spec.accountant, spec.tol)
@@ -134,12 +129,12 @@ def sigma_cmd(
     for w in r.warnings:
         log.warn(w)
     obj = {"noise_multiplier": z, "epsilon_achieved": r.epsilon, "epsilon": epsilon,
-           "sample_rate": sample_rate, "steps": steps, "delta": delta, "accountant": accountant,
-           "tol": tol, "neighbouring": A.NEIGHBOURING}
-    if accountant == "pld":
+           "sample_rate": sample_rate, "steps": steps, "delta": spec.delta, "accountant": spec.accountant,
+           "tol": spec.tol, "neighbouring": A.NEIGHBOURING}
+    if spec.accountant == "pld":
         obj["value_discretization_interval"] = A.PLD_INTERVAL
-    _emit(obj, as_json, f"noise_multiplier = {_up(z)} ({accountant}, q={_g(sample_rate)}, "
-                        f"T={steps}, delta={_g(delta)}, "
+    _emit(obj, as_json, f"noise_multiplier = {_up(z)} ({spec.accountant}, q={_g(sample_rate)}, "
+                        f"T={steps}, delta={_g(spec.delta)}, "
                         f"epsilon={_up(r.epsilon)} <= {_g(epsilon)})")
 
 
@@ -154,21 +149,19 @@ def sigma_cmd(
     "records 'replace one sample'); the total holds for that relation, named in the JSON and on "
     "the total line when it is not the default.\n\n"
     + FIXED + "\n\n" + NEIGHBOURS))
+@spec_options(LedgerTotalSpec)
 def ledger_cmd(
     paths: List[str] = typer.Argument(
         ..., help="ledger.jsonl files, directories (every ledger.jsonl below them) or score "
                   "sidecars (.json with a 'ledger' key). A release_id seen twice counts once."),
-    delta: Optional[float] = option(LedgerTotalSpec, "delta"),
-    accountant: str = option(LedgerTotalSpec, "accountant"),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
-    max_epsilon: Optional[float] = option(LedgerTotalSpec, "max_epsilon"),
+    *, spec: LedgerTotalSpec,
 ) -> None:
     """Total privacy cost of a set of ledgers."""
     from popri.core import log
     from popri.privacy import accounting as A
     from popri.privacy.ledger import total
 
-    spec = build(LedgerTotalSpec, delta=delta, accountant=accountant, max_epsilon=max_epsilon)
     try:
         t = total(paths, delta=spec.delta, accountant=spec.accountant)
     except A.ParameterError as e:
@@ -181,11 +174,11 @@ def ledger_cmd(
                  "from a recorded seed, so anyone holding the sidecars can regenerate it and the "
                  "epsilon below protects nobody from them. Rerun with --release for outputs you "
                  "publish.")
-    over = max_epsilon is not None and not (c.epsilon <= max_epsilon * (1 + 1e-9))
+    over = spec.max_epsilon is not None and not (c.epsilon <= spec.max_epsilon * (1 + 1e-9))
     if as_json:
         obj = t.to_dict()
-        if max_epsilon is not None:
-            obj["max_epsilon"] = max_epsilon
+        if spec.max_epsilon is not None:
+            obj["max_epsilon"] = spec.max_epsilon
             obj["within_budget"] = not over
         _emit(obj, True, "")
         if over:
@@ -206,7 +199,7 @@ def ledger_cmd(
                f"{c.entries} entries, {len(c.groups)} lines{rel})")
     if over:
         log.warn(f"budget exceeded: total epsilon {_up(c.epsilon)} > --max-epsilon "
-                 f"{_g(max_epsilon)}")
+                 f"{_g(spec.max_epsilon)}")
         raise typer.Exit(4)
 
 

@@ -17,7 +17,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, param_error, unwrap
+from popri.cli.options import option, param_error, spec_options, unwrap
 from popri.core.spec import help_of, spec_field
 from popri.specs.privacy import AuditSpec, ExtractSpec
 
@@ -85,42 +85,19 @@ def _table(r: dict) -> list[str]:
 
 
 @app.command("release", help=unwrap(HELP))
+@spec_options(AuditSpec)
 def release_cmd(
     mechanism: str = typer.Option(..., "--mechanism", "-m",
                                   help=help_of(spec_field(AuditSpec, "mechanism"))),
     trials: int = typer.Option(..., "--trials", "-T",
                                help=help_of(spec_field(AuditSpec, "trials"))),
-    noise_multiplier: Optional[float] = option(AuditSpec, "noise_multiplier"),
-    epsilon: Optional[float] = option(AuditSpec, "epsilon"),
-    delta: float = option(AuditSpec, "delta",
-                          help="delta of the claim and of the bound (default 3e-6, popri "
-                               "score's)."),
-    accountant: str = option(AuditSpec, "accountant",
-                             help="Accountant of the claim: rdp (the ledger's default) or pld "
-                                  "(tighter)."),
-    calibration: Optional[str] = option(AuditSpec, "calibration",
-                                        help="fred --epsilon: classic (default; eps < 1) or "
-                                             "analytic."),
-    clip: Optional[float] = option(AuditSpec, "clip",
-                                   help="cosine / fred: clip norm C (default 1)."),
     max_samples_per_client: Optional[int] = option(
         AuditSpec, "max_samples_per_client",
         help="Per-client cap M: nn-histogram's sensitivity (default 8); cosine: cap (default "
              "none); fred --level user: m (default 8)."),
-    clients: Optional[int] = option(AuditSpec, "clients"),
-    synthetic: int = option(AuditSpec, "synthetic"),
-    dim: int = option(AuditSpec, "dim"),
-    relation: Optional[str] = option(AuditSpec, "relation",
-                                     help="fred: replace-one (default) or add-remove."),
-    level: Optional[str] = option(AuditSpec, "level", help="fred: sample (default) or user."),
-    dataset: str = option(AuditSpec, "dataset"),
-    sample_rate: float = option(AuditSpec, "sample_rate"),
-    leaves: int = option(AuditSpec, "leaves"),
-    nodes: int = option(AuditSpec, "nodes"),
     seed: int = typer.Option(0, "--seed", help="Seed of the data and of every trial's noise."),
-    confidence: float = option(AuditSpec, "confidence"),
-    brk: Optional[str] = option(AuditSpec, "brk"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    *, spec: AuditSpec,
 ) -> None:
     """Empirical epsilon lower bound of one release vs the claimed epsilon."""
     from popri.core import log
@@ -128,13 +105,6 @@ def release_cmd(
     from popri.apps import audit as A
     from popri.privacy.accounting import ParameterError
 
-    spec = build(AuditSpec, mechanism=mechanism, trials=trials,
-                 noise_multiplier=noise_multiplier, epsilon=epsilon, delta=delta,
-                 accountant=accountant, calibration=calibration, clip=clip,
-                 max_samples_per_client=max_samples_per_client, clients=clients,
-                 synthetic=synthetic, dim=dim, relation=relation, level=level, dataset=dataset,
-                 confidence=confidence, brk=brk, sample_rate=sample_rate, leaves=leaves,
-                 nodes=nodes)
     try:
         r = A.run(spec, seed=seed)
     except ParameterError as e:
@@ -171,6 +141,7 @@ pre-trained model too, on the same examples, to read a method's figure."""
 
 
 @app.command("extract", help=unwrap(EXTRACT_HELP))
+@spec_options(ExtractSpec)
 def extract_cmd(
     model: str = typer.Option(..., "--model", "-m", help="Checkpoint to attack (directory, "
                               "adapter directory, alias or hub id)."),
@@ -178,17 +149,11 @@ def extract_cmd(
                              "with 'text' (and 'client_id'; instruction records: "
                              "'instruction', 'input', 'output')."),
     split: str = typer.Option("train", "--split", help="Split of --data (the training data)."),
-    num_examples: int = option(ExtractSpec, "num_examples"),
-    per_client: int = option(ExtractSpec, "per_client"),
-    prefix_tokens: int = option(ExtractSpec, "prefix_tokens"),
-    suffix_tokens: int = option(ExtractSpec, "suffix_tokens"),
-    threshold: float = option(ExtractSpec, "threshold"),
-    batch_size: int = option(ExtractSpec, "batch_size"),
-    bf16: bool = option(ExtractSpec, "bf16"),
     seed: int = typer.Option(0, "--seed", help="Which examples (and clients) are attacked."),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Per-example JSONL ('-': "
                                       "stdout)."),
     as_json: bool = typer.Option(False, "--json", help="Summary as one JSON object on stdout."),
+    *, spec: ExtractSpec,
 ) -> None:
     from pathlib import Path
 
@@ -197,10 +162,6 @@ def extract_cmd(
     from popri.core.io import dumps, write_jsonl
     from popri.eval.extract import run as do_extract
 
-    spec = build(ExtractSpec, num_examples=num_examples, per_client=per_client,
-                 prefix_tokens=prefix_tokens,
-                 suffix_tokens=suffix_tokens, threshold=threshold, batch_size=batch_size,
-                 bf16=bf16)
     if out == "-" and as_json:
         raise typer.BadParameter("--out - and --json both want stdout; give --out a file",
                                  param_hint="--out")

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, spec_options, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.training import DPOSpec, SelectSpec
 
 HELP = """Fine-tune the server LLM on preference pairs with DPO (POPri 4.2, Algorithm 1 line 27)
@@ -53,6 +53,7 @@ Each checkpoint writes --select-samples samples; FID on all-MiniLM-L6-v2 embeddi
 
 
 @spec_options(DPOSpec)
+@spec_options(SelectSpec, into="sel")
 def dpo(
     pairs: str = typer.Option(..., "--pairs", "-p", help="Preference pairs JSONL ('popri prefs build')."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (checkpoints, adapter/, "
@@ -73,12 +74,9 @@ def dpo(
                                             "'popri fred stats' STATS.npz (DP statistics)."),
     select_prompts: Optional[str] = typer.Option(None, "--select-prompts", help="Prompts for the "
                                                  "selection samples (JSONL 'prompt', or Omega 'text')."),
-    select_samples: int = option(SelectSpec, "select_samples"),
-    select_by: str = option(SelectSpec, "select_by"),
     embed_model: Optional[str] = typer.Option(None, "--embed-model", envvar="POPRI_EMBED_MODEL",
                                               help="Embedder for the FID (default all-MiniLM-L6-v2)."),
-
-    *, spec: DPOSpec,
+    *, spec: DPOSpec, sel: SelectSpec,
 ) -> None:
     from pathlib import Path
 
@@ -88,7 +86,6 @@ def dpo(
     from popri.methods.popri import dpo as lib
     from popri.methods.popri.select import SELECTION_FILE, prepare_selection
 
-    sel = build(SelectSpec, select_samples=select_samples, select_by=select_by)
     if bool(select_on) != bool(select_prompts):
         raise InputError("checkpoint selection needs both --select-on and --select-prompts")
     o = Path(out)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, spec_options, unwrap
+from popri.cli.options import option, spec_options, unwrap
 from popri.specs.training import EvalSpec, GapSpec
 
 eval_app = typer.Typer(
@@ -119,6 +119,7 @@ def _number_or_file(v: str):
         return None
 
 
+@spec_options(GapSpec)
 def gap(
     method: str = typer.Option(..., "--method", "--acc",
                                help="The method's accuracy, or its --per-client-out file."),
@@ -126,15 +127,13 @@ def gap(
                                                  "model without private data (POPri section 5)."),
     epsinf: str = typer.Option(..., "--epsinf", help="Accuracy (or per-client file) at eps=inf: "
                                                      "trained on the private train split."),
-    bootstrap: int = option(GapSpec, "bootstrap", min=2, help="Paired bootstrap resamples of "
-                            "test clients."),
     seed: int = typer.Option(0, help="Seed of the bootstrap."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
-    allow_undefined: bool = option(GapSpec, "allow_undefined"),
     control: Optional[str] = typer.Option(None, "--control", help="The method's control (a "
                                           "per-client file), e.g. POPri's T = 0 row (the "
                                           "untuned generator): adds its gap closed and the "
                                           "method minus the control, paired, with its SE."),
+    *, spec: GapSpec,
 ) -> None:
     """Gap closed = (acc - acc_eps0) / (acc_epsinf - acc_eps0), POPri's headline metric.
 
@@ -148,7 +147,6 @@ def gap(
     from popri.core.io import dumps
     from popri.eval.downstream import gap_closed, gap_from_files
 
-    spec = build(GapSpec, bootstrap=bootstrap, allow_undefined=allow_undefined)
     nums = [_number_or_file(v) for v in (method, eps0, epsinf)]
     if all(n is not None for n in nums):
         g = gap_closed(*nums)

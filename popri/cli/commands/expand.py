@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.generation import ExpandSpec
 
 _HELP = """PrE-Text's Expand (Algorithm 1 line 11; Section 3 (6); Figure 3): an LLM writes N synthetic
@@ -47,49 +47,30 @@ depends only on --seed, k and the samples before it); another config is refused 
 else DIR's path. Progress (samples/s, ETA) goes to stderr."""
 
 
+@spec_options(ExpandSpec)
 def expand(
     seeds: str = typer.Argument(..., help="The DP seed set: JSONL with 'text' (and 'id'; else the "
                                           "0-based row number), a dataset directory, or '-'."),
     num_samples: int = typer.Option(..., "--num-samples", "-N", min=1,
                                     help="Samples to keep (PrE-Text 4.1: 2,000,000)."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (shards + manifest.json)."),
-    model: str = option(ExpandSpec, "model"),
     adapter: Optional[str] = typer.Option(None, "--adapter", help="PEFT LoRA adapter directory on "
                                           "top of --model."),
-    backend: str = option(ExpandSpec, "backend"),
-    adapter_mode: str = option(ExpandSpec, "adapter_mode"),
-    base_url: Optional[str] = option(ExpandSpec, "base_url"),
-    api_key_env: Optional[str] = option(ExpandSpec, "api_key_env"),
-    api: Optional[str] = option(ExpandSpec, "api"),
-    concurrency: Optional[int] = option(ExpandSpec, "concurrency"),
     seed: int = typer.Option(0, "--seed", help="Seeds the choice of examples and the sampling."),
-    shard_size: int = option(ExpandSpec, "shard_size"),
-    batch_size: Optional[int] = option(ExpandSpec, "batch_size"),
-    temperature: float = option(ExpandSpec, "temperature"),
-    top_p: float = option(ExpandSpec, "top_p"),
-    max_new_tokens: int = option(ExpandSpec, "max_new_tokens"),
-    max_tokens: int = option(ExpandSpec, "max_tokens"),
-    min_words: int = option(ExpandSpec, "min_words"),
-    attempt_factor: float = option(ExpandSpec, "attempt_factor"),
     allow_short: bool = typer.Option(False, "--allow-short", help="A shortfall exits 0 (warning)."),
     template: Optional[str] = typer.Option(None, "--template", help="Prompt template file "
                                            "({sample1}..{sample3} placeholders)."),
-    bf16: bool = option(ExpandSpec, "bf16"),
     device: Optional[str] = typer.Option(None, "--device", help="transformers: cpu, cuda "
                                          "(default: cuda if available)."),
     merged_out: Optional[str] = typer.Option(None, "--merged-out", help="Also write all shards as "
                                              "one JSONL here ('-' = stdout)."),
     force: bool = typer.Option(False, "--force", help="Start over when DIR holds another "
                                                       "expansion (its shards are removed)."),
+    *, spec: ExpandSpec,
 ) -> None:
     from popri.core.io import STDIO
     from popri.methods.pe.expand import expand_file
 
-    spec = build(ExpandSpec, model=model, backend=backend, adapter_mode=adapter_mode, base_url=base_url,
-                 api_key_env=api_key_env, api=api, concurrency=concurrency,
-                 shard_size=shard_size, batch_size=batch_size, temperature=temperature,
-                 top_p=top_p, max_new_tokens=max_new_tokens, max_tokens=max_tokens,
-                 min_words=min_words, attempt_factor=attempt_factor, bf16=bf16)
     expand_file(seeds, spec, num_samples=num_samples, out=out, adapter=adapter, seed=seed,
                 template=template, device=device, merged_out=merged_out, force=force,
                 allow_short=allow_short)

@@ -14,45 +14,37 @@ popri/specs/fewfedpit.py FewFedPITSpec).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import List, Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.fewfedpit import FewFedPITSpec
-
-_FIELDS = {f.name for f in dataclasses.fields(FewFedPITSpec)}
 
 HELP = ("FewFedPIT (arXiv:2403.06131): federated few-shot instruction tuning with "
         "self-generated data; one client-round stage per command. No DP guarantee "
         "(eps = inf) unless the popri extension --clip/--noise-multiplier is used.")
 
 
-def _spec(values: dict) -> FewFedPITSpec:
-    return build(FewFedPITSpec, **{k: v for k, v in values.items() if k in _FIELDS})
-
-
+@spec_options(FewFedPITSpec, only=('lora_r', 'lora_alpha', 'target_modules'))
 def init_cmd(
     model: str = typer.Option("smollm2-135m", "--model", "-m", help="Base model (alias, "
                               "checkpoint or hub id)."),
     out: str = typer.Option(..., "--out", "-o", help="Round-0 global weights directory."),
     seed: int = typer.Option(0, "--seed", help="The run's seed: the LoRA initialisation and "
                              "every client-round's choices."),
-    lora_r: int = option(FewFedPITSpec, "lora_r"),
-    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
-    target_modules: Optional[str] = option(FewFedPITSpec, "target_modules"),
+    *, spec: FewFedPITSpec,
 ) -> None:
     """W^g_0: the base model with a LoRA adapter initialised from --seed (B = 0: the base
     model's function), written as round 0's global weights (theta.npy, state.json, model/)."""
     from popri.core.guard import check_outputs
     from popri.methods.fewfedpit.client import init_global
 
-    spec = _spec(locals())
     check_outputs([out], [])
     init_global(model, out, spec, seed=seed)
 
 
+@spec_options(FewFedPITSpec, only=('lr', 'rounds', 'local_epochs', 'batch_size', 'max_length', 'bf16', 'lora_r', 'lora_alpha'))
 def local_cmd(
     data: str = typer.Option(..., "--data", "-d", help="Instruction dataset (popri instruct "
                              "build) or JSONL with instruction/input/output/client_id."),
@@ -66,14 +58,7 @@ def local_cmd(
     save_model: bool = typer.Option(False, "--save-model", help="Also write OUT/model (for "
                                     "eval / audit)."),
     split: str = typer.Option("train", "--split", help="Split of --data."),
-    lr: float = option(FewFedPITSpec, "lr"),
-    rounds: int = option(FewFedPITSpec, "rounds"),
-    local_epochs: int = option(FewFedPITSpec, "local_epochs"),
-    batch_size: int = option(FewFedPITSpec, "batch_size"),
-    max_length: int = option(FewFedPITSpec, "max_length"),
-    bf16: bool = option(FewFedPITSpec, "bf16"),
-    lora_r: int = option(FewFedPITSpec, "lora_r"),
-    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+    *, spec: FewFedPITSpec,
 ) -> None:
     """Private training (Algorithm 1, line 6): W^l = AdamW on the client's examples from the
     global weights, loss on the response tokens, lr on the cosine schedule over --rounds."""
@@ -82,7 +67,6 @@ def local_cmd(
 
     from popri.core.errors import InputError
 
-    spec = _spec(locals())
     if (client is None) == (not all_clients):
         raise InputError("give --client C or --all-clients (one of them)", field="--client")
     check_outputs([out], [data, init])
@@ -90,6 +74,7 @@ def local_cmd(
               save_model=save_model)
 
 
+@spec_options(FewFedPITSpec, only=('candidates', 'keep', 'demos', 'io_shots', 'retries', 'instruction_prompts', 'rouge_threshold', 'instruction_tokens', 'response_tokens', 'max_length', 'bf16', 'lora_r', 'lora_alpha'))
 def selfgen_cmd(
     data: str = typer.Option(..., "--data", "-d", help="Instruction dataset (the client's "
                              "local examples: demonstrations and the copy filter)."),
@@ -102,19 +87,7 @@ def selfgen_cmd(
                             "D^syn)."),
     stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Filter counts, JSON."),
     split: str = typer.Option("train", "--split", help="Split of --data."),
-    candidates: int = option(FewFedPITSpec, "candidates"),
-    keep: int = option(FewFedPITSpec, "keep"),
-    demos: int = option(FewFedPITSpec, "demos"),
-    io_shots: int = option(FewFedPITSpec, "io_shots"),
-    retries: int = option(FewFedPITSpec, "retries"),
-    instruction_prompts: int = option(FewFedPITSpec, "instruction_prompts"),
-    rouge_threshold: float = option(FewFedPITSpec, "rouge_threshold"),
-    instruction_tokens: int = option(FewFedPITSpec, "instruction_tokens"),
-    response_tokens: int = option(FewFedPITSpec, "response_tokens"),
-    max_length: int = option(FewFedPITSpec, "max_length"),
-    bf16: bool = option(FewFedPITSpec, "bf16"),
-    lora_r: int = option(FewFedPITSpec, "lora_r"),
-    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+    *, spec: FewFedPITSpec,
 ) -> None:
     """Self-generation (Algorithm 1, line 7; section 3.3): new instructions from --demos random
     local ones (greedy, the global model), format and Rouge-L filters until --candidates (2M)
@@ -124,12 +97,12 @@ def selfgen_cmd(
     from popri.core.guard import check_outputs
     from popri.methods.fewfedpit.client import run_selfgen
 
-    spec = _spec(locals())
     check_outputs([out, stats_out], [data, init, local])
     run_selfgen(data, client, out, spec, round_=round_, init=init, local_dir=local,
                 split=split, stats_out=stats_out)
 
 
+@spec_options(FewFedPITSpec, only=('mode', 'lr', 'rounds', 'local_epochs', 'batch_size', 'max_length', 'bf16', 'lora_r', 'lora_alpha'))
 def train_cmd(
     synthetic: str = typer.Option(..., "--synthetic", "-s", help="selfgen's JSONL (its kept "
                                   "rows)."),
@@ -140,15 +113,7 @@ def train_cmd(
     data: Optional[str] = typer.Option(None, "--data", "-d", help="fedmit: also the client's "
                                        "private examples (one model on both)."),
     split: str = typer.Option("train", "--split", help="Split of --data."),
-    mode: str = option(FewFedPITSpec, "mode"),
-    lr: float = option(FewFedPITSpec, "lr"),
-    rounds: int = option(FewFedPITSpec, "rounds"),
-    local_epochs: int = option(FewFedPITSpec, "local_epochs"),
-    batch_size: int = option(FewFedPITSpec, "batch_size"),
-    max_length: int = option(FewFedPITSpec, "max_length"),
-    bf16: bool = option(FewFedPITSpec, "bf16"),
-    lora_r: int = option(FewFedPITSpec, "lora_r"),
-    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+    *, spec: FewFedPITSpec,
 ) -> None:
     """Training on the synthetic set (Algorithm 1, line 8): W^g_k from the global weights on
     selfgen's kept examples (fedmit with --data: on the private ones too)."""
@@ -156,7 +121,6 @@ def train_cmd(
     from popri.core.guard import check_outputs
     from popri.methods.fewfedpit.client import run_train
 
-    spec = _spec(locals())
     if data and spec.mode != "fedmit":
         raise InputError("--data (private examples in the same model) is fedmit's; FewFedPIT "
                          "trains the public weights on synthetic data only", field="--data")
@@ -164,15 +128,14 @@ def train_cmd(
     run_train(synthetic, client, out, spec, round_=round_, init=init, data=data, split=split)
 
 
+@spec_options(FewFedPITSpec, only=('mode', 'beta', 'clip'))
 def mix_cmd(
     round_: int = typer.Option(..., "--round", min=1, help="Round r."),
     init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
     out: str = typer.Option(..., "--out", "-o", help="The upload W^a_k."),
     local: Optional[str] = typer.Option(None, "--local", help="W^l (local)."),
     public: Optional[str] = typer.Option(None, "--public", help="W^g_k (train)."),
-    mode: str = option(FewFedPITSpec, "mode"),
-    beta: float = option(FewFedPITSpec, "beta"),
-    clip: Optional[float] = option(FewFedPITSpec, "clip"),
+    *, spec: FewFedPITSpec,
 ) -> None:
     """Local aggregation sharing (Algorithm 1, line 9): W^a = beta W^l + (1 - beta) W^g_k
     (fedit: W^l; fedmit: its one model). --clip (popri extension) clips the update W^a -
@@ -180,11 +143,11 @@ def mix_cmd(
     from popri.core.guard import check_outputs
     from popri.methods.fewfedpit.client import run_mix
 
-    spec = _spec(locals())
     check_outputs([out], [init, local, public])
     run_mix(out, spec, round_=round_, init=init, local_dir=local, public_dir=public)
 
 
+@spec_options(FewFedPITSpec, only=('mode', 'clip', 'noise_multiplier', 'lora_r', 'lora_alpha'))
 def aggregate_cmd(
     uploads: List[str] = typer.Argument(..., metavar="UPLOADS...", help="The round's mixed "
                                         "weights directories."),
@@ -195,9 +158,6 @@ def aggregate_cmd(
     clients_total: Optional[int] = typer.Option(None, "--clients-total", min=1, help="N, the "
                                                 "clients sampled from (the extension's q = K / "
                                                 "N; default K)."),
-    mode: str = option(FewFedPITSpec, "mode"),
-    clip: Optional[float] = option(FewFedPITSpec, "clip"),
-    noise_multiplier: float = option(FewFedPITSpec, "noise_multiplier"),
     delta: float = typer.Option(3e-6, "--delta", help="delta of the ledger entry."),
     release: bool = typer.Option(False, "--release/--research", envvar="POPRI_RELEASE",
                                  help="Release mode: noise from the OS CSPRNG, discrete Gaussian "
@@ -208,8 +168,7 @@ def aggregate_cmd(
                                      "the round's exact client count, example counts n_k and "
                                      "mean update norm to round.json's private_diagnostics, "
                                      "labelled NOT PRIVATE (research mode always writes them)."),
-    lora_r: int = option(FewFedPITSpec, "lora_r"),
-    lora_alpha: int = option(FewFedPITSpec, "lora_alpha"),
+    *, spec: FewFedPITSpec,
 ) -> None:
     """The server (Algorithm 1, lines 12-14): W^g_r = sum_k (n_k / sum n) W^a_k; one ledger
     entry in OUT/../ledger.jsonl: eps = inf ("no DP guarantee") without the extension, else
@@ -219,7 +178,6 @@ def aggregate_cmd(
 
     from popri.core.errors import InputError
 
-    spec = _spec({k: v for k, v in locals().items() if k != "diagnostics"})
     if not 0.0 < delta < 1.0:
         raise InputError(f"must be a number in (0, 1) (got {delta!r})", field="--delta")
     if diagnostics and not release:

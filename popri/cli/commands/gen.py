@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.generation import GenSpec
 
 _HELP = """The server LLM writes K prompts x J samples (POPri Algorithm 1; PrE-Text 'Expand').
@@ -50,55 +50,34 @@ older and slower path), vllm (GPU, in-process), openai (an OpenAI-compatible ser
 --base-url: vLLM, SGLang, transformers serve, llama.cpp; docs/serving.md)."""
 
 
+@spec_options(GenSpec)
 def gen(
     omega: str = typer.Argument(..., help="Initial population Omega: JSONL with 'text' (and 'id'), "
                                           "a federated dataset directory (its --split), or '-'."),
     prompts: Optional[int] = typer.Option(None, "--prompts", "-K", min=1,
                                           help="K prompts (POPri B.1: 1800). Or --num-samples."),
-    samples_per_prompt: int = option(GenSpec, "samples_per_prompt"),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", "-N", min=1,
                                               help="Total samples N instead of --prompts: K = "
                                                    "ceil(N / J), output truncated to N."),
     out: str = typer.Option("-", "--out", "-o", help="Samples JSONL ('-' = stdout)."),
-    model: str = option(GenSpec, "model"),
     adapter: Optional[str] = typer.Option(None, "--adapter", help="PEFT LoRA adapter directory "
                                           "on top of --model (e.g. from 'popri dpo')."),
-    backend: str = option(GenSpec, "backend"),
-    adapter_mode: str = option(GenSpec, "adapter_mode"),
-    base_url: Optional[str] = option(GenSpec, "base_url"),
-    api_key_env: Optional[str] = option(GenSpec, "api_key_env"),
-    api: Optional[str] = option(GenSpec, "api"),
-    concurrency: Optional[int] = option(GenSpec, "concurrency"),
     split: str = typer.Option("train", "--split", help="Split when OMEGA is a dataset directory."),
-    shots: int = option(GenSpec, "shots"),
     template: Optional[str] = typer.Option(None, "--template", help="Prompt template file "
                                            "({sample1}..{sampleN} placeholders)."),
-    marker: str = option(GenSpec, "marker"),
-    temperature: float = option(GenSpec, "temperature"),
-    top_p: float = option(GenSpec, "top_p"),
-    max_new_tokens: int = option(GenSpec, "max_new_tokens"),
-    max_tokens: int = option(GenSpec, "max_tokens"),
-    min_words: int = option(GenSpec, "min_words"),
-    max_retries: int = option(GenSpec, "max_retries"),
-    batch_size: int = option(GenSpec, "batch_size"),
     seed: int = typer.Option(0, "--seed", help="Seeds the choice of Omega examples and sampling."),
     round_: int = typer.Option(0, "--round", min=0, help="Round number, recorded in ids and rows."),
-    bf16: bool = option(GenSpec, "bf16"),
     device: Optional[str] = typer.Option(None, "--device", help="transformers: cpu, cuda, cuda:1 "
                                          "(default: cuda if available)."),
     prompts_out: Optional[str] = typer.Option(None, "--prompts-out", help="Write the K prompts "
                                               "as JSONL {prompt_id, prompt, examples (Omega ids)}."),
     stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Write counts (generated, "
                                             "regenerated, kept degenerate) and tokens/s as JSON."),
+    *, spec: GenSpec,
 ) -> None:
     from popri.core import log
     from popri.models.generation import generate_file
 
-    spec = build(GenSpec, samples_per_prompt=samples_per_prompt, model=model, backend=backend,
-                 adapter_mode=adapter_mode, base_url=base_url,
-                 api_key_env=api_key_env, api=api, concurrency=concurrency, shots=shots, marker=marker, temperature=temperature,
-                 top_p=top_p, max_new_tokens=max_new_tokens, max_tokens=max_tokens,
-                 min_words=min_words, max_retries=max_retries, batch_size=batch_size, bf16=bf16)
     stats = generate_file(omega, spec, prompts=prompts, num_samples=num_samples, out=out,
                           split=split, template=template, adapter=adapter, seed=seed,
                           round_no=round_, device=device, prompts_out=prompts_out,

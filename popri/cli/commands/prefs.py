@@ -10,8 +10,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build as build_spec
-from popri.cli.options import option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.training import PrefsSpec
 
 HELP = """Build DPO preference pairs from scored samples (POPri Algorithm 1, lines 21-26).
@@ -33,22 +32,22 @@ pairs with true(chosen) > true(rejected)) is printed on stderr and written to --
 is a diagnostic: exact scores are not private and must not be released."""
 
 
+@spec_options(PrefsSpec)
 def build(
     samples: str = typer.Option(..., "--samples", "-s", help="Samples JSONL ('popri gen'), or '-'."),
     scores: str = typer.Option(..., "--scores", help="SCORES.npy (+ SCORES.json sidecar with 'ids') "
                                "or JSONL {\"id\", \"score\"}."),
-    rejected_rank: int = option(PrefsSpec, "rejected_rank"),
     true_scores: Optional[str] = typer.Option(None, "--true-scores", help="Exact scores of the same "
                                               "samples: report the recovery rate (POPri Fig. 6)."),
     out: str = typer.Option("-", "--out", "-o", help="Pairs JSONL, or '-' for stdout."),
     report_out: Optional[str] = typer.Option(None, "--report-out", help="JSON report: counts, "
                                              "skipped prompts, mean score gap, recovery rate."),
+    *, spec: PrefsSpec,
 ) -> None:
     from popri.core import log
     from popri.core.guard import check_outputs
     from popri.methods.popri.prefs import build_pairs_file
 
-    spec = build_spec(PrefsSpec, rejected_rank=rejected_rank)
     check_outputs([out, report_out], [samples, scores, true_scores])
     report = build_pairs_file(samples, scores, spec, out=out, report_out=report_out,
                               true_scores=true_scores)

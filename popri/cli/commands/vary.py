@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import build, option, unwrap
+from popri.cli.options import spec_options, unwrap
 from popri.specs.generation import VarySpec
 
 _HELP = """Variations of text samples: PrE-Text's mask-fill or Aug-PE's LLM paraphrase
@@ -66,57 +66,34 @@ Counts, fallback and timings go to stderr and --stats-out. Variation only post-p
 already-released samples: it spends no privacy and writes no ledger entry."""
 
 
+@spec_options(VarySpec, decls={'chat': ('--chat/--no-chat',)})
 def vary(
     input: str = typer.Argument(..., help="JSONL with 'text' (and 'id'), or '-' for stdin."),
-    method: str = option(VarySpec, "method"),
-    model: Optional[str] = option(VarySpec, "model"),
-    variations: int = option(VarySpec, "variations"),
     seed: int = typer.Option(0, "--seed", min=0, help="Seeds masks, fills and sampling."),
     round_: int = typer.Option(0, "--round", min=0, help="Round number, recorded in every row."),
     out: str = typer.Option("-", "--out", "-o", help="Variations JSONL ('-' = stdout)."),
-    lookahead: int = option(VarySpec, "lookahead"),
     lookahead_out: Optional[str] = typer.Option(None, "--lookahead-out", help="SET.npy for the "
                                                 "lookahead means (with --lookahead)."),
-    embedder: Optional[str] = option(VarySpec, "embedder"),
-    mask_ratio: float = option(VarySpec, "mask_ratio"),
-    steps: int = option(VarySpec, "steps"),
-    fill: str = option(VarySpec, "fill"),
-    temperature: float = option(VarySpec, "temperature"),
-    top_p: float = option(VarySpec, "top_p"),
-    max_tokens: int = option(VarySpec, "max_tokens"),
-    max_new_tokens: int = option(VarySpec, "max_new_tokens"),
-    min_words: int = option(VarySpec, "min_words"),
-    max_retries: int = option(VarySpec, "max_retries"),
     template: Optional[str] = typer.Option(None, "--template", help="paraphrase prompt file with "
                                            "{text}."),
-    chat: Optional[bool] = option(VarySpec, "chat", "--chat/--no-chat"),
     adapter: Optional[str] = typer.Option(None, "--adapter", help="paraphrase: PEFT LoRA adapter "
                                           "directory on top of --model."),
-    fallback: bool = option(VarySpec, "fallback"),
-    fallback_model: str = option(VarySpec, "fallback_model"),
-    batch_size: int = option(VarySpec, "batch_size"),
-    bf16: bool = option(VarySpec, "bf16"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: "
                                          "cuda if available)."),
     stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Counts, fallback and "
                                             "timings as JSON."),
+    *, spec: VarySpec,
 ) -> None:
     from popri.core import log
     from popri.methods.pe.variation import vary_file
 
-    spec = build(VarySpec, method=method, model=model, variations=variations,
-                 lookahead=lookahead, embedder=embedder, mask_ratio=mask_ratio, steps=steps,
-                 fill=fill, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                 max_new_tokens=max_new_tokens, min_words=min_words, max_retries=max_retries,
-                 chat=chat, fallback=fallback, fallback_model=fallback_model,
-                 batch_size=batch_size, bf16=bf16)
     st = vary_file(input, spec, out=out, lookahead_out=lookahead_out, stats_out=stats_out,
                    template=template, adapter=adapter, seed=seed, round_no=round_,
                    device=device)
     fb = st["fallback"]
     log.info(f"vary: {st['rows']} variations of {st['inputs']} inputs by {st['method']} "
              f"({st['model']})" + (f", {st['generated_per_input']} per input for lookahead "
-                                   f"K={lookahead}" if lookahead else "")
+                                   f"K={spec.lookahead}" if spec.lookahead else "")
              + (f"; fell back from mask-fill ({fb['from_model']})" if fb else "")
              + (f"; {st['kept_degenerate']} still degenerate (kept, flagged)"
                 if "kept_degenerate" in st else "")

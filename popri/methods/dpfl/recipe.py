@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from popri.methods.base import Method
 from popri.pipeline.stages import DPRelease, Stage
 from popri.specs.engine import EngineSpec
 from popri.specs.fl import FLSpec
@@ -170,3 +171,45 @@ def plan_notes(run) -> list[str]:
         return ["DP-FTRL: tree aggregation restarted every round (one leaf per tree), no "
                 "amplification by sampling: z is calibrated as at q = 1"]
     return []
+
+
+class DPFL(Method):
+    """DP-FedAvg (POPri C.1) or DP-FTRL (POPri C.2): the method trains the downstream model
+    itself on the private texts (no Omega, no embeddings, no synthetic set)."""
+
+    SUMMARIES = {
+        "fedavg": ("DP-FedAvg", "DP-FedAvg (POPri C.1): T rounds of clipped client updates of "
+                                "the downstream model + Gaussian noise"),
+        "ftrl": ("DP-FTRL", "DP-FTRL (POPri C.2): T rounds, tree-aggregation noise on the prefix "
+                            "sums, a tree per epoch (TreeRestart), server momentum 0.9")}
+
+    def __init__(self, algorithm: str):
+        self.name = f"dp-{algorithm}"
+        self.label, self.summary = self.SUMMARIES[algorithm]
+
+    def recipe(self, run) -> Iterator[Stage]:
+        return recipe(run)
+
+    def data(self, run):
+        return run.fetch_text(public=False)
+
+    def embeddings(self, run):
+        return ()
+
+    def participation(self, cfg) -> tuple:
+        return participation(cfg)
+
+    def round_entries(self, run, t: int, z, q) -> list:
+        return round_entries(run, t, z, q)
+
+    def model_out(self, run) -> Path:
+        return model_out(run)
+
+    def results(self, run, noise: dict) -> dict:
+        return results(run, noise)
+
+    def shape(self, r: dict) -> str:
+        return shape(r)
+
+    def plan_notes(self, run) -> list[str]:
+        return plan_notes(run)

@@ -28,7 +28,8 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from popri.pipeline.stages import DPRelease, Stage
+from popri.methods.base import Method
+from popri.pipeline.stages import DPRelease, Stage, step_argv
 from popri.specs.fewfedpit import FewFedPITSpec
 
 #: FewFedPITSpec fields each stage takes from the config's fewfedpit section
@@ -136,8 +137,6 @@ def round_samples(run, clients: list[str], k: int) -> dict[int, list[str]]:
 
 
 def _opts(fields, **extra) -> list[str]:
-    from popri.pipeline.stages import step_argv
-
     return step_argv(FewFedPITSpec, **extra, only=list(fields))
 
 
@@ -223,6 +222,19 @@ def recipe(run) -> Iterator[Stage]:
                               lambda e, t=t: e.stage == "fewfedpit" and e.params.get("round") == t)
             if entries else None)
         prev = out
+
+
+def data_stages(run) -> Iterator[Stage]:
+    """The instruction data: ``popri instruct build`` of data.source (no Omega: FewFedPIT's
+    synthetic data is the clients' own self-generation)."""
+    from popri.specs.instruct import InstructSpec
+
+    c, d = run.cfg, run.cfg.data
+    if not d.dir:
+        yield Stage("instruct-private", [
+            "instruct", "build", d.source, "--out", str(run.paths.private),
+            *step_argv(InstructSpec, c.instruct), "--seed", str(c.seed)],
+            outputs=[str(run.paths.private)])
 
 
 def evaluation(run) -> Iterator[Stage]:
@@ -340,3 +352,49 @@ def table(r: dict) -> str:
 
 def shape(r: dict) -> str:
     return table(r).splitlines()[0]
+
+
+class FewFedPIT(Method):
+    """FewFedPIT (arXiv:2403.06131, Algorithm 1) and its baselines FedIT and FedMIT: federated
+    instruction tuning on instruction data, evaluated on instruction following; no DP guarantee
+    (the popri extension adds clipped, noised uploads)."""
+    dp = False
+    SUMMARIES = {
+        "fewfedpit": "FewFedPIT (arXiv:2403.06131): T rounds of private training, "
+                     "self-generation + IFS, synthetic training, beta mixing; no DP",
+        "fedit": "FedIT: FedAvg of LoRA instruction tuning (FewFedPIT at beta = 1); no DP",
+        "fedmit": "FedMIT (FewFedPIT 4.3): self-generated and private data mixed in one model; "
+                  "no DP"}
+
+    def __init__(self, mode: str):
+        self.name, self.label, self.summary = mode, LABELS[mode], self.SUMMARIES[mode]
+
+    def recipe(self, run) -> Iterator[Stage]:
+        return recipe(run)
+
+    def data(self, run) -> Iterator[Stage]:
+        return data_stages(run)
+
+    def embeddings(self, run):
+        return ()
+
+    def participation(self, cfg) -> tuple:
+        return participation(cfg)
+
+    def round_entries(self, run, t: int, z, q) -> list:
+        return round_entries(run, t, z, q)
+
+    def model_out(self, run) -> Path:
+        return model_out(run)
+
+    def evaluation(self, run) -> Iterator[Stage]:
+        return evaluation(run)
+
+    def results(self, run, noise: dict) -> dict:
+        return results(run, noise)
+
+    def table(self, r: dict) -> str:
+        return table(r)
+
+    def shape(self, r: dict) -> str:
+        return shape(r)

@@ -48,7 +48,7 @@ def load_embeddings(path: str, *, what: str, split: str, **kw):
     return as_embedding_set(src, records=recs, what=what, **kw)
 
 
-def noise_multiplier(spec: FredStatsSpec) -> float:
+def stats_noise_multiplier(spec: FredStatsSpec) -> float:
     """z of each of the two releases (``spec.calibration`` at ``spec.epsilon``, ``spec.delta``):
     a ParameterError when the calibration does not apply (classic at eps >= 1), an InputError
     when the noise would be so large that the statistics are pure noise."""
@@ -103,7 +103,7 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
     z = design = None
     if not non_private:
         design = design_of(spec)
-        z = noise_multiplier(spec)
+        z = stats_noise_multiplier(spec)
     check_outputs([out], [private])
     secure = bool(spec.release)
     rel = Release("fred", seed=None if secure else seed, secure=secure, ledgers=[out],

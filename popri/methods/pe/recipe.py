@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from popri.methods.base import Method
 from popri.pipeline.stages import Stage, final_seed, round_seed, step_argv
 
 
@@ -114,3 +115,22 @@ def shape(r: dict) -> str:
             f"variation {pe.get('variation')}, lookahead {pe.get('lookahead')}, "
             f"H={_fmt(pe.get('threshold'), 2)}, seed set {pe.get('seed_set', '-')} -> "
             f"N={r['num_synthetic']} expanded")
+
+
+class PE(Method):
+    """PrE-Text (arXiv:2406.02958, Algorithm 1): Private Evolution with DP nearest-neighbour
+    votes, then Expand."""
+    name, label = "pe", "PE (PrE-Text)"
+    summary = "PrE-Text: T rounds of DP nearest-neighbour votes, draws, variations; then Expand"
+
+    def recipe(self, run) -> Iterator[Stage]:
+        return recipe(run)
+
+    def score_mode(self, cfg) -> str:
+        return "nn-histogram"
+
+    def results(self, run, noise: dict) -> dict:
+        return results(run, noise)
+
+    def shape(self, r: dict) -> str:
+        return shape(r)

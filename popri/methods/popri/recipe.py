@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from popri.methods.base import Method
 from popri.pipeline.stages import (DPRelease, Stage, final_seed, opt, round_seed, selection_note,
                                    step_argv)
 from popri.specs.training import DPOSpec, PrefsSpec, SelectSpec, SFTSpec
@@ -298,4 +299,41 @@ def plan_notes(run) -> list[str]:
     return [selection_note(run.select, run.cfg)]
 
 
-__all__ = ["recipe", "recipe_sft", "results", "results_sft", "plan_notes", "Path"]
+class POPri(Method):
+    """POPri (arXiv:2504.16438, Algorithm 1)."""
+    name, label, pairs, selects = "popri", "POPri", True, True
+    summary = "POPri: T rounds of gen, DP scores, preference pairs, DPO; then N samples"
+
+    def recipe(self, run) -> Iterator[Stage]:
+        return recipe(run)
+
+    def control(self, run) -> Stage:
+        return control_stage(run)
+
+    def metrics(self, run) -> list[dict]:
+        return round_metrics(run)
+
+    def results(self, run, noise: dict) -> dict:
+        return results(run, noise)
+
+    def plan_notes(self, run) -> list[str]:
+        return plan_notes(run)
+
+
+class PESFT(POPri):
+    """POPri's PE+SFT baseline (section 5, baseline (2)): SFT on each prompt's top sample."""
+    name, label, selects = "pe-sft", "PE+SFT", False
+    summary = "POPri's PE+SFT baseline: SFT on each prompt's top-scored sample"
+
+    def recipe(self, run) -> Iterator[Stage]:
+        return recipe_sft(run)
+
+    def results(self, run, noise: dict) -> dict:
+        return results_sft(run, noise)
+
+    def plan_notes(self, run) -> list[str]:
+        return []
+
+
+__all__ = ["POPri", "PESFT", "recipe", "recipe_sft", "results", "results_sft", "plan_notes",
+           "Path"]
