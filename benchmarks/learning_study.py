@@ -20,7 +20,7 @@ table (stdout, and benchmarks/results/learning_study.md / .json) has, per settin
 
 The settings: `oracle` (z ~ 0, every client: is it the tuning or the privacy?) and its knobs
 (learning rate, epochs, beta, loss, RPO's NLL term, rejected rank, temperature), `eps7` and `eps1` at the paper's q, and the out-of-domain pair
-(`ood-*`: private shakespeare, public sotu).
+(`ood-*`: private shakespeare, public sotu); `*-pool`: the evolving few-shot pool (`pool: chosen`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ SETTINGS: dict[str, list[str]] = {
     # the best oracle setting (RPO: the largest move, no significant loss against T = 0) under DP
     "eps1-rpo": ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
     "ood-eps1-rpo": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
+    # beyond the paper: round t+1's few-shot examples are round t's DP-chosen samples
+    # (popri/methods/popri/pool.py; post-processing of the released scores)
+    "eps1-rpo-pool": ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
+    "ood-eps1-rpo-pool": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
 }
 
 

@@ -134,16 +134,19 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     assert len({e["release_id"] for e in led}) == 1 and led[0]["noise_multiplier"] > 0
 
 
-@pytest.mark.parametrize("method", ["pe", "pe-sft", "popri-nn"])
+@pytest.mark.parametrize("method", ["pe", "pe-sft", "popri-nn", "popri-pool"])
 def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_model, tmp_path):
     data, pub = tiny_inputs
     run = tmp_path / method
     nn = method == "popri-nn"  # POPri's scoring ablation: DP nearest-neighbour votes
-    method = "popri" if nn else method
+    pool = method == "popri-pool"  # issue 24: the evolving few-shot pool
+    method = "popri" if nn or pool else method
     ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model, method=method)
     ov += ["baselines=false", "pe.variation=paraphrase", "control=false", "probe.enabled=false"]
     if nn:
         ov += ["score.mode=nn-histogram", "score.threshold=0"]
+    if pool:
+        ov += ["pool=chosen"]
     r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
@@ -163,6 +166,16 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
         assert {e["params"].get("mode") for e in led} == {"nn-histogram"} or all(
             e["sensitivity"] == 8 for e in led)
         assert "| PE (PrE-Text) |" in r.stdout
+    elif pool:
+        # round 1's chosen samples (one per prompt) are round 2's and the final set's examples
+        p1 = [json.loads(x) for x in (run / "round1" / "pool.jsonl").read_text().splitlines()]
+        assert p1 and {r["source"] for r in p1} == {"round1"}
+        ids1 = {r["id"] for r in p1}
+        prompts2 = [json.loads(x) for x in (run / "round2" / "prompts.jsonl").read_text()
+                    .splitlines()]
+        assert all(set(p["examples"]) <= ids1 for p in prompts2)
+        p2 = [json.loads(x) for x in (run / "round2" / "pool.jsonl").read_text().splitlines()]
+        assert ids1 < {r["id"] for r in p2}
     elif nn:
         side = json.loads((run / "round1" / "scores.json").read_text())
         assert side["mode"] == "nn-histogram"

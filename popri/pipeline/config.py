@@ -30,7 +30,8 @@ from popri.specs.fewfedpit import FewFedPITSpec
 from popri.specs.fl import FLSpec
 from popri.specs.instruct import InstructSpec
 from popri.specs.generation import DEFAULT_LM, GenSpec, GeneratorSpec, VarySpec
-from popri.specs.training import BootstrapSpec, DownstreamSpec, DPOSpec, PrefsSpec, SelectSpec
+from popri.specs.training import (BootstrapSpec, DownstreamSpec, DPOSpec, PoolSpec, PrefsSpec,
+                                  SelectSpec)
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,8 @@ class RunConfig(Spec):
     prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
     samples_per_prompt: int = same(GenSpec, "samples_per_prompt", 6)   # paper J = 10
     num_synthetic: int = param(64, "Final N (paper: 1,000,000).", lo=1)
+    # issue 24: an evolving few-shot pool (POPri and PE+SFT; popri/methods/popri/pool.py)
+    pool: str = same(PoolSpec, "pool")
     embedder: str = same(EmbedSpec, "model")
     baselines: bool = param(True, "eps = 0 and eps = inf runs.")
     control: bool = param(True, "The control row of a generator method (POPri, PE+SFT): the "
@@ -419,6 +422,10 @@ def check(cfg: RunConfig) -> None:
                           field="score.sample_rate")
     from popri.pipeline.recipes import METHODS
 
+    if cfg.pool != "static" and not METHODS[cfg.method].pairs:
+        raise ConfigError(f"an evolving pool needs a method that ranks each prompt's J samples "
+                          f"by their released scores (popri, pe-sft); {cfg.method} does not",
+                          field="pool")
     if METHODS[cfg.method].pairs and dp.rejected_rank > cfg.samples_per_prompt:
         raise ConfigError(f"must be <= samples_per_prompt ({cfg.samples_per_prompt}): the "
                           f"rejected sample is the l-th best of J per prompt (got "

@@ -124,6 +124,25 @@ class PrefsSpec(Spec):
         "the reference code's zero-based reject_rank 4).", cite="POPri B.1", short="-l", lo=2)
 
 
+#: where round t+1's few-shot examples come from (issue 24): static (Omega, the paper), union
+#: (Omega and every earlier round's DP-chosen samples), chosen (those samples alone)
+POOL_MODES = ("static", "union", "chosen")
+
+
+@dataclass(frozen=True)
+class PoolSpec(Spec):
+    """``popri prefs pool``: an evolving few-shot pool, a popri extension beyond POPri (issue 24):
+    each round's chosen samples -- the top-scored of J per prompt under the released DP scores,
+    post-processing of the release, no privacy cost -- join the population the next round's
+    prompts draw their examples from (as Private Evolution's population moves towards the
+    clients: PrE-Text, arXiv:2406.02958, section 3)."""
+
+    pool: str = param(
+        "static", "Few-shot examples of round t+1 and of the final set: static (Omega, as POPri), "
+        "union (Omega and every earlier round's chosen samples) or chosen (the chosen samples "
+        "alone, as Private Evolution's population).", choices=POOL_MODES)
+
+
 @dataclass(frozen=True)
 class DPOSpec(TrainSpec):
     """``popri dpo``: DPO (TRL ``DPOTrainer``) of the server LLM with a LoRA adapter (POPri 4.2,

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
-from popri.specs.training import PrefsSpec
+from popri.specs.training import PoolSpec, PrefsSpec
 
 HELP = """Build DPO preference pairs from scored samples (POPri Algorithm 1, lines 21-26).
 
@@ -64,7 +64,53 @@ def build(
                  f"({report['recovered']}/{report['pairs']} pairs in true order)")
 
 
+POOL_HELP = """An evolving few-shot pool (a popri extension beyond POPri, issue 24; maths:
+popri/methods/popri/pool.py): round t's chosen samples -- the top-scored of J per prompt under
+the released DP scores (--scores), skipping samples 'popri gen' kept as degenerate -- join the
+population (--base: Omega at round 1, else round t-1's pool) that round t+1's 'popri gen' draws
+its few-shot examples from. --pool union keeps the base; --pool chosen keeps only earlier chosen
+samples (Private Evolution's moving population, PrE-Text section 3). Post-processing of the
+release: no privacy cost.
+
+Output: JSONL {"id", "text", "source" ("roundT" for a chosen sample), "prompt_id"} on stdout or
+--out (atomic); counts on stderr."""
+
+
+@spec_options(PoolSpec)
+def pool(
+    samples: str = typer.Option(..., "--samples", "-s", help="Round t's samples JSONL ('popri "
+                                "gen')."),
+    scores: str = typer.Option(..., "--scores", help="Their released scores: SCORES.npy (+ "
+                               ".json sidecar with 'ids') or JSONL {\"id\", \"score\"}."),
+    base: str = typer.Option(..., "--base", help="The population so far: Omega (JSONL or a "
+                             "dataset directory, its --split) or round t-1's pool."),
+    round_: int = typer.Option(..., "--round", min=1, help="Round t (recorded in ids and "
+                               "'source')."),
+    split: str = typer.Option("train", "--split", help="Split when --base is a dataset "
+                              "directory."),
+    out: str = typer.Option("-", "--out", "-o", help="Pool JSONL, or '-' for stdout."),
+    min_size: int = typer.Option(3, "--min-size", min=1, help="chosen: keep the whole base "
+                                 "while the chosen samples are fewer distinct texts than this "
+                                 "(a prompt's --shots of 'popri gen')."),
+    *, spec: PoolSpec,
+) -> None:
+    from popri.core import log
+    from popri.core.errors import InputError
+    from popri.core.guard import check_outputs
+    from popri.methods.popri.pool import pool_file
+
+    if spec.pool == "static":
+        raise InputError("static is no evolving pool (gen reads Omega itself): give union or "
+                         "chosen", field="--pool")
+    check_outputs([out], [samples, scores, base])
+    r = pool_file(samples, scores, base, mode=spec.pool, round_no=round_, out=out, split=split,
+                  min_size=min_size)
+    log.info(f"prefs pool: {r['pool']} texts ({r['mode']}: {r['base']} before, {r['chosen']} "
+             f"chosen in round {r['round']})")
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Preference data for DPO (POPri).", no_args_is_help=True)
     group.command("build", help=unwrap(HELP))(build)
+    group.command("pool", help=unwrap(POOL_HELP))(pool)
     app.add_typer(group, name="prefs")

@@ -20,7 +20,11 @@ from typing import Iterator
 from popri.methods.base import Method
 from popri.pipeline.stages import (DPRelease, Stage, final_seed, opt, round_seed, selection_note,
                                    step_argv)
+from popri.specs.generation import GenSpec
 from popri.specs.training import DPOSpec, PrefsSpec, SelectSpec, SFTSpec
+
+#: examples per prompt of every gen stage of a run (GenSpec's default: popri run does not set it)
+SHOTS = GenSpec.__dataclass_fields__["shots"].default
 
 
 def select_stats_stage(run) -> Stage:
@@ -48,16 +52,33 @@ def select_args(run) -> tuple[list[str], list[str]]:
     return ["--select-on", str(target)], [str(target)]
 
 
-def gen_stage(run, t: int, adapter: str | None) -> Stage:
+def gen_stage(run, t: int, adapter: str | None, omega: tuple | None = None) -> Stage:
+    """Round t's K x J samples; ``omega``: (arguments, inputs) of the population its few-shot
+    examples come from (default Omega; an evolving pool: round t-1's pool file)."""
     c, R = run.cfg, run.run / f"round{t}"
     samples = R / "samples.jsonl"
+    o_args, o_inputs = omega or (run.omega, run.omega_inputs)
     return Stage(f"round{t}-gen", [
-        "gen", *run.omega, "--prompts", str(c.prompts), "--samples-per-prompt",
+        "gen", *o_args, "--prompts", str(c.prompts), "--samples-per-prompt",
         str(c.samples_per_prompt), "--round", str(t), "--out", str(samples),
         "--prompts-out", str(R / "prompts.jsonl"), "--stats-out", str(R / "gen_stats.json"),
         *run.gen_args(adapter=adapter, seed=round_seed(c.seed, t))],
         outputs=[str(samples), str(R / "prompts.jsonl")],
-        inputs=[*run.omega_inputs, *([adapter] if adapter else [])])
+        inputs=[*o_inputs, *([adapter] if adapter else [])])
+
+
+def pool_stage(run, t: int, omega: tuple) -> Stage:
+    """Round t's evolving few-shot pool (``pool: union | chosen``; :mod:`popri.methods.popri.pool`):
+    the previous population plus round t's top-scored sample per prompt under the released
+    scores (post-processing: no ledger entry)."""
+    R = run.run / f"round{t}"
+    o_args, o_inputs = omega
+    out = R / "pool.jsonl"
+    return Stage(f"round{t}-pool", [
+        "prefs", "pool", "--samples", str(R / "samples.jsonl"), "--scores", str(R / "scores.npy"),
+        "--base", *o_args, "--round", str(t), "--pool", run.cfg.pool,
+        "--min-size", str(SHOTS), "--out", str(out)],
+        outputs=[str(out)], inputs=[str(R / "samples.jsonl"), str(R / "scores.npy"), *o_inputs])
 
 
 def dpo_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
@@ -103,19 +124,21 @@ def sft_stage(run, t: int, adapter: str | None) -> Stage:
 
 
 def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
-                    out: Path | None = None) -> Stage:
+                    out: Path | None = None, omega: tuple | None = None) -> Stage:
     """The final adapter writes N samples from Omega prompts (``adapter`` None with ``name``
-    synthetic-t0: the control, the untuned generator on the same prompts and seeds)."""
+    synthetic-t0: the control, the untuned generator on the same prompts and seeds; ``omega``:
+    an evolving pool's last population instead of Omega)."""
     c = run.cfg
     out = out or run.paths.synthetic
+    o_args, o_inputs = omega or (run.omega, run.omega_inputs)
     return Stage(name, [
-        "gen", *run.omega, "--num-samples", str(c.num_synthetic), "--samples-per-prompt",
+        "gen", *o_args, "--num-samples", str(c.num_synthetic), "--samples-per-prompt",
         str(c.samples_per_prompt), "--round", str(c.rounds + 1), "--out",
         str(out), "--stats-out", str(Path(out).with_name(Path(out).stem + "_stats.json")
                                          if name != "synthetic"
                                          else run.run / "synthetic_stats.json"),
         *run.gen_args(adapter=adapter, seed=final_seed(c.seed))],
-        outputs=[str(out)], inputs=[*run.omega_inputs, *([adapter] if adapter else [])])
+        outputs=[str(out)], inputs=[*o_inputs, *([adapter] if adapter else [])])
 
 
 def control_stage(run) -> Stage:
@@ -154,19 +177,23 @@ def probe_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
 
 def _rounds(run, tune) -> Iterator[Stage]:
     c = run.cfg
-    adapter = None
+    adapter, omega = None, (run.omega, run.omega_inputs)
     yield from probe_stages(run, 0, None)
     for t in range(1, c.rounds + 1):
         R = run.run / f"round{t}"
-        yield gen_stage(run, t, adapter)
+        yield gen_stage(run, t, adapter, omega)
         yield run.score_stage(t, R / "samples.jsonl", R / "scores.npy", round_seed(c.seed, t))
         last = None
         for st in tune(run, t, adapter):
             yield st
             last = st
         adapter = last.outputs[0]
+        if c.pool != "static":  # the next round draws its shots from the evolved pool
+            st = pool_stage(run, t, omega)
+            yield st
+            omega = ([st.outputs[0]], [st.outputs[0]])
         yield from probe_stages(run, t, adapter)
-    yield synthetic_stage(run, adapter)
+    yield synthetic_stage(run, adapter, omega=omega)
 
 
 def round_metrics(run) -> list[dict]:
