@@ -93,4 +93,4 @@ def pool_file(samples: str, scores: str, base: str, *, mode: str, round_no: int,
         raise InputError("the pool would be empty (every chosen sample degenerate)", path=samples)
     write_jsonl(pool, out)
     return {"pool": len(pool), "chosen": len(chosen), "base": len(prev), "mode": mode,
-            "round": round_no, "kept_base": len(pool) - len(chosen) >= len(prev) > 0}
+            "round": round_no}
