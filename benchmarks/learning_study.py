@@ -4,6 +4,8 @@
     python benchmarks/learning_study.py --only oracle                # one setting, seed 0
     python benchmarks/learning_study.py --only oracle --seeds 0 1 2  # three seeds
     python benchmarks/learning_study.py --table                      # the table of what ran
+    python benchmarks/learning_study.py --only oracle --draws 3      # + 3 more synthetic draws
+    python benchmarks/learning_study.py --only oracle --draws 3 --draw-gen top-p=0.9
 
 Each setting is `popri run examples/learning.yaml` with `--set` overrides, in
 RUNS/SETTING-sSEED (cached stage by stage: a killed study resumes; add settings and rerun).  The
@@ -18,6 +20,14 @@ table (stdout, and benchmarks/results/learning_study.md / .json) has, per settin
   with its SE; "beats T = 0" when that difference is above 2 SEs;
 - minutes the run took on this machine.
 
+``--draws N`` (after a run finished) draws the final synthetic set and its T = 0 control N more
+times from the same two generators (generation and downstream-training seeds + k, as `popri run`'s
+``draws: D``, which does the same inside a run), with the run's own stage commands (its
+commands.sh), and trains and evaluates
+downstream on each pair: the spread of "minus T = 0" between draws is the synthetic-set sampling
+noise that the paired SE over test clients leaves out.  Results in RUN/draws/dK/ (resumable) and a
+third table: per run, the mean difference over the draws and its SE between draws.
+
 The settings: `oracle` (z ~ 0, every client: is it the tuning or the privacy?) and its knobs
 (learning rate, epochs, beta, loss, RPO's NLL term, rejected rank, temperature), `eps7` and `eps1` at the paper's q, and the out-of-domain pair
 (`ood-*`: private shakespeare, public sotu); `*-pool`: the evolving few-shot pool (`pool: chosen`).
@@ -29,6 +39,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -81,6 +92,111 @@ def run_setting(name: str, seed: int, runs: Path, extra: list[str]) -> dict:
         print(f"learning_study: {name} seed {seed} failed (exit {p.returncode})",
               file=sys.stderr)
     return {"minutes": (time.time() - t0) / 60.0, "rc": p.returncode}
+
+
+def _stage_lines(run: Path, method: str) -> list[list[str]]:
+    """The run's commands (commands.sh) for the final set, its T = 0 control, their downstream
+    training and evaluation, and the paired difference, in order."""
+    want = (f"{run}/synthetic.jsonl", f"{run}/synthetic_t0.jsonl", f"{run}/downstream/{method}",
+            f"{run}/downstream/t0", f"{run}/eval/{method}.json", f"{run}/eval/t0.json",
+            f"{run}/eval/control.json")
+    out = []
+    for line in (run / "commands.sh").read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        argv = shlex.split(line)
+        dest = argv[argv.index(">") + 1] if ">" in argv else (
+            argv[argv.index("--out") + 1] if "--out" in argv else None)
+        if dest in want:
+            out.append(argv)
+    if len(out) != len(want):
+        raise SystemExit(f"learning_study: {run}/commands.sh lacks the final-set stages "
+                         f"(found {len(out)} of {len(want)})")
+    return out
+
+
+def draw(run: Path, k: int, gen: list[str] | None = None) -> tuple[float, float] | None:
+    """Draw ``k`` (1, 2, ...) of the final set and its control; cached in RUN/draws/dK.
+
+    ``gen``: flags replacing the final set's (and the control's) ``popri gen`` flags of the same
+    name, e.g. ``["--top-p", "0.9"]``; such draws go to RUN/draws/<flags>-dK."""
+    res = json.loads((run / "results.json").read_text())
+    method = res["method"]
+    dk = run / "draws" / (f"{_tag(gen)}-d{k}" if gen else f"d{k}")
+    done = dk / "eval" / "control.json"
+    if not done.is_file():
+        (dk / "eval").mkdir(parents=True, exist_ok=True)
+        for argv in _stage_lines(run, method):
+            argv = [a.replace(f"{run}/synthetic", f"{dk}/synthetic")
+                    .replace(f"{run}/downstream/", f"{dk}/downstream/")
+                    .replace(f"{run}/eval/", f"{dk}/eval/") for a in argv]
+            if argv[1] in ("gen", "train-downstream"):  # seeds + k, as `popri run`'s draws
+                i = len(argv) - argv[::-1].index("--seed")
+                argv[i] = str(int(argv[i]) + k)
+            if gen and argv[1] == "gen":
+                for flag, value in zip(gen[::2], gen[1::2]):
+                    if flag in argv:
+                        argv[argv.index(flag) + 1] = value
+                    else:
+                        argv += [flag, value]
+            out = None
+            if ">" in argv:
+                out, argv = argv[argv.index(">") + 1], argv[:argv.index(">")]
+            cmd = [sys.executable, "-m", "popri.cli.app", *argv[1:]]
+            p = subprocess.run(cmd, stdout=subprocess.PIPE if out else None, text=True)
+            if p.returncode != 0:
+                print(f"learning_study: draw {k} of {run} failed: {' '.join(argv[:3])}",
+                      file=sys.stderr)
+                return None
+            if out:
+                Path(out + ".tmp").write_text(p.stdout)
+                os.replace(out + ".tmp", out)
+    for w in (dk / "downstream").glob("*/model.safetensors"):
+        w.unlink()  # 0.5 GB each; the draw's evaluations are what it keeps
+    return _control(done)
+
+
+def _tag(gen: list[str]) -> str:
+    return "".join(f"{f.lstrip('-')}{v}" for f, v in zip(gen[::2], gen[1::2]))
+
+
+def collect_draws(runs: Path) -> list[dict]:
+    """Per run with extra draws: draw 0 (the run's own) and each dK's method minus T = 0; per
+    final-set variant (``--draw-gen``) its own draws."""
+    rows = []
+    for d in sorted(runs.glob("*-s*")):
+        if not (d / "draws").is_dir() or not (d / "eval" / "control.json").is_file():
+            continue
+        name, seed = d.name.rsplit("-s", 1)
+        variants: dict[str, list] = {"": [_control(d / "eval" / "control.json")]}
+        for dk in sorted((d / "draws").iterdir(), key=lambda x: (x.name.rsplit("d", 1)[0],
+                                                                 int(x.name.rsplit("d", 1)[1]))):
+            if (dk / "eval" / "control.json").is_file():
+                tag = dk.name.rsplit("d", 1)[0].rstrip("-")
+                variants.setdefault(tag, []).append(_control(dk / "eval" / "control.json"))
+        for tag, diffs in variants.items():
+            rows.append({"setting": name + (f" [final set: {tag}]" if tag else ""),
+                         "seed": int(seed), "draws": diffs})
+    return rows
+
+
+def _control(path: Path) -> tuple[float, float]:
+    c = json.loads(path.read_text())
+    return float(c["acc_minus_control"]), float(c["acc_minus_control_se"])
+
+
+def draws_table(rows: list[dict]) -> str:
+    out = ["| setting | seed | draws | minus T=0 per draw | mean | SE within (clients) | "
+           "SE between draws | beats T=0 (2 SEs between draws) |", "|" + "---|" * 8]
+    for r in rows:
+        d = [x for x, _ in r["draws"]]
+        se_w = math.sqrt(sum(s * s for _, s in r["draws"])) / len(d)
+        se_b = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+        m = statistics.mean(d)
+        out.append(f"| {r['setting']} | {r['seed']} | {len(d)} | "
+                   f"{', '.join(f'{x:+.4f}' for x in d)} | {m:+.4f} | {se_w:.4f} | {se_b:.4f} | "
+                   f"{'yes' if len(d) > 1 and m > 2 * se_b else 'no'} |")
+    return "\n".join(out)
 
 
 def collect(runs: Path) -> list[dict]:
@@ -173,10 +289,22 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--set", dest="sets", action="append", default=[],
                     help="Extra override for every run.")
+    ap.add_argument("--draws", type=int, default=0,
+                    help="After each run: this many more draws of the final set and its control.")
+    ap.add_argument("--draw-gen", nargs="+", default=None, metavar="FLAG=VALUE",
+                    help="With --draws: draw the final set and its control with these `popri gen` "
+                         "options instead (e.g. top-p=0.9); draw 0 is then not the run's own.")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--table", action="store_true", help="Only tabulate what ran.")
     a = ap.parse_args()
     runs = Path(a.runs)
+    gen = None
+    if a.draw_gen:
+        bad = [x for x in a.draw_gen if "=" not in x]
+        if bad:
+            sys.exit(f"learning_study: --draw-gen takes FLAG=VALUE (e.g. top-p=0.9), got {bad[0]!r}")
+        gen = [y for x in a.draw_gen for y in (f"--{x.split('=', 1)[0].lstrip('-')}",
+                                                x.split("=", 1)[1])]
     if a.list:
         for k, v in SETTINGS.items():
             print(f"{k}: {' '.join(v)}")
@@ -186,9 +314,17 @@ def main() -> None:
             if name not in SETTINGS:
                 sys.exit(f"unknown setting {name!r}: see --list")
             for seed in a.seeds:
-                run_setting(name, seed, runs, a.sets)
+                d = runs / f"{name}-s{seed}"
+                if not (d / "results.json").is_file():
+                    run_setting(name, seed, runs, a.sets)
+                for k in range(1, a.draws + 1):
+                    if (d / "results.json").is_file():
+                        draw(d, k, gen)
     rows = collect(runs)
     md = table(rows)
+    drows = collect_draws(runs)
+    if drows:
+        md += "\n\n" + draws_table(drows)
     print(md)
     res = HERE / "results"
     res.mkdir(exist_ok=True)

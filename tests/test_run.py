@@ -118,3 +118,59 @@ def test_method_and_modes_are_checked():
         C.load(None, ["method=dp-sgd"])
     with pytest.raises(PopriError, match="pe.variation"):
         C.load(None, ["pe.variation=shuffle"])
+
+
+def test_draws_redraw_both_sets_with_the_next_seeds_and_pair_them(tmp_path):
+    """``draws: 3`` (issue 24): the final set and its T = 0 control drawn twice more (gen seed
+    + k, the same prompts and adapter), each trained with seed + k and evaluated, and paired."""
+    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=1", "draws=3", "seed=2",
+                        "privacy.noise_multiplier=1.5", "privacy.epsilon=null"])
+    run = Run(cfg, dry_run=True)
+    run.execute()
+    cmds = run.runner.commands
+    syn = [c for c in cmds if " --num-samples " in c]
+    assert len(syn) == 6  # the run's own pair + 2 draws x (method, control)
+    own, t0 = syn[0], next(c for c in syn if "/synthetic_t0.jsonl" in c)
+    for k in (1, 2):
+        d = [c for c in syn if f"/draws/d{k}/" in c]
+        assert len(d) == 2 and all(f"--seed {2999 + k}" in c for c in d)
+        tuned = next(c for c in d if " --adapter " in c)
+        # the same command as the run's own set but for its seed and outputs
+        assert tuned.replace(f"draws/d{k}/", "").replace(f"--seed {2999 + k}", "--seed 2999") \
+            == own
+        untuned = next(c for c in d if " --adapter " not in c)
+        assert untuned.replace(f"draws/d{k}/", "").replace(f"--seed {2999 + k}", "--seed 2999") \
+            == t0
+        assert any(f"downstream/popri-d{k} " in c and f"--seed {2 + k} " in c for c in cmds)
+        assert any(" eval diff " in c and f"eval/popri-d{k}.clients.jsonl" in c
+                   and f"eval/t0-d{k}.clients.jsonl" in c and f"control-d{k}.json" in c
+                   for c in cmds)
+    with pytest.raises(PopriError, match="field 'draws'.*pe"):
+        C.load(None, ["method=pe", "draws=2"])
+    with pytest.raises(PopriError, match="field 'draws'.*control: false"):
+        C.load(None, ["control=false", "draws=2"])
+    with pytest.raises(PopriError, match="field 'draws'"):
+        C.load(None, ["draws=0"])
+
+
+def test_draws_summary_and_learning_line():
+    from popri.pipeline.driver import draws_summary, results_table
+
+    draws = [{"acc": 0.30, "acc_control": 0.31, "acc_minus_control": -0.01,
+              "acc_minus_control_se": 0.003},
+             {"acc": 0.32, "acc_control": 0.31, "acc_minus_control": 0.01,
+              "acc_minus_control_se": 0.004},
+             {"acc": 0.33, "acc_control": 0.30, "acc_minus_control": 0.03,
+              "acc_minus_control_se": 0.005}]
+    s = draws_summary(draws)
+    assert s["n"] == 3 and s["mean"] == pytest.approx(0.01)
+    assert s["se_between"] == pytest.approx(0.02 / 3 ** 0.5)  # stdev 0.02 over sqrt(3)
+    assert s["se_within"] == pytest.approx((0.003 ** 2 + 0.004 ** 2 + 0.005 ** 2) ** 0.5 / 3)
+    r = {"run_dir": "x", "epsilon": 1.0, "delta": 1e-6, "method": "popri", "rounds": 1,
+         "prompts": 1, "samples_per_prompt": 2, "num_synthetic": 4, "generator": "g",
+         "downstream": "d", "noise_multiplier": 1.0, "sample_rate": 1.0,
+         "methods": {"popri": {"accuracy": 0.3}, "t0": {"accuracy": 0.31}},
+         "control": {**draws[0], "draws": s}}
+    line = next(x for x in results_table(r).splitlines() if x.startswith("learning:"))
+    assert "over 3 draws" in line and "+0.0100 +- 0.0115" in line
+    assert "-0.0100, +0.0100, +0.0300" in line

@@ -93,6 +93,10 @@ class Method(abc.ABC):
         prompts, N and seed, for a generator method (issue 24); None: no control row."""
         return None
 
+    def has_control(self) -> bool:
+        """Whether this method has a control row (it overrides :meth:`control`)."""
+        return type(self).control is not Method.control
+
     def metrics(self, run) -> list[dict] | None:
         """Per-round rows of ``RUN/metrics.jsonl``; None: the method writes no such file."""
         return None

@@ -271,6 +271,12 @@ class RunConfig(Spec):
                           "untuned generator (T = 0) writes the synthetic set with the same "
                           "prompts, N, seed and downstream recipe; the method minus it, paired "
                           "over test clients, is what the DP feedback and the tuning bought.")
+    draws: int = param(1, "How many times the final synthetic set and its control are drawn "
+                       "(generation seeds + 0, 1, ...) and each trained and evaluated downstream. "
+                       "With draws >= 2 the learning line is the mean paired difference over "
+                       "the draws and its SE is between draws: the synthetic set's sampling "
+                       "noise, which the SE over test clients of one draw leaves out (issue 24).",
+                       lo=1, hi=100)
     # release mode: every DP stage (and every stage that samples clients) gets --release: OS
     # CSPRNG noise, nothing reproducible from a seed.  false = research mode: noise is seeded and
     # reproducible from the sidecars (fine for experiments, not for releasing data).
@@ -426,6 +432,11 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError(f"an evolving pool needs a method that ranks each prompt's J samples "
                           f"by their released scores (popri, pe-sft); {cfg.method} does not",
                           field="pool")
+    if cfg.draws > 1 and not (cfg.control and METHODS[cfg.method].has_control()):
+        raise ConfigError(f"draws > 1 redraws the final set and its control row: it needs "
+                          f"control: true and a method with a T = 0 row (popri, pe-sft); "
+                          f"{cfg.method}" + ("" if cfg.control else " with control: false"),
+                          field="draws")
     if METHODS[cfg.method].pairs and dp.rejected_rank > cfg.samples_per_prompt:
         raise ConfigError(f"must be <= samples_per_prompt ({cfg.samples_per_prompt}): the "
                           f"rejected sample is the l-th best of J per prompt (got "

@@ -42,8 +42,8 @@ from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError re-exported)
 from popri.pipeline.config import RunConfig, to_dict
 from popri.pipeline.stages import (
-    Z_LATER, DPRelease, RunLock, RunPaths, Stage, StageRunner, _fmt, final_seed, opt, round_seed,
-    selection_note, step_argv)
+    Z_LATER, DPRelease, RunLock, RunPaths, Stage, StageRunner, _fmt, final_seed, opt, redrawn,
+    round_seed, selection_note, step_argv)
 from popri.core.spec import to_argv
 
 MODE_NOTES = {
@@ -234,14 +234,15 @@ class Run(Budget):
                 outputs=[str(E / "fid.json")], inputs=[syn, str(self.paths.emb_val)],
                 stdout_to=str(E / "fid.json"))
 
-        def train(name: str, data: list[str], inputs: list[str], max_samples: int | None = None):
+        def train(name: str, data: list[str], inputs: list[str], max_samples: int | None = None,
+                  seed: int = c.seed):
             out = self.run / "downstream" / name
             st = Stage(f"downstream-{name}", [
                 "train-downstream", *data, "--out", str(out), "--val", priv, "--model", ds.model,
                 *step_argv(DownstreamSpec, ds, only=["epochs", "batch_size", "lr", "max_length",
                                                      "max_val_samples", "max_samples"],
                            max_val_samples=ds.eval_max_samples, max_samples=max_samples),
-                ("--lora" if ds.lora else "--full"), "--seed", str(c.seed), "--force"],
+                ("--lora" if ds.lora else "--full"), "--seed", str(seed), "--force"],
                 outputs=[str(out)], inputs=[*inputs, priv])
             return st, str(out)
 
@@ -279,6 +280,8 @@ class Run(Budget):
                 *step_argv(GapSpec, ds, only=["bootstrap"]), "--seed", str(c.seed), "--json"],
                 outputs=[str(E / "control.json")], inputs=[per[name], per["t0"]],
                 stdout_to=str(E / "control.json"))
+            if c.draws > 1:
+                yield from self.draw_stages(name, self._synthetic_stage(), train, evaluate)
         if c.baselines:
             st, per["eps0"] = evaluate("eps0", ["--model", ds.model], [])
             yield st
@@ -452,6 +455,40 @@ class Run(Budget):
             with atomic_write(self.run / "config.resolved.json") as fh:
                 json.dump(to_dict(self.cfg), fh, indent=2)
 
+    def _synthetic_stage(self) -> Stage:
+        """The method's own stage writing RUN/synthetic.jsonl (its recipe's, rebuilt)."""
+        want = str(self.paths.synthetic)
+        for st in self.plan():
+            if want in st.outputs:
+                return st
+        raise ConfigError(f"{self.cfg.method}'s recipe writes no {want}: nothing to redraw",
+                          field="draws")
+
+    def draw_stages(self, name: str, synthetic: Stage, train, evaluate) -> Iterable[Stage]:
+        """Draws 1 .. draws-1 of the final set and of its T = 0 control (``draws``, issue 24):
+        both generation stages with seed + k (RUN/draws/dK/), each set trained downstream with
+        seed + k and evaluated, and their paired difference (RUN/eval/control-dK.json)."""
+        from popri.specs.training import GapSpec
+
+        c, E = self.cfg, self.paths.eval
+        control = self.method.control(self)
+        for k in range(1, c.draws):
+            D = self.run / "draws" / f"d{k}"
+            per = {}
+            for who, st in ((name, synthetic), ("t0", control)):
+                tag = f"{who}-d{k}"
+                syn = redrawn(st, k, D / Path(st.outputs[0]).name, f"{st.name}-d{k}")
+                yield syn
+                tr, ck = train(tag, [syn.outputs[0]], [syn.outputs[0]], seed=c.seed + k)
+                yield tr
+                ev, per[who] = evaluate(tag, ["--model", ck], [ck])
+                yield ev
+            out = str(E / f"control-d{k}.json")
+            yield Stage(f"control-diff-d{k}", [
+                "eval", "diff", "--method", per[name], "--control", per["t0"],
+                *step_argv(GapSpec, c.downstream, only=["bootstrap"]), "--seed", str(c.seed),
+                "--json"], outputs=[out], inputs=[per[name], per["t0"]], stdout_to=out)
+
     def plan_text(self) -> str:
         """The dry-run plan: how z is set, then every command (no side effects)."""
         pr = self.cfg.privacy
@@ -484,6 +521,11 @@ class Run(Budget):
         out.update(self.method.results(self, noise))
         if (E / "control.json").exists():
             out["control"] = read_json(E / "control.json")
+            draws = [out["control"]] + [read_json(E / f"control-d{k}.json")
+                                        for k in range(1, c.draws)
+                                        if (E / f"control-d{k}.json").exists()]
+            if len(draws) > 1:
+                out["control"]["draws"] = draws_summary(draws)
         for name in (c.method, "t0", "eps0", "epsinf"):
             f = E / f"{name}.json"
             if f.exists():
@@ -518,6 +560,22 @@ class Run(Budget):
         ident["invocations"] = sum(1 for _ in open(log_dir / "invocations.jsonl",
                                                    encoding="utf-8"))
         return ident
+
+
+def draws_summary(draws: list[dict]) -> dict:
+    """``results.json``'s ``control.draws``: the method minus its control per draw of both
+    synthetic sets (draw 0 first), their mean and its SE between draws (the sampling noise of
+    the synthetic sets and of the downstream training seed; issue 24)."""
+    import statistics
+
+    d = [float(x["acc_minus_control"]) for x in draws]
+    return {"n": len(d), "acc_minus_control": d,
+            "acc": [x.get("acc") for x in draws], "acc_control": [x.get("acc_control")
+                                                                 for x in draws],
+            "mean": statistics.fmean(d),
+            "se_between": statistics.stdev(d) / len(d) ** 0.5,
+            "se_within": (sum(float(x.get("acc_minus_control_se") or 0) ** 2 for x in draws)
+                          ** 0.5 / len(d))}
 
 
 def _iso(t: float) -> str:
@@ -571,10 +629,19 @@ def results_table(r: dict) -> str:
     ctl = r.get("control")
     if ctl and ctl.get("acc_minus_control") is not None:
         se = ctl.get("acc_minus_control_se")
-        lines += ["", f"learning: {label} minus its T = 0 row (the untuned generator, same "
-                      f"prompts, N and recipe): {ctl['acc_minus_control']:+.4f}"
-                      + (f" +- {se:.4f}" if se is not None else "")
-                      + " accuracy (paired over test clients)"]
+        dr = ctl.get("draws")
+        if dr:
+            lines += ["", f"learning: {label} minus its T = 0 row (the untuned generator, same "
+                          f"prompts, N and recipe), over {dr['n']} draws of both synthetic sets: "
+                          f"{dr['mean']:+.4f} +- {dr['se_between']:.4f} accuracy (SE between "
+                          f"draws; per draw "
+                          + ", ".join(f"{x:+.4f}" for x in dr["acc_minus_control"])
+                          + f"; SE over test clients {dr['se_within']:.4f})"]
+        else:
+            lines += ["", f"learning: {label} minus its T = 0 row (the untuned generator, same "
+                          f"prompts, N and recipe): {ctl['acc_minus_control']:+.4f}"
+                          + (f" +- {se:.4f}" if se is not None else "")
+                          + " accuracy (paired over test clients)"]
     pr = r.get("probe")
     if pr and pr.get("delta_mean_cosine") is not None:
         lines.append(f"distance to the private validation split (fixed-prompt probe, a private "

@@ -620,6 +620,25 @@ def final_seed(seed: int) -> int:
     return seed * 1000 + 999
 
 
+def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
+    """Draw ``k`` of the set a ``popri gen`` stage writes: the same command with its seed + k,
+    written to ``out`` (and its stats beside it).  ``popri run``'s ``draws`` (issue 24)."""
+    args = list(st.args)
+    if not args or args[0] != "gen":
+        raise ValueError(f"stage {st.name} is not a 'popri gen' stage")
+
+    def put(flag: str, value: str) -> None:
+        i = len(args) - 1 - args[::-1].index(flag)  # the last one: gen_args' seed
+        args[i + 1] = value
+
+    seed = int(args[len(args) - 1 - args[::-1].index("--seed") + 1])
+    put("--seed", str(seed + k))
+    put("--out", str(out))
+    if "--stats-out" in args:
+        put("--stats-out", str(out.with_name(out.stem + "_stats.json")))
+    return Stage(name, args, outputs=[str(out)], inputs=list(st.inputs))
+
+
 def selection_note(on: str, cfg=None) -> str:
     """The checkpoint-selection line of the results table (what it reads, what it costs)."""
     if on == "private":
