@@ -18,14 +18,15 @@ table (stdout, and benchmarks/results/learning_study.md / .json) has, per settin
 - **downstream**: the method's accuracy, its T = 0 row's (the untuned generator's synthetic set:
   same prompts, N, seed and recipe), and the method minus T = 0, paired over the test clients,
   with its SE; "beats T = 0" when that difference is above 2 SEs;
-- minutes the run took on this machine.
+- minutes the run took on this machine (with `examples/learning.yaml`'s `draws: 3`, runs from
+  this stop on include two more draws of both final sets; older runs have one).
 
 ``--draws N`` (after a run finished) draws the final synthetic set and its T = 0 control N more
 times from the same two generators (generation and downstream-training seeds + k, as `popri run`'s
 ``draws: D``, which does the same inside a run), with the run's own stage commands (its
 commands.sh), and trains and evaluates
 downstream on each pair: the spread of "minus T = 0" between draws is the synthetic-set sampling
-noise that the paired SE over test clients leaves out.  Results in RUN/draws/dK/ (resumable) and a
+noise that the paired SE over test clients leaves out.  Results in RUN/study_draws/dK/ (resumable) and a
 third table: per run, the mean difference over the draws and its SE between draws.
 
 The settings: `oracle` (z ~ 0, every client: is it the tuning or the privacy?) and its knobs
@@ -94,6 +95,10 @@ def run_setting(name: str, seed: int, runs: Path, extra: list[str]) -> dict:
     return {"minutes": (time.time() - t0) / 60.0, "rc": p.returncode}
 
 
+#: where this script's extra draws of a finished run go (``popri run``'s own: RUN/draws)
+STUDY_DRAWS = "study_draws"
+
+
 def _stage_lines(run: Path, method: str) -> list[list[str]]:
     """The run's commands (commands.sh) for the final set, its T = 0 control, their downstream
     training and evaluation, and the paired difference, in order."""
@@ -122,7 +127,7 @@ def draw(run: Path, k: int, gen: list[str] | None = None) -> tuple[float, float]
     name, e.g. ``["--top-p", "0.9"]``; such draws go to RUN/draws/<flags>-dK."""
     res = json.loads((run / "results.json").read_text())
     method = res["method"]
-    dk = run / "draws" / (f"{_tag(gen)}-d{k}" if gen else f"d{k}")
+    dk = run / STUDY_DRAWS / (f"{_tag(gen)}-d{k}" if gen else f"d{k}")
     done = dk / "eval" / "control.json"
     if not done.is_file():
         (dk / "eval").mkdir(parents=True, exist_ok=True)
@@ -161,22 +166,28 @@ def _tag(gen: list[str]) -> str:
 
 
 def collect_draws(runs: Path) -> list[dict]:
-    """Per run with extra draws: draw 0 (the run's own) and each dK's method minus T = 0; per
-    final-set variant (``--draw-gen``) its own draws."""
+    """Per run with extra draws: draw 0 (the run's own) and each draw's method minus T = 0 --
+    `popri run`'s own (``draws: D``: RUN/eval/control-dK.json) or this script's
+    (RUN/study_draws/dK) -- and per final-set variant (``--draw-gen``) its own draws."""
     rows = []
     for d in sorted(runs.glob("*-s*")):
-        if not (d / "draws").is_dir() or not (d / "eval" / "control.json").is_file():
+        if not (d / "eval" / "control.json").is_file():
             continue
         name, seed = d.name.rsplit("-s", 1)
-        variants: dict[str, list] = {"": [_control(d / "eval" / "control.json")]}
-        for dk in sorted((d / "draws").iterdir(), key=lambda x: (x.name.rsplit("d", 1)[0],
-                                                                 int(x.name.rsplit("d", 1)[1]))):
+        variants: dict[str, dict[int, tuple]] = {"": {0: _control(d / "eval" / "control.json")}}
+        here = d / STUDY_DRAWS
+        for dk in here.iterdir() if here.is_dir() else []:
             if (dk / "eval" / "control.json").is_file():
-                tag = dk.name.rsplit("d", 1)[0].rstrip("-")
-                variants.setdefault(tag, []).append(_control(dk / "eval" / "control.json"))
-        for tag, diffs in variants.items():
+                tag, k = dk.name.rsplit("d", 1)
+                variants.setdefault(tag.rstrip("-"), {})[int(k)] = _control(
+                    dk / "eval" / "control.json")
+        for f in (d / "eval").glob("control-d*.json"):  # popri run's draws (preferred)
+            variants[""][int(f.stem.rsplit("d", 1)[1])] = _control(f)
+        for tag, by_k in variants.items():
+            if tag == "" and len(by_k) < 2:
+                continue
             rows.append({"setting": name + (f" [final set: {tag}]" if tag else ""),
-                         "seed": int(seed), "draws": diffs})
+                         "seed": int(seed), "draws": [by_k[k] for k in sorted(by_k)]})
     return rows
 
 

@@ -891,8 +891,9 @@ def _table_text(r: dict) -> str:
     c = r.get("control") if isinstance(r.get("control"), dict) else {}
     ci = c.get("acc_minus_control_ci")
     if isinstance(ci, list) and len(ci) == 2 and all(_num(x) is not None for x in ci):
-        extra.append(f"method minus T = 0, 95% interval (paired bootstrap): "
-                     f"[{ci[0]:+.4f}, {ci[1]:+.4f}]")
+        n = (c.get("draws") or {}).get("n") if isinstance(c.get("draws"), dict) else None
+        extra.append(f"method minus T = 0{f', draw 0 of {n}' if n else ''}, 95% interval "
+                     f"(paired bootstrap over test clients): [{ci[0]:+.4f}, {ci[1]:+.4f}]")
     return text + ("\n" + "\n".join(extra) if extra else "")
 
 
