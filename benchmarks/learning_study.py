@@ -198,7 +198,7 @@ def _control(path: Path) -> tuple[float, float]:
 
 def draws_table(rows: list[dict]) -> str:
     out = ["| setting | seed | draws | minus T=0 per draw | mean | SE within (clients) | "
-           "SE between draws | beats T=0 (2 SEs between draws) |", "|" + "---|" * 8]
+           "SE between draws | beats T=0 (2 SEs between >= 3 draws) |", "|" + "---|" * 8]
     for r in rows:
         d = [x for x, _ in r["draws"]]
         se_w = math.sqrt(sum(s * s for _, s in r["draws"])) / len(d)
@@ -206,7 +206,7 @@ def draws_table(rows: list[dict]) -> str:
         m = statistics.mean(d)
         out.append(f"| {r['setting']} | {r['seed']} | {len(d)} | "
                    f"{', '.join(f'{x:+.4f}' for x in d)} | {m:+.4f} | {se_w:.4f} | {se_b:.4f} | "
-                   f"{'yes' if len(d) > 1 and m > 2 * se_b else 'no'} |")
+                   f"{'yes' if len(d) >= 3 and m > 2 * se_b else 'no'} |")
     return "\n".join(out)
 
 
