@@ -120,11 +120,11 @@ def _stage_lines(run: Path, method: str) -> list[list[str]]:
     return out
 
 
-def draw(run: Path, k: int, gen: list[str] | None = None) -> tuple[float, float] | None:
-    """Draw ``k`` (1, 2, ...) of the final set and its control; cached in RUN/draws/dK.
+def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
+    """Draw ``k`` (1, 2, ...) of the final set and its control; cached in RUN/study_draws/dK.
 
     ``gen``: flags replacing the final set's (and the control's) ``popri gen`` flags of the same
-    name, e.g. ``["--top-p", "0.9"]``; such draws go to RUN/draws/<flags>-dK."""
+    name, e.g. ``["--top-p", "0.9"]``; such draws go to RUN/study_draws/<flags>-dK."""
     res = json.loads((run / "results.json").read_text())
     method = res["method"]
     dk = run / STUDY_DRAWS / (f"{_tag(gen)}-d{k}" if gen else f"d{k}")
@@ -191,22 +191,24 @@ def collect_draws(runs: Path) -> list[dict]:
     return rows
 
 
-def _control(path: Path) -> tuple[float, float]:
-    c = json.loads(path.read_text())
-    return float(c["acc_minus_control"]), float(c["acc_minus_control_se"])
+def _control(path: Path) -> dict:
+    return json.loads(path.read_text())
 
 
 def draws_table(rows: list[dict]) -> str:
+    """Per run and final-set variant: `popri run`'s own summary of its draws (draws_summary)."""
+    from popri.pipeline.driver import draws_summary
+
     out = ["| setting | seed | draws | minus T=0 per draw | mean | SE within (clients) | "
            "SE between draws | beats T=0 (2 SEs between >= 3 draws) |", "|" + "---|" * 8]
     for r in rows:
-        d = [x for x, _ in r["draws"]]
-        se_w = math.sqrt(sum(s * s for _, s in r["draws"])) / len(d)
-        se_b = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
-        m = statistics.mean(d)
-        out.append(f"| {r['setting']} | {r['seed']} | {len(d)} | "
-                   f"{', '.join(f'{x:+.4f}' for x in d)} | {m:+.4f} | {se_w:.4f} | {se_b:.4f} | "
-                   f"{'yes' if len(d) >= 3 and m > 2 * se_b else 'no'} |")
+        if len(r["draws"]) < 2:
+            continue
+        s = draws_summary(r["draws"])
+        d, m, se_b = s["acc_minus_control"], s["mean"], s["se_between"]
+        out.append(f"| {r['setting']} | {r['seed']} | {s['n']} | "
+                   f"{', '.join(f'{x:+.4f}' for x in d)} | {m:+.4f} | {s['se_within']:.4f} | "
+                   f"{se_b:.4f} | {'yes' if s['n'] >= 3 and m > 2 * se_b else 'no'} |")
     return "\n".join(out)
 
 

@@ -257,6 +257,13 @@ class Run(Budget):
                 stdout_to=str(E / f"{name}.json"))
             return st, str(per)
 
+        def diff(stage: str, method: str, control: str, out: Path) -> Stage:
+            """``eval diff``: the method minus the control, paired over test clients."""
+            return Stage(stage, [
+                "eval", "diff", "--method", method, "--control", control,
+                *step_argv(GapSpec, ds, only=["bootstrap"]), "--seed", str(c.seed), "--json"],
+                outputs=[str(out)], inputs=[method, control], stdout_to=str(out))
+
         per = {}
         if model is not None:  # DP-FL: the method trained the model itself
             ckpt = str(model)
@@ -275,13 +282,9 @@ class Run(Budget):
             yield st
             st, per["t0"] = evaluate("t0", ["--model", ck], [ck])
             yield st
-            yield Stage("control-diff", [
-                "eval", "diff", "--method", per[name], "--control", per["t0"],
-                *step_argv(GapSpec, ds, only=["bootstrap"]), "--seed", str(c.seed), "--json"],
-                outputs=[str(E / "control.json")], inputs=[per[name], per["t0"]],
-                stdout_to=str(E / "control.json"))
+            yield diff("control-diff", per[name], per["t0"], E / "control.json")
             if c.draws > 1:
-                yield from self.draw_stages(name, self._synthetic_stage(), train, evaluate)
+                yield from self.draw_stages(name, self._synthetic_stage(), train, evaluate, diff)
         if c.baselines:
             st, per["eps0"] = evaluate("eps0", ["--model", ds.model], [])
             yield st
@@ -464,12 +467,12 @@ class Run(Budget):
         raise ConfigError(f"{self.cfg.method}'s recipe writes no {want}: nothing to redraw",
                           field="draws")
 
-    def draw_stages(self, name: str, synthetic: Stage, train, evaluate) -> Iterable[Stage]:
+    def draw_stages(self, name: str, synthetic: Stage, train, evaluate,
+                    diff) -> Iterable[Stage]:
         """Draws 1 .. draws-1 of the final set and of its T = 0 control (``draws``, issue 24):
         both generation stages with seed + k (RUN/draws/dK/), each set trained downstream with
-        seed + k and evaluated, and their paired difference (RUN/eval/control-dK.json)."""
-        from popri.specs.training import GapSpec
-
+        seed + k and evaluated, and their paired difference (RUN/eval/control-dK.json); the
+        builders are :meth:`downstream_evaluation`'s."""
         c, E = self.cfg, self.paths.eval
         control = self.method.control(self)
         for k in range(1, c.draws):
@@ -483,11 +486,7 @@ class Run(Budget):
                 yield tr
                 ev, per[who] = evaluate(tag, ["--model", ck], [ck])
                 yield ev
-            out = str(E / f"control-d{k}.json")
-            yield Stage(f"control-diff-d{k}", [
-                "eval", "diff", "--method", per[name], "--control", per["t0"],
-                *step_argv(GapSpec, c.downstream, only=["bootstrap"]), "--seed", str(c.seed),
-                "--json"], outputs=[out], inputs=[per[name], per["t0"]], stdout_to=out)
+            yield diff(f"control-diff-d{k}", per[name], per["t0"], E / f"control-d{k}.json")
 
     def plan_text(self) -> str:
         """The dry-run plan: how z is set, then every command (no side effects)."""
@@ -628,18 +627,17 @@ def results_table(r: dict) -> str:
                          f"{_fmt(mm.get('loss'))} | {fid} |")
     ctl = r.get("control")
     if ctl and ctl.get("acc_minus_control") is not None:
-        se = ctl.get("acc_minus_control_se")
-        dr = ctl.get("draws")
+        se, dr = ctl.get("acc_minus_control_se"), ctl.get("draws")
+        head = (f"learning: {label} minus its T = 0 row (the untuned generator, same prompts, N "
+                f"and recipe)")
         if dr:
-            lines += ["", f"learning: {label} minus its T = 0 row (the untuned generator, same "
-                          f"prompts, N and recipe), over {dr['n']} draws of both synthetic sets: "
+            per_draw = ", ".join(f"{x:+.4f}" for x in dr["acc_minus_control"])
+            lines += ["", f"{head}, over {dr['n']} draws of both synthetic sets: "
                           f"{dr['mean']:+.4f} +- {dr['se_between']:.4f} accuracy (SE between "
-                          f"draws; per draw "
-                          + ", ".join(f"{x:+.4f}" for x in dr["acc_minus_control"])
-                          + f"; SE over test clients {dr['se_within']:.4f})"]
+                          f"draws; per draw {per_draw}; SE over test clients "
+                          f"{dr['se_within']:.4f})"]
         else:
-            lines += ["", f"learning: {label} minus its T = 0 row (the untuned generator, same "
-                          f"prompts, N and recipe): {ctl['acc_minus_control']:+.4f}"
+            lines += ["", f"{head}: {ctl['acc_minus_control']:+.4f}"
                           + (f" +- {se:.4f}" if se is not None else "")
                           + " accuracy (paired over test clients)"]
     pr = r.get("probe")
