@@ -218,7 +218,7 @@ def test_the_score_command_records_what_the_budget_plans(tmp_path, extra):
     priv, syn = _score_inputs(tmp_path)
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "score.clients_per_round=5",
                         "privacy.epsilon=null", "privacy.noise_multiplier=1.5",
-                        *(["release=true"] if extra else [])])
+                        *(["release=true", "dpo.select_on=public"] if extra else [])])
     run = Run(cfg)
     run.noise = {"noise_multiplier": 1.5 / (1.0 + run._snap()), "sample_rate": 0.5}
     planned = run.score_entry(1)

@@ -346,3 +346,163 @@ def test_rr11_popri_run_dp_fl_release_writes_no_exact_statistic(tmp_path, datase
         assert not re.search(rf"\b{n_train}\b", scrub(text)), (f.name, text)
     for line in (run / "logs" / "invocations.jsonl").read_text().splitlines():
         assert set(json.loads(line)) == set(res["run"]) - {"invocations"}
+    # and every file, field and log line of the run (no evaluation in release mode)
+    assert res["released"] == str(run / "fl" / "round1" / "model")  # rounds=1
+    check_release_run(run, dataset, p.stdout + p.stderr)
+
+
+
+# --------------------------------------------------------------------------- popri run
+#: the simulated devices' own stages: the clients' data and their embeddings, which in a
+#: deployment never leave the devices (the run directory holds them because it simulates them)
+CLIENT_SIDE = {"fetch-private", "embed-train", "embed-val"}
+#: what the driver itself writes (not a stage's output)
+RUN_SETTINGS = None  # keys(to_dict(RunConfig())): the config as the user set it, filled lazily
+RESULTS = {"accountant", "budget", "budget.accountant", "budget.delta", "budget.epsilon",
+           "checkpoint_selection", "checkpoint_selection.note", "checkpoint_selection.on",
+           "checkpoint_selection.epsilon", "checkpoint_selection.delta", "delta", "downstream",
+           "epsilon", "generator", "ledger_check", "ledger_check.agree", "ledger_check.stages",
+           "ledger_check.stages.*", "ledger_check.stages.*.agree",
+           "ledger_check.stages.*.planned", "ledger_check.stages.*.recorded", "method",
+           "methods", "mode", "mode_note", "noise_multiplier", "num_synthetic", "prompts",
+           "recovery_rate_note", "recovery_rate_per_round", "released", "rounds", "run",
+           "run.command", "run.config_hash", "run.ended", "run.git_commit", "run.invocations",
+           "run.popri_version", "run.stages_cached", "run.stages_ran", "run.started",
+           "run_dir", "sample_rate", "samples_per_prompt", "seed", "stage_seconds",
+           "stage_seconds.*",
+           # DP-FL: its settings and the rounds that ran (nothing else per round: rr11)
+           "fl", "fl.algorithm", "fl.client_lr", "fl.clients_per_round", "fl.clip",
+           "fl.local_epochs", "fl.lora", "fl.model", "fl.momentum", "fl.rounds",
+           "fl.rounds[].round", "fl.sample_rate", "fl.server_lr"}
+#: RUN/metrics.jsonl in release mode: post-processing of the released scores and of the
+#: tuning on them (no probe, no recovery rate: both refused / skipped in release mode)
+METRICS = {"round", "stage", "released_mean", "samples", "chosen_mean", "rejected_mean",
+           "pairs", "train_loss", "last_epoch_loss", "steps", "seconds_per_step",
+           "train_eval_margin", "train_eval_accuracy", "train_eval_pairs", "holdout_margin",
+           "holdout_accuracy", "holdout_pairs"}
+STAGE_MARKER = {"args", "env", "env.*", "hashes", "hashes.*", "key", "outputs", "popri",
+                "seconds", "ledger_check", "ledger_check.agree", "ledger_check.planned",
+                "ledger_check.recorded"}
+IDENTITY = set(k[4:] for k in RESULTS if k.startswith("run.")) - {"invocations"}
+PRIVACY = {"accountant", "delta", "entries", "epsilon", "groups", "groups[].entries",
+           "groups[].epsilon_alone", "groups[].mechanism", "groups[].noise_multiplier",
+           "groups[].sample_rate", "groups[].sampling", "groups[].stage", "groups[].steps",
+           "modes", "modes.release", "modes.research", "neighbouring", "order"}
+#: the DP stages' own outputs, by file name: the released vector, its sidecar and the ledger
+DP_OUTPUTS = {"scores.npy": None, "scores.json": _score_side(),
+              "ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise", "nominal_noise_multiplier"}),
+              "stats.npz": None, "stats.json": ALLOW["fred"]["f/stats.json"]}
+DP_OUTPUTS["ledger.jsonl"] |= ALLOW["fred"]["f/ledger.jsonl"] | ALLOW["fl"]["R/ledger.jsonl"]
+# a DP-FL round (fl round): the noised model, its server state and sidecars
+DP_OUTPUTS |= {"round.json": FL_ROUND, "metrics.json": FL_MODEL_METRICS, "theta.npy": None,
+               "server.npz": None, ".popri-output": MARKER, **{f: None for f in MODEL_FILES}}
+
+
+def _norm(key: str, free: tuple[str, ...]) -> str:
+    """``stage_seconds.round1-gen`` -> ``stage_seconds.*``: maps keyed by stage, env or path."""
+    for f in free:
+        if key.startswith(f + "."):
+            rest = key[len(f) + 1:]
+            tail = ""
+            for sub in (".agree", ".planned", ".recorded"):
+                if f == "ledger_check.stages" and rest.endswith(sub):
+                    tail = sub
+            return f"{f}.*{tail}"
+    return key
+
+
+def _json_keys(path: Path, free=()) -> set[str]:
+    text = path.read_text(encoding="utf-8")
+    docs = ([json.loads(x) for x in text.splitlines() if x.strip()]
+            if path.name.endswith(".jsonl") else [json.loads(text)])
+    return {_norm(k, free) for k in set().union(*(keys(d) for d in docs))}
+
+
+def check_release_run(run: Path, data: Path, log: str) -> None:
+    """Everything ``popri run --release`` wrote under ``run`` (issue 24's release-mode gap):
+
+    1. data flow, from the run's own plan: every stage that reads the clients' data or their
+       embeddings is a clients' stage (CLIENT_SIDE) or a DP release (``Stage.release``), so
+       every other stage's output is post-processing of DP releases and public data;
+    2. every file is a stage's output (or its sidecar, or a DP stage's ledger) or one of the
+       driver's own files -- nothing else is written;
+    3. the DP stages' outputs and the driver's files (results, metrics, the accountant's
+       total, stage markers, invocation log) hold only allowlisted fields;
+    4. no log and no text file prints the private counts (clients, samples)."""
+    from popri.pipeline import config as C
+    from popri.pipeline.driver import Run
+
+    cfg = C.load(str(run / "config.resolved.json"), [])
+    assert cfg.release
+    r = Run(cfg, dry_run=True)
+    r.noise = r.calibrate()
+    private = {str(r.paths.private), str(r.paths.emb_private), str(r.paths.emb_val)}
+    owner: dict[str, tuple[str, str]] = {}
+    for st in r.all_stages():
+        kind = ("clients" if st.name in CLIENT_SIDE else
+                "dp" if st.release is not None else "public")
+        reads = private & {str(x) for x in st.inputs}
+        assert kind != "public" or not reads, \
+            f"{st.name} reads {sorted(reads)} without a DP release: its outputs are private"
+        # what it writes: its declared outputs and what its command names as an output
+        # (``--out DIR`` of dpo is the directory around the declared adapter)
+        outs = set(st.outputs) | {st.args[i + 1] for i, a in enumerate(st.args[:-1])
+                                  if a == "--out" or a.endswith("-out")}
+        for o in outs:
+            if Path(o).is_relative_to(run):
+                owner[str(Path(o).relative_to(run))] = (st.name, kind)
+        if st.release is not None:
+            owner[str(Path(st.release.ledger).relative_to(run))] = (st.name, "dp")
+
+    def whose(f: str) -> tuple[str, str] | None:
+        if f in owner:
+            return owner[f]
+        p = Path(f)
+        for o, w in owner.items():
+            po = Path(o)
+            if po in p.parents:  # a file in an output directory
+                return w
+            if po.parent == p.parent and p.name.split(".")[0] == po.name.split(".")[0]:
+                return w  # a sidecar: x.npy -> x.json, x.jsonl, x.meta.json
+        return None
+
+    settings = keys(C.to_dict(type(cfg)()))
+    driver = {"results.json": (RESULTS, ("stage_seconds", "ledger_check.stages")),
+              "metrics.jsonl": (METRICS, ()), "privacy.json": (PRIVACY, ()),
+              "config.resolved.json": (settings, ()), ".popri-output": (MARKER, ()),
+              "logs/invocations.jsonl": (IDENTITY, ())}
+    texts = [("popri run's stdout and stderr", log)]
+    seen = sorted(str(p.relative_to(run)) for p in run.rglob("*") if p.is_file())
+    for f in seen:
+        path = run / f
+        w = whose(f)
+        if f in driver or f.startswith(".stages/"):
+            want, free = driver.get(f, (STAGE_MARKER, ("hashes", "env")))
+            extra = sorted(_json_keys(path, free) - want)
+            assert not extra, f"{f}: fields outside the release allowlist: {extra}"
+        elif f.startswith("logs/"):
+            if Path(f).stem not in CLIENT_SIDE:
+                texts.append((f, path.read_text(encoding="utf-8")))
+        elif f in ("commands.sh", "results.md"):
+            texts.append((f, path.read_text(encoding="utf-8")))
+        elif w is None:
+            raise AssertionError(f"{f}: written in release mode by no stage of the plan and "
+                                 f"not one of the driver's files")
+        elif w[1] == "dp":
+            assert Path(f).name in DP_OUTPUTS, f"{f}: a DP stage's file no allowlist covers"
+            want = DP_OUTPUTS[Path(f).name]
+            if want is not None:
+                extra = sorted(_json_keys(path) - want)
+                assert not extra, f"{f}: fields outside the DP release's allowlist: {extra}"
+    res = json.loads((run / "results.json").read_text())
+    assert res["methods"] == {} and not any(res.get("recovery_rate_per_round") or [])
+    # the clients' counts (manifest of the private splits): in no log or text the run wrote
+    counts = json.loads((data / "manifest.json").read_text())["counts"]
+    secret = {v for split in ("train", "val") for v in (counts[split]["clients"],
+                                                         counts[split].get("samples"))
+              if isinstance(v, int) and v > 12}  # small numbers coincide with settings
+    assert secret, counts
+    for name, text in texts:
+        assert not PRIVATE_LINE.search(text), (name, PRIVATE_LINE.search(text).group(0))
+        for n in secret:
+            assert not re.search(rf"\b{n}\b", scrub(text)), (name, n)

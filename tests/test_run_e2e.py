@@ -147,8 +147,10 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
     data, pub = tiny_inputs
     run = tmp_path / method
     # POPri's scoring ablation (DP nearest-neighbour votes) with the evolving few-shot pool of
-    # issue 24, in one run: both are POPri with other settings, and each run costs ~50 s
-    nn = pool = method == "popri-nn-pool"
+    # issue 24, in one run and in release mode: all three are POPri with other settings (each
+    # run costs ~50 s), and release mode's run directory is enumerated file by file and field
+    # by field (tests/test_release_fields.py)
+    nn = pool = release = method == "popri-nn-pool"
     method = "popri" if nn else method
     ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model, method=method)
     ov += ["baselines=false", "pe.variation=paraphrase", "control=false", "probe.enabled=false"]
@@ -156,10 +158,21 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
         ov += ["score.mode=nn-histogram", "score.threshold=0"]
     if pool:
         ov += ["pool=chosen"]
+    if release:
+        ov += ["release=true", "dpo.select_on=public"]
     r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
-    assert list(res["methods"]) == [method] and res["epsilon"] == pytest.approx(1.0, abs=2e-3)
+    assert res["epsilon"] == pytest.approx(1.0, abs=2e-3)
+    if release:  # the run stops at its release: nothing evaluated on the private splits
+        from test_release_fields import check_release_run
+
+        assert res["methods"] == {} and res["released"] == str(run / "synthetic.jsonl")
+        assert f"released: {run / 'synthetic.jsonl'}" in r.stdout
+        assert not (run / "eval").exists() and not (run / "downstream").exists()
+        check_release_run(run, data, r.stdout + r.stderr)
+    else:
+        assert list(res["methods"]) == [method]
     assert_plan_equals_record(run, {"round1-score", "round2-score"})
     syn = [json.loads(l) for l in open(run / "synthetic.jsonl")]
     assert len(syn) == 12
@@ -189,7 +202,7 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
         side = json.loads((run / "round1" / "scores.json").read_text())
         assert side["mode"] == "nn-histogram"
         assert len((run / "round1" / "prefs.jsonl").read_text().splitlines()) == 3
-        assert (run / "round2" / "dpo" / "adapter").is_dir() and "| POPri |" in r.stdout
+        assert (run / "round2" / "dpo" / "adapter").is_dir()
     elif method != "pe":
         assert (run / "round2" / "sft" / "adapter").is_dir()
         assert not (run / "round1" / "prefs.jsonl").exists()

@@ -300,6 +300,29 @@ def test_release_mode_reaches_every_dp_and_sampling_stage(tmp_path, run_popri):
     assert "research mode: noise is seeded and reproducible from the sidecars" in research
 
 
+def test_release_run_ends_at_its_release_and_refuses_unnoised_reads(tmp_path, run_popri):
+    """Release mode plans no stage that writes an exact statistic of the clients' data: no
+    evaluation on the private splits (accuracy per test client, FID, eps = inf, the control and
+    its draws), the clients' embedding stages run quiet; the probe and private checkpoint
+    selection are refused with one line naming the field (tests/test_release_fields.py
+    enumerates what a real release run writes)."""
+    plan = _plan(run_popri, tmp_path / "a", "dpo.select_on=public", "draws=2",
+                 flags=["--release"])
+    cmds = [x for x in plan.splitlines() if x.startswith("popri ")]
+    assert cmds and not [x for x in cmds if x.split()[1] in ("eval", "train-downstream")]
+    quiet = [x for x in cmds if x.startswith("popri --quiet embed ")]
+    assert len(quiet) == 2 and all("embeddings/public" not in x for x in quiet)
+    assert "the run stops at its release" in plan
+    research = _plan(run_popri, tmp_path / "b", "draws=2")
+    assert [x for x in research.splitlines() if x.startswith("popri eval accuracy")]
+    for extra, field in ((["probe.enabled=true", "dpo.select_on=none"], "probe.enabled"),
+                         ([], "dpo.select_on")):
+        with pytest.raises(ConfigError) as e:
+            C.load(None, [f"run_dir={tmp_path / 'c'}", "release=true", *extra])
+        assert e.value.field == field and "release mode" in str(e.value)
+    C.load(None, [f"run_dir={tmp_path / 'c'}", "release=true", "method=pe"])  # PE selects none
+
+
 @pytest.mark.parametrize("release,select,notes", [
     (False, "private", ["research mode: noise is seeded and reproducible from the sidecars; "
                         "not for release",
@@ -378,7 +401,7 @@ def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path
     with pytest.raises(BudgetError, match="stage round1-score would take the run"):
         before("k2")                              # other inputs: a new release on top of a, b
     rel = Run(C.load(None, ["score.clients_per_round=null", "rounds=2",
-                        f"run_dir={run}", "rounds=2", "release=true"]))
+                        f"run_dir={run}", "rounds=2", "release=true", "dpo.select_on=none"]))
     rel.noise = rel.calibrate()
     with pytest.raises(BudgetError):              # release mode: every run is a new release
         rel.guard(name, rel.dp_stages()[0][1], own, match)("k1")

@@ -280,7 +280,10 @@ class RunConfig(Spec):
     # release mode: every DP stage (and every stage that samples clients) gets --release: OS
     # CSPRNG noise, nothing reproducible from a seed.  false = research mode: noise is seeded and
     # reproducible from the sidecars (fine for experiments, not for releasing data).
-    release: bool = param(False, "Release mode (OS CSPRNG noise) instead of research mode.")
+    release: bool = param(False, "Release mode: OS CSPRNG noise, and the run stops at its "
+                          "release (the synthetic set or the DP model, and the ledger): no "
+                          "evaluation on the private splits, no baselines, control or draws, "
+                          "no probe, checkpoint selection dp/public/none.")
     data: DataConfig = param(default_factory=DataConfig)
     generator: GeneratorConfig = param(default_factory=GeneratorConfig)
     privacy: PrivacyConfig = param(default_factory=PrivacyConfig)
@@ -447,6 +450,17 @@ def check(cfg: RunConfig) -> None:
     if not dp.select_checkpoint and dp.select_on not in ("private", "none"):
         raise ConfigError(f"dpo.select_checkpoint: false turns selection off, but dpo.select_on "
                           f"is {dp.select_on!r}: set one of them", field="dpo.select_on")
+    if cfg.release:  # release mode writes no exact statistic of the clients' data
+        if cfg.probe.enabled:
+            raise ConfigError("the probe reads the private validation split without noise (a "
+                              "research diagnostic); release mode writes no exact statistic of "
+                              "the clients' data: set probe.enabled: false",
+                              field="probe.enabled")
+        if select_on(cfg) == "private":
+            raise ConfigError("private checkpoint selection reads the private validation split "
+                              "without noise (POPri B.1; not covered by epsilon); release mode "
+                              "needs dpo.select_on: dp (ledgered, part of epsilon), public or "
+                              "none", field="dpo.select_on")
     if select_on(cfg) == "dp":
         from popri.privacy.calibration import gaussian_multiplier as fred_z
         from popri.privacy.accounting import ParameterError

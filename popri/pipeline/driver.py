@@ -49,7 +49,8 @@ from popri.core.spec import to_argv
 MODE_NOTES = {
     "research": ("research mode: noise is seeded and reproducible from the sidecars; "
                  "not for release"),
-    "release": "release mode: OS CSPRNG, discretised Gaussian",
+    "release": ("release mode: OS CSPRNG, discretised Gaussian; the run stops at its release "
+                "(no evaluation on the private splits: that is research mode's)"),
 }
 
 
@@ -135,9 +136,11 @@ class Run(Budget):
         """``embed`` of the private train and validation splits, and of Omega when checkpoint
         selection reads it."""
         c = self.cfg
+        # the clients' own stages: their log lines count the private samples (release: quiet)
+        quiet = ["--quiet"] if self.release else []
         for split, out in (("train", self.paths.emb_private), ("val", self.paths.emb_val)):
             yield Stage(f"embed-{split}", [
-                "embed", str(self.paths.private), "--split", split, "--out", str(out),
+                *quiet, "embed", str(self.paths.private), "--split", split, "--out", str(out),
                 "--model", c.embedder],
                 outputs=[str(out)], inputs=[str(self.paths.private)])
         if self.select == "public":
@@ -211,7 +214,13 @@ class Run(Budget):
     # ------------------------------------------------------------------ evaluation
     def downstream_stages(self) -> Iterable[Stage]:
         """The method's evaluation stages (:meth:`Method.evaluation`; default
-        :meth:`downstream_evaluation`)."""
+        :meth:`downstream_evaluation`).  None in release mode: every evaluation reads the
+        private splits without noise (accuracy and losses per test client, FID to the
+        validation split, the eps = inf model trained on the private data), so a release run
+        ends at what it releases -- the synthetic set or the DP model, and the ledger -- and the
+        benchmark's measurements are research mode's (docs/privacy.md, "Release mode")."""
+        if self.release:
+            return iter(())
         return self.method.evaluation(self)
 
     def downstream_evaluation(self) -> Iterable[Stage]:
@@ -518,6 +527,9 @@ class Run(Budget):
                "mode": "release" if self.release else "research",
                "mode_note": MODE_NOTES["release" if self.release else "research"]}
         out.update(self.method.results(self, noise))
+        if self.release:  # what the run releases; no evaluation (downstream_stages)
+            model = self.method.model_out(self)
+            out["released"] = str(model if model is not None else self.paths.synthetic)
         if (E / "control.json").exists():
             out["control"] = read_json(E / "control.json")
             draws = [out["control"]] + [read_json(E / f"control-d{k}.json")
@@ -615,6 +627,10 @@ def results_table(r: dict) -> str:
     lines = [f"{shape}, generator {r['generator']}, downstream {r['downstream']}", "",
              "| method | epsilon | delta | next-token accuracy | SE (clients) | loss | FID to val |",
              "|---|---|---|---|---|---|---|"]
+    if r.get("released") and not r["methods"]:
+        lines[1:] = ["", f"released: {r['released']} (release mode evaluates nothing on the "
+                         f"private splits; the same config without release gives the "
+                         f"benchmark's table)"]
     labels = {method: (label, _fmt(eps, 3)),
               "t0": (f"{label}, T = 0 (untuned generator)", _fmt(eps, 3)),
               "eps0": ("eps=0 (public model)", "0"), "epsinf": ("eps=inf (private data)", "inf")}

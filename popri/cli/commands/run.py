@@ -33,7 +33,10 @@ def run(
         False, "--release", envvar="POPRI_RELEASE",
         help="Release mode (shortcut for --set release=true): every DP stage and every stage "
              "that samples clients gets --release (OS CSPRNG, discretised Gaussian; nothing "
-             "reproducible from a seed); the noise-free recovery-rate diagnostic is skipped. "
+             "reproducible from a seed); the noise-free recovery-rate diagnostic is skipped, "
+             "and the run stops at its release (synthetic set or DP model, and the ledger): no "
+             "evaluation on the private splits; probe.enabled and dpo.select_on: private are "
+             "refused. "
              "Without it: research mode, seeded noise, reproducible from the sidecars."),
 ) -> None:
     """Run POPri end to end (T rounds of gen, score, prefs, dpo; then synthetic data, downstream training, evaluation against the eps=0 / eps=inf baselines, and the ledger totalled).

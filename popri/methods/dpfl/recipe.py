@@ -153,8 +153,9 @@ def results(run, noise: dict) -> dict:
 def shape(r: dict) -> str:
     fl = r.get("fl", {})
     label = "DP-FTRL" if r.get("method") == "dp-ftrl" else "DP-FedAvg"
-    return (f"{label} on {r['run_dir']}: T={r['rounds']} rounds, "
-            f"{fl.get('clients_per_round') or fl.get('sample_rate')} clients/round, clip "
+    who = (f"{fl['clients_per_round']} clients/round" if fl.get("clients_per_round")
+           else f"sample rate q={fl.get('sample_rate')}")  # a rate, not a client count
+    return (f"{label} on {r['run_dir']}: T={r['rounds']} rounds, {who}, clip "
             f"{fl.get('clip')}, client lr {fl.get('client_lr')}, "
             f"{'LoRA' if fl.get('lora') else 'full'} {fl.get('model')}")
 

@@ -338,6 +338,9 @@ def table(r: dict) -> str:
                          f"{fmt(a.get('accuracy_se'))} | {fmt(a.get('rouge_l'))} | "
                          f"{fmt(a.get('rouge_l_se'))} | {fmt(x.get('rouge_l'))} | "
                          f"{fmt(x.get('rouge_l_se'))} |")
+    if r.get("released") and not m:
+        lines[1:] = ["", f"released: {r['released']} (release mode evaluates nothing on the "
+                         f"private splits)"]
     g = r.get("gap_closed")
     if g and g.get("gap_closed") is not None:
         lines += ["", f"gap closed on response-token accuracy: {fmt(g['gap_closed'], 3)} +- "
