@@ -373,7 +373,9 @@ RESULTS = {"accountant", "budget", "budget.accountant", "budget.delta", "budget.
            # DP-FL: its settings and the rounds that ran (nothing else per round: rr11)
            "fl", "fl.algorithm", "fl.client_lr", "fl.clients_per_round", "fl.clip",
            "fl.local_epochs", "fl.lora", "fl.model", "fl.momentum", "fl.rounds",
-           "fl.rounds[].round", "fl.sample_rate", "fl.server_lr"}
+           "fl.rounds[].round", "fl.sample_rate", "fl.server_lr",
+           # PE: its settings, the threshold H and the seed set's size (the DP votes' survivors)
+           "pe", "pe.lookahead", "pe.num_syn", "pe.seed_set", "pe.threshold", "pe.variation"}
 #: RUN/metrics.jsonl in release mode: post-processing of the released scores and of the
 #: tuning on them (no probe, no recovery rate: both refused / skipped in release mode)
 METRICS = {"round", "stage", "released_mean", "samples", "chosen_mean", "rejected_mean",
@@ -389,7 +391,7 @@ PRIVACY = {"accountant", "delta", "entries", "epsilon", "groups", "groups[].entr
            "groups[].sample_rate", "groups[].sampling", "groups[].stage", "groups[].steps",
            "modes", "modes.release", "modes.research", "neighbouring", "order"}
 #: the DP stages' own outputs, by file name: the released vector, its sidecar and the ledger
-DP_OUTPUTS = {"scores.npy": None, "scores.json": _score_side(),
+DP_OUTPUTS = {"scores.npy": None, "scores.json": _score_side(), "hist.npy": None, "hist.json": _score_side(),
               "ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise", "nominal_noise_multiplier"}),
               "stats.npz": None, "stats.json": ALLOW["fred"]["f/stats.json"]}
 DP_OUTPUTS["ledger.jsonl"] |= ALLOW["fred"]["f/ledger.jsonl"] | ALLOW["fl"]["R/ledger.jsonl"]

@@ -147,10 +147,11 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
     data, pub = tiny_inputs
     run = tmp_path / method
     # POPri's scoring ablation (DP nearest-neighbour votes) with the evolving few-shot pool of
-    # issue 24, in one run and in release mode: all three are POPri with other settings (each
-    # run costs ~50 s), and release mode's run directory is enumerated file by file and field
-    # by field (tests/test_release_fields.py)
-    nn = pool = release = method == "popri-nn-pool"
+    # issue 24, in one run: both are POPri with other settings (each run costs ~50 s).  It and
+    # PE run in release mode, whose run directory is enumerated file by file and field by
+    # field (tests/test_release_fields.py); PE+SFT in research mode, evaluated
+    nn = pool = method == "popri-nn-pool"
+    release = method in ("popri-nn-pool", "pe")
     method = "popri" if nn else method
     ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model, method=method)
     ov += ["baselines=false", "pe.variation=paraphrase", "control=false", "probe.enabled=false"]
@@ -187,7 +188,7 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
         led = [json.loads(l) for t in (1, 2) for l in open(run / f"round{t}" / "ledger.jsonl")]
         assert {e["params"].get("mode") for e in led} == {"nn-histogram"} or all(
             e["sensitivity"] == 8 for e in led)
-        assert "| PE (PrE-Text) |" in r.stdout
+        assert r.stdout.startswith("PE on ") and "released: " in r.stdout
     if pool:
         # round 1's chosen samples (one per prompt) are round 2's and the final set's examples
         p1 = [json.loads(x) for x in (run / "round1" / "pool.jsonl").read_text().splitlines()]
