@@ -343,8 +343,13 @@ def test_results_state_the_mode_and_what_checkpoint_selection_reads(tmp_path, re
     cfg = C.load(None, ["score.clients_per_round=null", "rounds=2",
                         f"run_dir={run}", f"release={str(release).lower()}",
                         f"dpo.select_on={select}"])
+    (run / "eval").mkdir()  # an evaluation left by an earlier research run in the directory
+    (run / "eval" / "popri.json").write_text(json.dumps({"accuracy": 0.3, "clients": 13}))
     res = Run(cfg).results({"noise_multiplier": 3.0, "noise_arg": 3.0, "sample_rate": 0.5})
     assert res["mode"] == ("release" if release else "research")
+    assert res["methods"] == ({} if release else {"popri": {
+        "accuracy": 0.3, "accuracy_se": None, "loss": None, "tokens": None, "clients": 13}})
+    assert ("released" in res) == release
     assert res["checkpoint_selection"]["on"] == select
     table = results_table(res)
     for n in notes:

@@ -527,9 +527,12 @@ class Run(Budget):
                "mode": "release" if self.release else "research",
                "mode_note": MODE_NOTES["release" if self.release else "research"]}
         out.update(self.method.results(self, noise))
-        if self.release:  # what the run releases; no evaluation (downstream_stages)
+        if self.release:  # what the run releases; no evaluation (downstream_stages), and
+            # none read back from an earlier research run in the same directory
             model = self.method.model_out(self)
             out["released"] = str(model if model is not None else self.paths.synthetic)
+            out["stage_seconds"] = self.runner.stage_seconds()
+            return out
         if (E / "control.json").exists():
             out["control"] = read_json(E / "control.json")
             draws = [out["control"]] + [read_json(E / f"control-d{k}.json")
