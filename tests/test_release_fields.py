@@ -357,7 +357,6 @@ def test_rr11_popri_run_dp_fl_release_writes_no_exact_statistic(tmp_path, datase
 #: deployment never leave the devices (the run directory holds them because it simulates them)
 CLIENT_SIDE = {"fetch-private", "embed-train", "embed-val"}
 #: what the driver itself writes (not a stage's output)
-RUN_SETTINGS = None  # keys(to_dict(RunConfig())): the config as the user set it, filled lazily
 RESULTS = {"accountant", "budget", "budget.accountant", "budget.delta", "budget.epsilon",
            "checkpoint_selection", "checkpoint_selection.note", "checkpoint_selection.on",
            "checkpoint_selection.epsilon", "checkpoint_selection.delta", "delta", "downstream",
