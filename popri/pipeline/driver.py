@@ -43,7 +43,7 @@ from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError
 from popri.pipeline.config import RunConfig, to_dict
 from popri.pipeline.stages import (
     Z_LATER, DPRelease, RunLock, RunPaths, Stage, StageRunner, _fmt, final_seed, opt, redrawn,
-    round_seed, selection_note, step_argv)
+    released_line, round_seed, selection_note, step_argv)
 from popri.core.spec import to_argv
 
 MODE_NOTES = {
@@ -514,7 +514,7 @@ class Run(Budget):
     def results(self, noise: dict) -> dict:
         """RUN/results.json (schema: docs/formats.md): the budget and what was spent, the
         method's own fields, accuracy per method, gap closed, FID, recovery rates, timings."""
-        c, E = self.cfg, self.paths.eval
+        c = self.cfg
         priv = read_json(self.run / "privacy.json")
         out = {"run_dir": str(self.run), "epsilon": priv.get("epsilon"), "delta": priv.get("delta"),
                "accountant": priv.get("accountant"), "noise_multiplier": noise["noise_multiplier"],
@@ -531,8 +531,15 @@ class Run(Budget):
             # none read back from an earlier research run in the same directory
             model = self.method.model_out(self)
             out["released"] = str(model if model is not None else self.paths.synthetic)
-            out["stage_seconds"] = self.runner.stage_seconds()
-            return out
+        else:
+            self._evaluation_results(out)
+        out["stage_seconds"] = self.runner.stage_seconds()
+        return out
+
+    def _evaluation_results(self, out: dict) -> None:
+        """results.json's evaluation (research mode): the control and its draws, accuracy per
+        model, the gap closed and FID, read from RUN/eval."""
+        c, E = self.cfg, self.paths.eval
         if (E / "control.json").exists():
             out["control"] = read_json(E / "control.json")
             draws = [out["control"]] + [read_json(E / f"control-d{k}.json")
@@ -550,8 +557,6 @@ class Run(Budget):
             out["gap_closed"] = read_json(E / "gap.json")
         if (E / "fid.json").exists():
             out["fid_to_val"] = read_json(E / "fid.json").get("fid")
-        out["stage_seconds"] = self.runner.stage_seconds()
-        return out
 
     def identity(self) -> dict:
         """results.json's ``run``: which popri, which code, which command, which settings, and
@@ -631,9 +636,7 @@ def results_table(r: dict) -> str:
              "| method | epsilon | delta | next-token accuracy | SE (clients) | loss | FID to val |",
              "|---|---|---|---|---|---|---|"]
     if r.get("released") and not r["methods"]:
-        lines[1:] = ["", f"released: {r['released']} (release mode evaluates nothing on the "
-                         f"private splits; the same config without release gives the "
-                         f"benchmark's table)"]
+        lines[1:] = ["", released_line(r["released"])]
     labels = {method: (label, _fmt(eps, 3)),
               "t0": (f"{label}, T = 0 (untuned generator)", _fmt(eps, 3)),
               "eps0": ("eps=0 (public model)", "0"), "epsinf": ("eps=inf (private data)", "inf")}

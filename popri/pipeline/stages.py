@@ -639,6 +639,13 @@ def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
     return Stage(name, args, outputs=[str(out)], inputs=list(st.inputs))
 
 
+def released_line(path: str) -> str:
+    """A release-mode run's results table in place of its evaluation (``results.json``'s
+    ``released``; the driver plans no evaluation in release mode)."""
+    return (f"released: {path} (release mode evaluates nothing on the private splits; the same "
+            f"config without release gives the benchmark's table)")
+
+
 def selection_note(on: str, cfg=None) -> str:
     """The checkpoint-selection line of the results table (what it reads, what it costs)."""
     if on == "private":

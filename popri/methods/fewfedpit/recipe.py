@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from popri.methods.base import Method
-from popri.pipeline.stages import DPRelease, Stage, step_argv
+from popri.pipeline.stages import DPRelease, Stage, released_line, step_argv
 from popri.specs.fewfedpit import FewFedPITSpec
 
 #: FewFedPITSpec fields each stage takes from the config's fewfedpit section
@@ -339,8 +339,7 @@ def table(r: dict) -> str:
                          f"{fmt(a.get('rouge_l_se'))} | {fmt(x.get('rouge_l'))} | "
                          f"{fmt(x.get('rouge_l_se'))} |")
     if r.get("released") and not m:
-        lines[1:] = ["", f"released: {r['released']} (release mode evaluates nothing on the "
-                         f"private splits)"]
+        lines[1:] = ["", released_line(r["released"])]
     g = r.get("gap_closed")
     if g and g.get("gap_closed") is not None:
         lines += ["", f"gap closed on response-token accuracy: {fmt(g['gap_closed'], 3)} +- "
