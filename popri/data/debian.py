@@ -37,7 +37,9 @@ from popri.data.sources import Document, SourceData
 
 LISTS = "/var/lib/apt/lists"
 APT_HELPER = "/usr/lib/apt/apt-helper"
-UPDATE_CMD = "sudo apt-get update -o Acquire::Languages=en"
+#: what to run when the indexes are missing (root needs no sudo; containers often have none)
+UPDATE_CMD = ("" if getattr(os, "geteuid", lambda: 1)() == 0 else "sudo ") + \
+    "apt-get update -o Acquire::Languages=en"
 _EMAIL = re.compile(r"<([^>]+)>")
 
 
