@@ -90,6 +90,9 @@ SETTINGS: dict[str, list[str]] = {
     "ood-eps1-rpo-pool": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
     "ood2-eps1-rpo": OOD2 + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
     "deb-eps1-rpo": DEB + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
+    # far from Omega (software descriptions prompted with 19th-century addresses): the pool lets
+    # later rounds' prompts follow the DP-chosen samples instead of anchoring them to Omega
+    "deb-eps1-rpo-pool": DEB + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
     # the paper's other budget, where the tuning is seen at eps = 1
     "ood-eps7-rpo": OOD + ["privacy.epsilon=7", "dpo.sft_weight=1.0"],
     # knobs where the tuning is seen: IPO's squared loss, a 5x lower learning rate
