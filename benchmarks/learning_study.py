@@ -66,6 +66,9 @@ OOD2 = ["data.public_source=shakespeare", "data.public_date_to=null"]
 #: public sotu before 1900 as in the default
 DEB = ["data.source=debian", "data.date_from=null", "data.max_samples_per_client=16"]
 
+#: eps = 1 with RPO (the chosen sample's NLL, alpha = 1): the setting every DP row builds on
+EPS1_RPO = ["privacy.epsilon=1", "dpo.sft_weight=1.0"]
+
 SETTINGS: dict[str, list[str]] = {
     "oracle": ORACLE,
     "oracle-lr1e-4": ORACLE + ["dpo.lr=1e-4"],
@@ -82,22 +85,22 @@ SETTINGS: dict[str, list[str]] = {
     "ood-oracle": OOD + ORACLE,
     "ood-eps1": OOD + ["privacy.epsilon=1"],
     # the best oracle setting (RPO: the largest move, no significant loss against T = 0) under DP
-    "eps1-rpo": ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
-    "ood-eps1-rpo": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
+    "eps1-rpo": EPS1_RPO,
+    "ood-eps1-rpo": OOD + EPS1_RPO,
     # beyond the paper: round t+1's few-shot examples are round t's DP-chosen samples
     # (popri/methods/popri/pool.py; post-processing of the released scores)
-    "eps1-rpo-pool": ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
-    "ood-eps1-rpo-pool": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
-    "ood2-eps1-rpo": OOD2 + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
-    "deb-eps1-rpo": DEB + ["privacy.epsilon=1", "dpo.sft_weight=1.0"],
+    "eps1-rpo-pool": EPS1_RPO + ["pool=chosen"],
+    "ood-eps1-rpo-pool": OOD + EPS1_RPO + ["pool=chosen"],
+    "ood2-eps1-rpo": OOD2 + EPS1_RPO,
+    "deb-eps1-rpo": DEB + EPS1_RPO,
     # far from Omega (software descriptions prompted with 19th-century addresses): the pool lets
     # later rounds' prompts follow the DP-chosen samples instead of anchoring them to Omega
-    "deb-eps1-rpo-pool": DEB + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "pool=chosen"],
+    "deb-eps1-rpo-pool": DEB + EPS1_RPO + ["pool=chosen"],
     # the paper's other budget, where the tuning is seen at eps = 1
     "ood-eps7-rpo": OOD + ["privacy.epsilon=7", "dpo.sft_weight=1.0"],
     # knobs where the tuning is seen: IPO's squared loss, a 5x lower learning rate
-    "ood-eps1-ipo-rpo": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "dpo.loss=ipo"],
-    "ood-eps1-rpo-lr1e-4": OOD + ["privacy.epsilon=1", "dpo.sft_weight=1.0", "dpo.lr=1e-4"],
+    "ood-eps1-ipo-rpo": OOD + EPS1_RPO + ["dpo.loss=ipo"],
+    "ood-eps1-rpo-lr1e-4": OOD + EPS1_RPO + ["dpo.lr=1e-4"],
 }
 
 

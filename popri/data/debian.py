@@ -38,7 +38,7 @@ from popri.data.sources import Document, SourceData
 LISTS = "/var/lib/apt/lists"
 APT_HELPER = "/usr/lib/apt/apt-helper"
 #: what to run when the indexes are missing (root needs no sudo; containers often have none)
-UPDATE_CMD = ("" if getattr(os, "geteuid", lambda: 1)() == 0 else "sudo ") + \
+UPDATE_CMD = ("sudo " if hasattr(os, "geteuid") and os.geteuid() != 0 else "") + \
     "apt-get update -o Acquire::Languages=en"
 _EMAIL = re.compile(r"<([^>]+)>")
 
