@@ -17,7 +17,8 @@ table (stdout, and benchmarks/results/learning_study.md / .json) has, per settin
 - **DPO**: reward margin and preference accuracy on held-out pairs in the last round;
 - **downstream**: the method's accuracy, its T = 0 row's (the untuned generator's synthetic set:
   same prompts, N, seed and recipe), and the method minus T = 0, paired over the test clients,
-  with its SE; "beats T = 0" when that difference is above 2 SEs;
+  with its SE; "beats T = 0" when that difference is above 2 SEs (paired over dozens of test
+  clients); over draws, when the mean is above t(0.95, n - 1) SEs between the n draws (2.92 for 3);
 - minutes the run took on this machine (with `examples/learning.yaml`'s `draws: 3`, runs from
   this stop on include two more draws of both final sets; older runs have one).
 
@@ -147,6 +148,8 @@ def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
 
     ``gen``: flags replacing the final set's (and the control's) ``popri gen`` flags of the same
     name, e.g. ``["--top-p", "0.9"]``; such draws go to RUN/study_draws/<flags>-dK."""
+    from popri.pipeline.stages import draw_seed
+
     res = json.loads((run / "results.json").read_text())
     method = res["method"]
     dk = run / STUDY_DRAWS / (f"{_tag(gen)}-d{k}" if gen else f"d{k}")
@@ -157,9 +160,9 @@ def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
             argv = [a.replace(f"{run}/synthetic", f"{dk}/synthetic")
                     .replace(f"{run}/downstream/", f"{dk}/downstream/")
                     .replace(f"{run}/eval/", f"{dk}/eval/") for a in argv]
-            if argv[1] in ("gen", "train-downstream"):  # seeds + k, as `popri run`'s draws
+            if argv[1] in ("gen", "train-downstream"):  # draw k's seeds, as `popri run`'s
                 i = len(argv) - argv[::-1].index("--seed")
-                argv[i] = str(int(argv[i]) + k)
+                argv[i] = str(draw_seed(int(argv[i]), k))
             if gen and argv[1] == "gen":
                 for flag, value in zip(gen[::2], gen[1::2]):
                     if flag in argv:
@@ -217,12 +220,27 @@ def _control(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def t_crit(n: int, alpha: float = 0.05) -> float:
+    """One-sided critical value of Student's t with n - 1 degrees of freedom: a mean of n draws
+    beats 0 at level alpha when mean > t_crit(n) * SE between draws (t_{0.95, 2} = 2.92 for 3
+    draws; the old rule, 2 SEs, was a normal critical value that 3 draws do not support)."""
+    from scipy.stats import t
+
+    return float(t.ppf(1.0 - alpha, n - 1))
+
+
+def beats(mean: float, se: float, n: int, alpha: float = 0.05) -> bool:
+    """mean > t_{1-alpha, n-1} SE, with n >= 2 draws and a positive SE."""
+    return n >= 2 and se > 0 and mean > t_crit(n, alpha) * se
+
+
 def draws_table(rows: list[dict]) -> str:
     """Per run and final-set variant: `popri run`'s own summary of its draws (draws_summary)."""
     from popri.pipeline.driver import draws_summary
 
     out = ["| setting | seed | draws | minus T=0 per draw | mean | SE within (clients) | "
-           "SE between draws | beats T=0 (2 SEs between >= 3 draws) |", "|" + "---|" * 8]
+           "SE between draws | beats T=0 (mean > t(0.95, n-1) SE between draws) |",
+           "|" + "---|" * 8]
     for r in rows:
         if len(r["draws"]) < 2:
             continue
@@ -230,7 +248,8 @@ def draws_table(rows: list[dict]) -> str:
         d, m, se_b = s["acc_minus_control"], s["mean"], s["se_between"]
         out.append(f"| {r['setting']} | {r['seed']} | {s['n']} | "
                    f"{', '.join(f'{x:+.4f}' for x in d)} | {m:+.4f} | {s['se_within']:.4f} | "
-                   f"{se_b:.4f} | {'yes' if s['n'] >= 3 and m > 2 * se_b else 'no'} |")
+                   f"{se_b:.4f} | {'yes' if beats(m, se_b, s['n']) else 'no'} "
+                   f"(t = {t_crit(s['n']):.2f}) |")
     return "\n".join(out)
 
 
@@ -287,8 +306,10 @@ def table(rows: list[dict]) -> str:
             "minus T=0 +- SE | beats T=0 | minutes |")
     out = [head, "|" + "---|" * 14]
     for r in rows:
-        beats = (r["diff"] is not None and r["diff_se"] is not None and r["diff_se"] > 0
-                 and r["diff"] > 2 * r["diff_se"])
+        # paired over the run's test clients (dozens to hundreds): t with clients - 1 degrees
+        # of freedom is ~ the normal's 1.645 one-sided; 2 SEs is stricter
+        win = (r["diff"] is not None and r["diff_se"] is not None and r["diff_se"] > 0
+               and r["diff"] > 2 * r["diff_se"])
         out.append(
             f"| {r['setting']} | {r['seed']} | {_eps(r['epsilon'])} | {r['rounds']} | "
             f"{_f(r['cos0'])} -> {_f(r['cosT'])} ({_f(r['dcos'])} +- {_f(r['dcos_se'])}) | "
@@ -296,7 +317,7 @@ def table(rows: list[dict]) -> str:
             f"{_f(r['d2_T'], 3)} | {_f(r['ppl0'], 1)} -> {_f(r['pplT'], 1)} | "
             f"{_f(r['hold_margin'])} / {_f(r['hold_acc'], 2)} | {_f(r['acc'])} | "
             f"{_f(r['acc_t0'])} | {_f(r['diff'])} +- {_f(r['diff_se'])} | "
-            f"{'yes' if beats else 'no'} | {r['minutes']:.1f} |")
+            f"{'yes' if win else 'no'} | {r['minutes']:.1f} |")
     # per setting, over seeds: the mean change and the spread
     groups: dict[str, list[dict]] = {}
     for r in rows:

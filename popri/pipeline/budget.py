@@ -58,9 +58,10 @@ class Budget:
 
     def select_entries(self) -> list:
         """The prospective ledger entries of the DP checkpoint selection (dpo.select_on: dp):
-        'popri fred stats' at user level, add/remove one client, analytic Gaussian: two q = 1
-        Gaussian releases (mean, covariance) at the noise multiplier of (select_epsilon,
-        select_delta) -- in release mode its lower bound after snapping."""
+        'popri fred stats' at user level, add/remove one client, analytic Gaussian: a q = 1
+        Gaussian release of each statistic the selection reads (the mean for mean-cosine; mean
+        and covariance for fid) at the noise multiplier of (select_epsilon, select_delta) -- in
+        release mode its lower bound after snapping."""
         if self.select != "dp":
             return []
         from popri.methods.fred import stats as F
@@ -76,7 +77,8 @@ class Budget:
                          neighbouring=design.neighbouring,
                          mode="release" if self.release else "research", params={"release": what})
                 for what, sens in (("mean", design.mean_sensitivity),
-                                   ("covariance", design.cov_sensitivity))]
+                                   ("covariance", design.cov_sensitivity))
+                if what == "mean" or dp.select_by == "fid"]
 
     def score_entry(self, t: int) -> list:
         """The prospective ledger entry of round t's DP scores (z, q, sensitivity; steps 1)."""

@@ -80,8 +80,11 @@ class ScoreConfig(EngineSpec):
     mode: str = same(ScoreSpec, "mode")
     clip: float = same(ScoreSpec, "clip", COSINE_CLIP)
     standardize: bool = same(ScoreSpec, "standardize", COSINE_STANDARDIZE)
-    clients_per_round: int | None = same(ScoreSpec, "clients_per_round", 50)  # q = 50/100 (sotu)
-    sample_rate: float | None = same(ScoreSpec, "sample_rate")
+    # Poisson sampling at q = 0.5 (about 50 of sotu's 100 clients): the scheme whose
+    # add/remove-one-client accounting is proven; a fixed L of N (clients_per_round, with
+    # sample_rate: null) is accounted under replace-one-client (docs/privacy.md)
+    clients_per_round: int | None = same(ScoreSpec, "clients_per_round")
+    sample_rate: float | None = same(ScoreSpec, "sample_rate", 0.5)
     max_samples_per_client: int = same(ScoreSpec, "max_samples_per_client",
                                        HISTOGRAM_MAX_SAMPLES)   # nn-histogram only (PrE-Text)
     threshold: float = same(ScoreSpec, "threshold", HISTOGRAM_THRESHOLD)  # nn-histogram only
@@ -95,12 +98,14 @@ class ScoreConfig(EngineSpec):
 @dataclass(frozen=True)
 class DPOConfig(Spec):
     """POPri's tuning step: preference pairs (PrefsSpec), DPO (DPOSpec) and checkpoint
-    selection.  Checkpoint selection by FID (POPri B.1 picks the epoch with the lowest FID to
-    the private validation split, read WITHOUT noise: not covered by epsilon).  private: that
-    (default, the paper's); public: the public Omega embeddings (no privacy cost); none: the
-    last epoch; dp: the validation split's embedding mean + covariance released once by `popri
-    fred stats` (user level, add/remove one client, analytic Gaussian at select_epsilon /
-    select_delta per release), ledgered in the run: it is PART of privacy.epsilon."""
+    selection.  POPri B.1 picks the epoch with the lowest FID to the private validation split,
+    read WITHOUT noise (not covered by epsilon): ``select_on: private``, a research setting
+    labelled as such in results and reports, refused in release mode.  dp (default): the
+    validation split's embedding statistics released once by `popri fred stats` (user level,
+    add/remove one client, analytic Gaussian at select_epsilon / select_delta per release) --
+    only what select_by reads: the mean for mean-cosine, mean and covariance for fid --,
+    ledgered in the run: it is PART of privacy.epsilon.  public: the public Omega embeddings
+    (no privacy cost); none: the last epoch."""
     loss: str = same(DPOSpec, "loss")
     beta: float = same(DPOSpec, "beta")
     sft_weight: float | None = same(DPOSpec, "sft_weight")
@@ -114,10 +119,14 @@ class DPOConfig(Spec):
     select_samples: int = same(SelectSpec, "select_samples", 16)
     select_by: str = same(SelectSpec, "select_by")
     holdout: float = same(DPOSpec, "holdout", 0.25)   # held-out pairs: metrics.jsonl
-    select_on: str = param("private", "What checkpoint selection reads.",
-                           choices=("private", "public", "dp", "none"))
-    select_epsilon: float = param(0.1, "dp: epsilon of each of the two FreD releases.", lo=0,
-                                  lo_open=True)
+    select_on: str = param("dp", "What checkpoint selection reads: dp (ledgered DP statistics "
+                           "of the private validation split), public (Omega), none (the last "
+                           "epoch), private (the exact validation split, POPri B.1: NOT covered "
+                           "by epsilon; research only).",
+                           choices=("dp", "public", "none", "private"))
+    select_epsilon: float = param(0.1, "dp: epsilon of each FreD release (one, the mean, for "
+                                  "select_by mean-cosine; two, mean and covariance, for fid).",
+                                  lo=0, lo_open=True)
     select_delta: float | None = param(None, "dp: delta of each release (None: privacy.delta).",
                                        lo=0, hi=1, lo_open=True, hi_open=True)
 
@@ -447,9 +456,13 @@ def check(cfg: RunConfig) -> None:
     if cfg.baselines and cfg.downstream.bootstrap < 2:
         raise ConfigError("must be >= 2 with baselines (the gap's paired bootstrap)",
                           field="downstream.bootstrap")
-    if not dp.select_checkpoint and dp.select_on not in ("private", "none"):
+    if not dp.select_checkpoint and dp.select_on not in ("dp", "none"):
         raise ConfigError(f"dpo.select_checkpoint: false turns selection off, but dpo.select_on "
                           f"is {dp.select_on!r}: set one of them", field="dpo.select_on")
+    if select_on(cfg) == "dp" and dp.select_by == "mmd":
+        raise ConfigError("mmd needs validation samples; dpo.select_on: dp releases a mean (and "
+                          "a covariance for fid): select_by mean-cosine or fid",
+                          field="dpo.select_by")
     if cfg.release:  # release mode writes no exact statistic of the clients' data
         if cfg.probe.enabled:
             raise ConfigError("the probe reads the private validation split without noise (a "

@@ -42,7 +42,8 @@ from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError re-exported)
 from popri.pipeline.config import RunConfig, to_dict
 from popri.pipeline.stages import (
-    Z_LATER, DPRelease, RunLock, RunPaths, Stage, StageRunner, _fmt, final_seed, opt, redrawn,
+    Z_LATER, DPRelease, RunLock, RunPaths, Stage, StageRunner, _fmt, draw_seed, final_seed, opt,
+    redrawn,
     released_line, round_seed, selection_note, step_argv)
 from popri.core.spec import to_argv
 
@@ -479,8 +480,8 @@ class Run(Budget):
     def draw_stages(self, name: str, synthetic: Stage, train, evaluate,
                     diff) -> Iterable[Stage]:
         """Draws 1 .. draws-1 of the final set and of its T = 0 control (``draws``, issue 24):
-        both generation stages with seed + k (RUN/draws/dK/), each set trained downstream with
-        seed + k and evaluated, and their paired difference (RUN/eval/control-dK.json); the
+        both generation stages with seed :func:`draw_seed` (stage seed, k) (RUN/draws/dK/),
+        each set trained downstream with ``draw_seed(seed, k)`` and evaluated, and their paired difference (RUN/eval/control-dK.json); the
         builders are :meth:`downstream_evaluation`'s."""
         c, E = self.cfg, self.paths.eval
         control = self.method.control(self)
@@ -491,7 +492,8 @@ class Run(Budget):
                 tag = f"{who}-d{k}"
                 syn = redrawn(st, k, D / Path(st.outputs[0]).name, f"{st.name}-d{k}")
                 yield syn
-                tr, ck = train(tag, [syn.outputs[0]], [syn.outputs[0]], seed=c.seed + k)
+                tr, ck = train(tag, [syn.outputs[0]], [syn.outputs[0]],
+                               seed=draw_seed(c.seed, k))
                 yield tr
                 ev, per[who] = evaluate(tag, ["--model", ck], [ck])
                 yield ev

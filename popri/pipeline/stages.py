@@ -620,9 +620,23 @@ def final_seed(seed: int) -> int:
     return seed * 1000 + 999
 
 
+def draw_seed(seed: int, k: int) -> int:
+    """The seed of draw ``k`` (1, 2, ...) of a stage whose own seed is ``seed`` (draw 0): a
+    stream of its own, sha256 of ("popri-draw", seed, k) cut to 31 bits, so that no draw shares
+    a seed with a round, the final set or a draw of another run seed (``seed + k`` did:
+    draw k of run seed s was round k - 1 of run seed s + 1)."""
+    import hashlib
+
+    if k == 0:
+        return int(seed)
+    h = hashlib.sha256(f"popri-draw:{int(seed)}:{int(k)}".encode()).digest()
+    return int.from_bytes(h[:4], "big") >> 1
+
+
 def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
-    """Draw ``k`` of the set a ``popri gen`` stage writes: the same command with its seed + k,
-    written to ``out`` (and its stats beside it).  ``popri run``'s ``draws`` (issue 24)."""
+    """Draw ``k`` of the set a ``popri gen`` stage writes: the same command with its seed
+    replaced by :func:`draw_seed` (seed, k), written to ``out`` (and its stats beside it).
+    ``popri run``'s ``draws`` (issue 24)."""
     args = list(st.args)
     if not args or args[0] != "gen":
         raise ValueError(f"stage {st.name} is not a 'popri gen' stage")
@@ -632,7 +646,7 @@ def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
         args[i + 1] = value
 
     seed = int(args[len(args) - 1 - args[::-1].index("--seed") + 1])
-    put("--seed", str(seed + k))
+    put("--seed", str(draw_seed(seed, k)))
     put("--out", str(out))
     if "--stats-out" in args:
         put("--stats-out", str(out.with_name(out.stem + "_stats.json")))
@@ -649,13 +663,15 @@ def released_line(path: str) -> str:
 def selection_note(on: str, cfg=None) -> str:
     """The checkpoint-selection line of the results table (what it reads, what it costs)."""
     if on == "private":
-        return ("checkpoint selection: private validation split, not covered by epsilon "
-                "(as POPri B.1)")
+        return ("checkpoint selection: the EXACT private validation split, NOT covered by "
+                "epsilon (as POPri B.1; a research read outside the ledger)")
     if on == "public":
         return "checkpoint selection: public Omega embeddings (no privacy cost)"
     if on == "dp":
         e = f"{cfg.dpo.select_epsilon:g}, {cfg.selection_delta:g}" if cfg else "eps_s, delta_s"
-        return ("checkpoint selection: DP mean + covariance of the private validation split "
+        what = ("mean + covariance" if cfg is not None and cfg.dpo.select_by == "fid"
+                else "mean" if cfg is not None else "statistics")
+        return (f"checkpoint selection: DP {what} of the private validation split "
                 f"('popri fred stats', ({e})-DP per release), included in the total epsilon")
     return "checkpoint selection: none (the last epoch's adapter)"
 

@@ -42,6 +42,8 @@ LEVELS = ("sample", "user")
 CALIBRATIONS = ("classic", "analytic")
 #: samples kept per client at FreD --level user (PrE-Text's cap, popri's user-level M)
 DEFAULT_USER_CAP = 8
+#: what `popri fred stats` releases: both (mean + covariance, FreD Algorithm 1) or the mean alone
+STATISTICS = ("both", "mean")
 #: what popri audit release replays, how it can be broken, on what data
 AUDIT_MECHANISMS = ("cosine", "nn-histogram", "fred", "ddg", "tree", "subsampled")
 AUDIT_BREAKS = ("no-clip", "half-noise", "two-leaves", "public-sample")
@@ -196,6 +198,11 @@ class FredStatsSpec(ReleaseModeSpec, GaussianCalibrationSpec, FredDesignSpec):
     delta: float | None = param(
         None, "Delta of each release (Figure 2: 2e-6); the pair costs 2 delta.",
         cite="FreD Figure 2", lo=0, lo_open=True, hi=1, hi_open=True)
+    statistics: str | None = param(
+        None, "What is released: both (the mean and the covariance, FreD Algorithm 1; default) "
+              "or mean (release 1 alone: one release at --epsilon, what a mean-cosine "
+              "checkpoint selection reads; no covariance, so no Frechet distance).",
+        choices=STATISTICS)
     denoise: bool | None = param(
         None, "Covariance: eigenvalues below the noise edge 2 tau2 sqrt(d) set to 0, those above "
               "debiased (spiked Wigner model), instead of the paper's nearest-PSD projection "
@@ -206,9 +213,9 @@ class FredStatsSpec(ReleaseModeSpec, GaussianCalibrationSpec, FredDesignSpec):
 
     #: the settings of the private release (an error with --non-private), and their defaults
     PRIVATE = ("epsilon", "delta", "clip", "relation", "level", "max_samples_per_client",
-               "calibration", "denoise")
+               "calibration", "denoise", "statistics")
     DEFAULTS = {"relation": RELATIONS[0], "level": LEVELS[0], "clip": 1.0,
-                "calibration": CALIBRATIONS[0], "denoise": False}
+                "calibration": CALIBRATIONS[0], "denoise": False, "statistics": STATISTICS[0]}
 
     def __post_init__(self) -> None:
         given = frozenset(k for k in self.PRIVATE if getattr(self, k) is not None)
@@ -239,6 +246,9 @@ class FredStatsSpec(ReleaseModeSpec, GaussianCalibrationSpec, FredDesignSpec):
         if self.level == "sample" and "max_samples_per_client" in self._given:
             raise ConfigError("applies to --level user only (at sample level every sample is "
                               "its own record)", field="max_samples_per_client")
+        if self.statistics == "mean" and "denoise" in self._given:
+            raise ConfigError("--statistics mean releases no covariance to denoise",
+                              field="denoise")
 
 
 # --------------------------------------------------------------------------- audit

@@ -210,7 +210,7 @@ def denoise_spectrum(a: np.ndarray, tau: float) -> np.ndarray:
 @dataclass
 class FredStats:
     mean: np.ndarray          # float64 [d]
-    cov: np.ndarray           # float64 [d, d], PSD
+    cov: np.ndarray | None    # float64 [d, d], PSD; None when only the mean was released
     n: float                  # what the sums were divided by (exact only when public)
     private: bool
     params: dict = field(default_factory=dict)
@@ -228,8 +228,9 @@ def group_clients(codes: np.ndarray, keep: np.ndarray | None = None) -> list[np.
 
 
 def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, *,
-                  denoise: bool = False) -> FredStats:
-    """Algorithm 1's two releases over ``clients`` (each a [n_k, d] array of kept rows).
+                  denoise: bool = False, covariance: bool = True) -> FredStats:
+    """Algorithm 1's two releases over ``clients`` (each a [n_k, d] array of kept rows); with
+    ``covariance=False`` release 1 alone (the mean: what a mean-cosine selection reads).
 
     The covariance is the nearest PSD matrix to S2 / n (the paper), or with ``denoise``
     :func:`denoise_spectrum` of it (noise-edge thresholding; same release, no privacy cost)."""
@@ -261,6 +262,17 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
         n_hat = float(sum1[d] / g)
         n, clamped = max(n_hat, 1.0), n_hat < 1.0
     pmean = sum1[:d] / n
+    params = {
+        "noise_multiplier": z, "mean_sensitivity": design.mean_sensitivity,
+        "noise_std_sum1": s1, "tau1": s1 / n, "count_public": design.count_public,
+        "count_weight": g, "count_noise_std": None if design.count_public else s1 / g,
+        "count_clamped": clamped, "noise": "discrete-gaussian" if secure else "gaussian",
+        "statistics": "both" if covariance else "mean",
+    }
+    if not covariance:
+        z_eff.pop("covariance")
+        return FredStats(pmean, None, n, True, {**params, "effective_noise_multiplier": z_eff},
+                         sum1, None)
 
     t2 = server_sum(cov_contribution(x, c, pmean) for x in clients)
     if secure:
@@ -273,21 +285,16 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
     else:
         sum2 = t2 + symmetric_noise(d, s2, rng)
     cov = denoise_spectrum(sum2 / n, s2 / n) if denoise else project_psd(sum2 / n)
-    params = {
-        "noise_multiplier": z, "mean_sensitivity": design.mean_sensitivity,
-        "cov_sensitivity": design.cov_sensitivity, "noise_std_sum1": s1, "noise_std_sum2": s2,
-        "tau1": s1 / n, "tau2": s2 / n, "count_public": design.count_public,
-        "count_weight": g, "count_noise_std": None if design.count_public else s1 / g,
-        "count_clamped": clamped, "covariance": "denoised" if denoise else "nearest-psd",
-        "noise_edge": 2.0 * s2 / n * math.sqrt(d),
-        "noise": "discrete-gaussian" if secure else "gaussian",
-        "effective_noise_multiplier": z_eff,
-    }
+    params.update({
+        "cov_sensitivity": design.cov_sensitivity, "noise_std_sum2": s2, "tau2": s2 / n,
+        "covariance": "denoised" if denoise else "nearest-psd",
+        "noise_edge": 2.0 * s2 / n * math.sqrt(d), "effective_noise_multiplier": z_eff,
+    })
     return FredStats(pmean, cov, n, True, params, sum1, sum2)
 
 
 def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, seed: int | None,
-            secure: bool = False, denoise: bool = False) -> FredStats:
+            secure: bool = False, denoise: bool = False, covariance: bool = True) -> FredStats:
     """What `popri fred stats` runs: rows grouped by client key, at most m rows per client at
     user level (a seeded choice, stream "fred-cap"), then :func:`private_stats` (stream
     "fred-noise"); ``secure`` draws both from os.urandom instead."""
@@ -299,7 +306,7 @@ def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, s
     keep = participation.cap_per_client(codes, design.m, rng) if design.level == "user" else None
     clients = [np.asarray(emb[g], dtype=np.float64) for g in group_clients(codes, keep)]
     return private_stats(clients, design, z, make_rng(seed, secure=secure, stream="fred-noise"),
-                         denoise=denoise)
+                         denoise=denoise, covariance=covariance)
 
 
 def exact_stats(emb: np.ndarray) -> FredStats:
@@ -328,15 +335,19 @@ def write_npz(path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def save_stats(path: str, stats: FredStats, sidecar: dict, out) -> None:
-    """Stage STATS.npz (mean, cov, n) and STATS.json in an io.AtomicOutputs ``out``."""
-    write_npz(out.path(path, suffix=".npz"), {"mean": stats.mean, "cov": stats.cov,
-                                              "n": np.asarray(stats.n, dtype=np.float64)})
+    """Stage STATS.npz (mean, cov, n; no cov when only the mean was released) and STATS.json
+    in an io.AtomicOutputs ``out``."""
+    arrays = {"mean": stats.mean, "n": np.asarray(stats.n, dtype=np.float64)}
+    if stats.cov is not None:
+        arrays["cov"] = stats.cov
+    write_npz(out.path(path, suffix=".npz"), arrays)
     with open(out.path(json_sidecar(path)), "w", encoding="utf-8") as fh:
         fh.write(json.dumps(sidecar, ensure_ascii=False, indent=2, allow_nan=False) + "\n")
 
 
-def load_stats(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(mean, cov, sidecar) of a `popri fred stats` output; located errors for bad files."""
+def load_stats(path: str) -> tuple[np.ndarray, np.ndarray | None, dict]:
+    """(mean, cov, sidecar) of a `popri fred stats` output; located errors for bad files.  cov
+    is None for a mean-only release (sidecar ``"statistics": "mean"``)."""
     from pathlib import Path
 
     from popri.core.errors import InputError
@@ -365,16 +376,17 @@ def load_stats(path: str) -> tuple[np.ndarray, np.ndarray, dict]:
             arrays = {k: np.asarray(z[k], dtype=np.float64) for k in z.files}
     except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise InputError(f"not an .npz archive: {e}", path=path) from None
-    for k in ("mean", "cov"):
+    mean_only = side.get("statistics") == "mean"
+    for k in ("mean",) if mean_only else ("mean", "cov"):
         if k not in arrays:
             raise InputError("missing array", path=path, field=k)
-    mean, cov = arrays["mean"], arrays["cov"]
+    mean, cov = arrays["mean"], None if mean_only else arrays["cov"]
     d = mean.shape[0] if mean.ndim == 1 else -1
-    if d < 1 or cov.shape != (d, d):
-        raise InputError(f"shapes do not fit: mean {mean.shape}, cov {cov.shape}", path=path,
-                         field="cov")
+    if d < 1 or (cov is not None and cov.shape != (d, d)):
+        raise InputError(f"shapes do not fit: mean {mean.shape}, cov "
+                         f"{None if cov is None else cov.shape}", path=path, field="cov")
     for k, a in (("mean", mean), ("cov", cov)):
-        if not np.isfinite(a).all():
+        if a is not None and not np.isfinite(a).all():
             raise InputError("contains NaN or infinity", path=path, field=k)
     if side.get("dim") not in (None, d):
         raise InputError(f"sidecar says dim {side.get('dim')} but the arrays have {d}",

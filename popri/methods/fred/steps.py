@@ -75,8 +75,8 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
                   split: str = "train", model: str | None = None,
                   **settings: Any) -> dict[str, Any]:
     """``popri fred stats``: release the mean and covariance of ``private``'s embeddings (FreD
-    Algorithm 1) to ``out`` (STATS.npz + STATS.json), recording both releases in the
-    ledger.jsonl next to it before the files appear; or, with ``spec.non_private``, the exact
+    Algorithm 1; the mean alone with ``spec.statistics == "mean"``) to ``out`` (STATS.npz +
+    STATS.json), recording each release in the ledger.jsonl next to it before the files appear; or, with ``spec.non_private``, the exact
     statistics (no ledger entry).
 
     ``spec``: the settings (:class:`~popri.specs.privacy.FredStatsSpec`); its fields may also be
@@ -127,7 +127,9 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
                  "ledger entry. Keep them out of anything released.")
     else:
         eps, delta, cal = spec.epsilon, spec.delta, spec.calibration
-        st = F.release(emb, keys, design, z, seed=seed, secure=secure, denoise=bool(spec.denoise))
+        both = spec.statistics != "mean"
+        st = F.release(emb, keys, design, z, seed=seed, secure=secure, denoise=bool(spec.denoise),
+                       covariance=both)
         params = {"epsilon": eps, "delta": delta, "clip": design.clip,
                   "relation": design.relation, "level": design.level,
                   "max_samples_per_client": design.m if design.level == "user" else None,
@@ -136,10 +138,12 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
         rid_parts = (array_digest(emb, keys=keys),
                      {k: v for k, v in params.items() if k not in st.params}, meta)
         claim = (f"({eps:g}, {delta:g})-DP each; mean and covariance together "
-                 f"({2 * eps:g}, {2 * delta:g})-DP by basic composition (Proposition 3.1)")
-        for what, sens, std in (("mean", design.mean_sensitivity, st.params["noise_std_sum1"]),
-                                ("covariance", design.cov_sensitivity,
-                                 st.params["noise_std_sum2"])):
+                 f"({2 * eps:g}, {2 * delta:g})-DP by basic composition (Proposition 3.1)"
+                 if both else f"({eps:g}, {delta:g})-DP: the mean alone (no covariance)")
+        released = [("mean", design.mean_sensitivity, st.params["noise_std_sum1"])]
+        if both:
+            released.append(("covariance", design.cov_sensitivity, st.params["noise_std_sum2"]))
+        for what, sens, std in released:
             entries.append(gaussian(
                 "fred", noise_multiplier=st.params["effective_noise_multiplier"][what],
                 sample_rate=1.0, delta=delta, sensitivity=sens, sampling="none",
@@ -150,7 +154,8 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
                         "nominal_noise_multiplier": z}))
     sidecar = {"kind": "fred-stats", "private": not non_private, "dim": int(emb.shape[1]),
                "privacy_mode": None if non_private else rel.mode,
-               "n": st.n, "n_public": bool(non_private or design.count_public), **meta,
+               "n": st.n, "n_public": bool(non_private or design.count_public),
+               "statistics": "both" if non_private else spec.statistics, **meta,
                "neighbouring": None if non_private else design.neighbouring,
                "params": params, "ledger": [e.to_dict() for e in entries]}
     with rel:  # the entries are recorded (locked) before the statistics appear
@@ -161,11 +166,17 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
     else:
         from popri.privacy.accounting import compose
 
+        tau2 = st.params.get("tau2")
         log.info(f"fred stats: {design.neighbouring}, z={z:.4g} ({cal}), "
-                 f"tau1={st.params['tau1']:.3g}, tau2={st.params['tau2']:.3g} -> {out}")
-        tight = compose(entries, delta, "pld").epsilon
-        log.info(f"fred stats: each release ({eps:g}, {delta:g})-DP, together "
-                 f"({2 * eps:g}, {2 * delta:g})-DP; PLD composition: ({tight:.4g}, {delta:g})")
+                 f"tau1={st.params['tau1']:.3g}"
+                 + (f", tau2={tau2:.3g}" if tau2 is not None else ", mean only") + f" -> {out}")
+        if both:
+            tight = compose(entries, delta, "pld").epsilon
+            log.info(f"fred stats: each release ({eps:g}, {delta:g})-DP, together "
+                     f"({2 * eps:g}, {2 * delta:g})-DP; PLD composition: ({tight:.4g}, "
+                     f"{delta:g})")
+        else:
+            log.info(f"fred stats: one release (the mean), ({eps:g}, {delta:g})-DP")
     return {"stats": st, "entries": entries, "sidecar": sidecar, "noise_multiplier": z}
 
 
@@ -181,6 +192,10 @@ def rank_candidates(candidates: Sequence[str], stats_path: str, *, model: str | 
     if sum(c == "-" for c in candidates) > 1:
         raise InputError("only one candidate can be '-' (stdin)")
     mean, cov, side = load_stats(stats_path)
+    if cov is None:
+        raise InputError("holds the mean only ('popri fred stats --statistics mean'): the "
+                         "Frechet distance needs the covariance too", path=stats_path,
+                         field="statistics")
     if not side.get("private"):
         log.warn(f"{stats_path} holds the exact (--non-private) statistics: no privacy")
     smodel = side.get("embedding_model")

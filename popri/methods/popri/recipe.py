@@ -28,8 +28,8 @@ SHOTS = GenSpec.__dataclass_fields__["shots"].default
 
 
 def select_stats_stage(run) -> Stage:
-    """dpo.select_on: dp -- the validation split's embedding mean and covariance, released
-    once under DP ('popri fred stats', user level, add/remove one client: the relation of the
+    """dpo.select_on: dp -- the validation split's embedding mean (and covariance, for select_by
+    fid), released once under DP ('popri fred stats', user level, add/remove one client: the relation of the
     score releases, so one accountant totals them)."""
     c, dp = run.cfg, run.cfg.dpo
     out = run.paths.select_stats
@@ -37,6 +37,7 @@ def select_stats_stage(run) -> Stage:
         "fred", "stats", "--private", str(run.paths.emb_val), "--out", str(out),
         "--epsilon", repr(dp.select_epsilon), "--delta", repr(c.selection_delta),
         "--level", "user", "--relation", "add-remove", "--calibration", "analytic",
+        "--statistics", "both" if dp.select_by == "fid" else "mean",
         "--seed", str(c.seed), *(["--release"] if run.release else [])],
         outputs=[str(out)], inputs=[str(run.paths.emb_val)],
         release=DPRelease(run.select_entries(), out.parent / "ledger.jsonl",

@@ -63,7 +63,11 @@ def select_checkpoint(checkpoints: list[str], *, base_model: str,
             raise InputError("mmd needs validation samples; DP statistics hold a mean and a "
                              "covariance only: select by mean-cosine or fid",
                              field="--select-by")
-        mu_v, c_v = (np.asarray(a, dtype=np.float64) for a in val_stats)
+        if select_by == "fid" and val_stats[1] is None:
+            raise InputError("fid needs a covariance; the statistics hold the mean only: "
+                             "select by mean-cosine", field="--select-by")
+        mu_v = np.asarray(val_stats[0], dtype=np.float64)
+        c_v = None if val_stats[1] is None else np.asarray(val_stats[1], dtype=np.float64)
         val = None
     else:
         val = np.asarray(val_embeddings, dtype=np.float64)
@@ -142,7 +146,8 @@ def selection_target(select_on: str, embed_model: str | None) -> tuple[dict, str
                              f"selection samples would be embedded with "
                              f"{embed_model or default_model()!r}: pass --embed-model {smodel}",
                              path=select_on, field="embedding_model")
-        criterion = ("lowest Frechet distance to the DP mean and covariance of the validation "
+        what = "mean and covariance" if cov is not None else "mean"
+        criterion = (f"lowest Frechet distance to the DP {what} of the validation "
                      "split ('popri fred stats')" if side.get("private") else
                      "lowest Frechet distance to the EXACT (non-private) statistics in "
                      f"{select_on}")
@@ -219,6 +224,10 @@ def prepare_selection(select_on: str, select_prompts: str, spec=None, *, model: 
         raise InputError("--select-by mmd needs validation samples; DP statistics hold a mean "
                          "and a covariance only: use mean-cosine or fid", path=select_on,
                          field="--select-by")
+    if spec.select_by == "fid" and "val_stats" in target and target["val_stats"][1] is None:
+        raise InputError("--select-by fid needs a covariance; these statistics hold the mean "
+                         "only ('popri fred stats --statistics mean'): use mean-cosine",
+                         path=select_on, field="--select-by")
     if spec.select_by != "fid":
         criterion = criterion.replace("lowest FID", f"{spec.select_by}").replace(
             "lowest Frechet distance", spec.select_by)
