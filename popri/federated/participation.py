@@ -45,13 +45,15 @@ class Participation:
 
     members: np.ndarray  # sorted indices into the client list
     total: int  # N: all clients
-    sampling: str  # "none" | "poisson" | "fixed"
-    sample_rate: float  # q: Poisson rate, L/N for a fixed count, 1 for everyone
+    #: "none" | "poisson" | "fixed" | "bins" (DP-FTRL: each client independently to one of R
+    #: rounds of an epoch, :func:`popri.methods.dpfl.rounds.epoch_bins`)
+    sampling: str
+    sample_rate: float  # q: Poisson rate, L/N for a fixed count, 1/R for bins, 1 for everyone
 
     @property
     def denominator(self) -> float:
-        """What the mean divides by: the expected count q*N under Poisson, else L."""
-        if self.sampling == "poisson":
+        """What the mean divides by: the expected count q*N under Poisson or bins, else L."""
+        if self.sampling in ("poisson", "bins"):
             return self.sample_rate * self.total
         return float(len(self.members))
 

@@ -109,14 +109,16 @@ def client_vector(emb: np.ndarray, syn: np.ndarray, *, clip: float, standardize:
 
 def cosine_round(emb, codes, part: Participation, syn, *, noise_multiplier: float, clip: float,
                  standardize: bool, noise_rng, keep=None, rows_out=None, block: int | None = None,
-                 source: str = "") -> np.ndarray:
+                 source: str = "", factor: float = 1.0) -> np.ndarray:
     """Noisy sum over the participants ``part`` of clipped (standardised) mean-cosine vectors,
     float64 [n]: the sum of their :func:`client_vector` plus the noise of
-    :func:`~popri.federated.aggregation.noisy_sum`."""
+    :func:`~popri.federated.aggregation.noisy_sum`, of std z ``factor`` C: ``factor`` is the
+    sum's sensitivity under the round's relation over C (2 under replace one client;
+    :func:`popri.privacy.relations.round_relation`)."""
     Y = normalize_rows(syn)
     means = client_means(emb, codes, part, keep, source)
     a, b = cosine_coefficients(means, Y, clip, standardize)
     return noisy_sum(len(Y), len(means), exact=lambda: Y @ (a @ means) - b.sum(),
                      rows=lambda c0, c1: cosine_rows(means[c0:c1], Y, a[c0:c1], b[c0:c1]),
-                     std_sum=noise_multiplier * clip, noise_rng=noise_rng, rows_out=rows_out,
-                     block=block, sensitivity=clip)
+                     std_sum=noise_multiplier * clip * factor, noise_rng=noise_rng,
+                     rows_out=rows_out, block=block, sensitivity=clip * factor)

@@ -80,14 +80,16 @@ def client_vector(emb: np.ndarray, syn: np.ndarray, *, max_per_client: int | Non
 
 def histogram_round(emb, codes, part: Participation, syn, *, noise_multiplier: float,
                     max_per_client: int, keep, noise_rng, rows_out=None,
-                    block: int | None = None, source: str = "") -> np.ndarray:
+                    block: int | None = None, source: str = "",
+                    factor: float = 1.0) -> np.ndarray:
     """Noisy sum over the participants ``part`` of nearest-neighbour vote histograms, float64
     [n]: the sum of their :func:`client_vector` plus the noise of
-    :func:`~popri.federated.aggregation.noisy_sum`."""
+    :func:`~popri.federated.aggregation.noisy_sum`, of std z ``factor`` M (``factor``: sqrt 2
+    under replace one client, :func:`popri.privacy.relations.round_relation`)."""
     n = len(syn)
     who, labels = nearest_votes(emb, codes, part, syn, keep, source)
     return noisy_sum(n, len(part.members),
                      exact=lambda: np.bincount(labels, minlength=n).astype(np.float64),
                      rows=lambda c0, c1: histogram_rows(who, labels, c0, c1, n),
-                     std_sum=noise_multiplier * max_per_client, noise_rng=noise_rng,
-                     rows_out=rows_out, block=block, sensitivity=float(max_per_client))
+                     std_sum=noise_multiplier * max_per_client * factor, noise_rng=noise_rng,
+                     rows_out=rows_out, block=block, sensitivity=float(max_per_client) * factor)

@@ -42,6 +42,7 @@ from popri.federated import aggregation, participation
 from popri.federated.aggregation import public_denominator  # noqa: F401  (re-exported)
 from popri.feedback import cosine, histogram
 from popri.privacy.entries import round_release
+from popri.privacy.relations import round_relation
 from popri.privacy.release import Release
 from popri.specs.feedback import ScoreSpec
 
@@ -205,7 +206,15 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
                                         clients_per_round=spec.clients_per_round)
     keep = None if deployed else participation.cap_per_client(codes, M, rel.rng("cap"))
     L, n = len(part.members), len(syn)
-    sens = spec.sensitivity
+    # the relation this sampling is accounted under, and the sum's sensitivity under it: the
+    # noise std is z times it (fixed L of N: replace one client, 2C; popri.privacy.relations)
+    relation, sens = round_relation(spec.sensitivity, part.sampling, spec.convention,
+                                    nonnegative=spec.nonnegative)
+    if (part.sampling == "fixed" and spec.flower
+            and spec.mechanism() == "distributed_discrete_gaussian"):
+        raise InputError("the distributed discrete Gaussian has no analysis on a fixed-size "
+                         "sample: use --sample-rate (Poisson) or every client",
+                         field="--clients-per-round")
     if noise_multiplier == 0 and not diagnostic:
         log.warn("--noise-multiplier 0: NO PRIVACY. The exact aggregate is released "
                  "(recorded in the ledger with noise_multiplier 0).")
@@ -225,7 +234,9 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
         "clip": clip if mode == "cosine" else None,
         "standardize": standardize if mode == "cosine" else None,
         "sample_rate": q, "clients_per_round": spec.clients_per_round,
-        "sampling": part.sampling, "participating_clients": L, "total_clients": N,
+        "sampling": part.sampling, "neighbouring": relation, "sensitivity": sens,
+        **({"convention": spec.convention} if spec.convention else {}),
+        "participating_clients": L, "total_clients": N,
         "max_samples_per_client": M, "threshold": threshold, "seed": seed, "release": secure,
         "delta": delta, "reduce": reduce, "denominator": denom,
         "public_clients": spec.public_clients,
@@ -247,7 +258,7 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
         # the engine's mechanism, by the one entry function the budget plans with
         entry = round_release(
             spec, "score", noise_multiplier=z_eff, sample_rate=q, delta=delta, sensitivity=sens,
-            sampling=part.sampling, mode=rel.mode, ddg=ddg_params,
+            sampling=part.sampling, neighbouring=relation, mode=rel.mode, ddg=ddg_params,
             release_id=rel.release_id(
                 fingerprint(priv) if priv is not None else f"flower:{spec.federation}",
                 fingerprint(syn), params, layout),
@@ -267,7 +278,8 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
             rows_out = io.open_memmap(staged.path(per_client_out, suffix=".npy"),
                                       dtype=np.float32, shape=(max(L, 1), n))
         common = dict(noise_rng=noise_rng, keep=keep, rows_out=rows_out,
-                      block=spec.block_size, source=priv.source if priv else "")
+                      block=spec.block_size, source=priv.source if priv else "",
+                      factor=sens / spec.sensitivity)
         if flower is not None:
             total = flower.total
         elif mode == "cosine":
@@ -312,13 +324,15 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
              f"q={q:g}, {rel.mode} mode" + (f" -> {out}" if out and out != io.STDIO else "")
              + (" (DIAGNOSTIC: not private, no ledger entry)" if diagnostic else ""))
     if entry is not None and z_eff > 0:
-        try:  # the accountant is optional here: the ledger entry is what counts
-            from popri.privacy.accounting import epsilon
-        except ImportError:
-            pass
+        from popri.privacy.accounting import ParameterError, compose
+
+        try:
+            c = compose([entry], delta, "rdp", convention=spec.convention)
+        except ParameterError as e:  # e.g. an unproven pair: the total will say so too
+            log.warn(f"score: this release cannot be accounted: {e.message}")
         else:
-            log.info(f"score: this release alone is ({epsilon(z_eff, q, 1, delta):.4g}, "
-                     f"{delta:g})-DP (rdp); 'popri account ledger' totals every round")
+            log.info(f"score: this release alone is ({c.epsilon:.4g}, {delta:g}) (rdp; "
+                     f"{c.label}); 'popri account ledger' totals every round")
     return {"scores": scores, "ids": syn.ids, "entry": entry, "participating": L, "clients": N}
 
 

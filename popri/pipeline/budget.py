@@ -87,27 +87,40 @@ class Budget:
             return []  # a dry run before the fetch: z or q is not known yet
         return [self._score_release(t, float(n["noise_multiplier"]), float(n["sample_rate"]))]
 
+    def sampling(self, q: float) -> str:
+        """The sampling scheme of the DP rounds at rate q, as the stage will draw it
+        (:func:`popri.federated.participation.sample_clients`): ``poisson`` for a rate, ``fixed``
+        for L < N clients, ``none`` for everyone."""
+        cpr, rate, _ = self.method.participation(self.cfg)
+        if rate and rate < 1:
+            return "poisson"
+        return "fixed" if cpr and q < 1 else "none"
+
     def _score_release(self, t: int, z: float, q: float):
         """Round t's score release at (z, q) as ``popri score`` will record it: the one entry
-        function of the engine's mechanism (:func:`popri.privacy.entries.round_release`)."""
+        function of the engine's mechanism (:func:`popri.privacy.entries.round_release`), under
+        the relation and sensitivity of :func:`popri.privacy.relations.round_relation`."""
         from popri.privacy.entries import round_release
+        from popri.privacy.relations import round_relation
         from popri.specs.engine import EngineSpec
 
         sc = self.cfg.score
         nn = self.method.score_mode(self.cfg) == "nn-histogram"
+        sampling = self.sampling(q)
+        relation, sens = round_relation(float(sc.max_samples_per_client if nn else sc.clip),
+                                        sampling, self.cfg.privacy.convention, nonnegative=nn)
         return round_release(
-            EngineSpec.of(sc), "score", noise_multiplier=z, sample_rate=q,
-            sensitivity=float(sc.max_samples_per_client if nn else sc.clip),
-            sampling="poisson" if sc.sample_rate else "fixed" if sc.clients_per_round else "none",
-            delta=self.cfg.privacy.delta, mode="release" if self.release else "research",
-            params={"round": t})
+            EngineSpec.of(sc), "score", noise_multiplier=z, sample_rate=q, sensitivity=sens,
+            sampling=sampling, neighbouring=relation, delta=self.cfg.privacy.delta,
+            mode="release" if self.release else "research", params={"round": t})
 
     def _compose(self, entries: list):
         from popri.privacy import accounting as A
 
         pr = self.cfg.privacy
         try:
-            return A.compose(entries, pr.delta, pr.accountant, alone=False)
+            return A.compose(entries, pr.delta, pr.accountant, alone=False,
+                             convention=pr.convention)
         except A.ParameterError as e:
             raise BudgetError(f"cannot total the run's ledgers: {e.message}",
                               path=str(self.run), field="privacy.epsilon") from None
@@ -116,8 +129,6 @@ class Budget:
         """Smallest z (to 1e-4) with the composition of T releases at (z, q) and the ``fixed``
         entries within privacy.epsilon."""
         from popri.privacy import accounting as A
-        from popri.privacy.calibration import noise_multiplier
-        from popri.specs.engine import EngineSpec
 
         c, pr = self.cfg, self.cfg.privacy
         try:
@@ -128,28 +139,23 @@ class Budget:
                                       f"{spent:.4g} of the budget privacy.epsilon={pr.epsilon:g} "
                                       f"(at delta={pr.delta:g}): lower dpo.select_epsilon",
                                       field="dpo.select_epsilon")
-            sc = c.score
-            if self.method.round_entries(self, 1, None, q) is not None:
-                from popri.privacy.calibration import calibrate
+            from popri.privacy.calibration import calibrate
 
+            if self.method.round_entries(self, 1, None, q) is not None:
                 def entries_at(z):
                     return [e for t in range(1, c.rounds + 1)
                             for e in self.method.round_entries(self, t, z, q)] + list(fixed)
 
-                return calibrate(pr.epsilon, pr.delta, entries_at, pr.accountant)
-            if EngineSpec.of(sc).mechanism() != "gaussian":
-                # e.g. the distributed discrete Gaussian on Flower: calibrate z with that
-                # mechanism's own accounting (at q < 1 its general subsampling bound needs more
-                # noise than the sampled Gaussian's); the rounds' entries are the ones recorded
-                from popri.privacy.calibration import calibrate
+                return calibrate(pr.epsilon, pr.delta, entries_at, pr.accountant,
+                                 convention=pr.convention)
 
-                def score_entries_at(z):
-                    return [self._score_release(t, z, q)
-                            for t in range(1, c.rounds + 1)] + list(fixed)
+            def score_entries_at(z):
+                # the entries the rounds will record (their mechanism, sampling, relation and
+                # sensitivity), so the plan is the record (conformance checks it after each)
+                return [self._score_release(t, z, q) for t in range(1, c.rounds + 1)] + list(fixed)
 
-                return calibrate(pr.epsilon, pr.delta, score_entries_at, pr.accountant)
-            return noise_multiplier(pr.epsilon, q, c.rounds, pr.delta, pr.accountant,
-                                    also=fixed)
+            return calibrate(pr.epsilon, pr.delta, score_entries_at, pr.accountant,
+                             convention=pr.convention)
         except A.ParameterError as e:
             raise ConfigError(f"no noise multiplier meets the budget: {e.message}",
                               field="privacy.epsilon") from None

@@ -70,6 +70,7 @@ class PrivacyConfig(Spec):
                                            lo=0, hi=1e6, lo_open=True)
     accountant: str = param("rdp", "rdp (opacus, as the papers) | pld (dp-accounting).",
                             choices=("rdp", "pld"))
+    convention: str | None = same(ScoreSpec, "convention")
 
 
 @dataclass(frozen=True)
@@ -168,8 +169,10 @@ class FLConfig(EngineSpec):
     adapter (r = 4 on every projection: ~1.2M numbers per update), a handful of clients per
     round; examples/dpfl-gpu.yaml is the paper's setting (full fine-tuning)."""
     model: str | None = param(None, "The model trained (default: downstream.model).")
-    clients_per_round: int | None = same(FLSpec, "clients_per_round", 10)
-    sample_rate: float | None = same(FLSpec, "sample_rate")
+    # Poisson at q = 0.1 (about 10 of sotu's 100 clients a round): add/remove one client; a
+    # fixed L (clients_per_round, with sample_rate: null) is accounted under replace one client
+    clients_per_round: int | None = same(FLSpec, "clients_per_round")
+    sample_rate: float | None = same(FLSpec, "sample_rate", 0.1)
     clip: float = same(FLSpec, "clip")
     client_lr: float = same(FLSpec, "client_lr")
     local_epochs: int = same(FLSpec, "local_epochs")
@@ -177,6 +180,10 @@ class FLConfig(EngineSpec):
     server_lr: float | None = same(FLSpec, "server_lr")
     momentum: float | None = same(FLSpec, "momentum")
     restart: str = same(FLSpec, "restart")
+    # dp-ftrl, restart epoch: bins (add/remove; R = epoch_rounds, default 1 / sample_rate) or
+    # blocks (zero-out; floor(N / clients_per_round) rounds, POPri Table 3)
+    assignment: str = same(FLSpec, "assignment")
+    epoch_rounds: int | None = same(FLSpec, "epoch_rounds")
     lora: bool = same(FLSpec, "lora")
     lora_r: int = same(FLSpec, "lora_r")
     lora_alpha: int = same(FLSpec, "lora_alpha")
@@ -186,7 +193,8 @@ class FLConfig(EngineSpec):
 
     def check(self) -> None:
         if self.clients_per_round is not None and self.sample_rate is not None:
-            raise ConfigError("give fl.clients_per_round or fl.sample_rate, not both",
+            raise ConfigError("give fl.clients_per_round or fl.sample_rate, not both (the "
+                              "default is sample_rate: 0.1; a fixed L needs sample_rate: null)",
                               field="sample_rate")
 
 
@@ -436,8 +444,9 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError("set privacy.epsilon (a budget) or privacy.noise_multiplier",
                           field="privacy.epsilon")
     if sc.clients_per_round is not None and sc.sample_rate is not None:
-        raise ConfigError("give score.clients_per_round or score.sample_rate, not both",
-                          field="score.sample_rate")
+        raise ConfigError("give score.clients_per_round or score.sample_rate, not both (the "
+                          "default is sample_rate: 0.5, Poisson; a fixed L of N, accounted under "
+                          "replace one client, needs sample_rate: null)", field="score.sample_rate")
     from popri.pipeline.recipes import METHODS
 
     if cfg.pool != "static" and not METHODS[cfg.method].pairs:

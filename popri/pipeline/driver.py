@@ -77,6 +77,7 @@ class Run(Budget):
         self.select = C.select_on(cfg)       # private | public | dp | none
         self.runner = StageRunner(self.run, dry_run=dry_run)
         self.runner.accountant = cfg.privacy.accountant
+        self.runner.convention = cfg.privacy.convention
         self.noise: dict = {}
         self.notes: list[str] = []            # dry run: said in the plan's header
         self.paths = RunPaths.of(self.run, cfg.data.dir)
@@ -174,7 +175,7 @@ class Run(Budget):
         own |= EngineSpec.of(sc).engine_settings()
         a = step_argv(ScoreSpec, mode=mode, noise_multiplier=z, delta=self.cfg.privacy.delta,
                       clients_per_round=sc.clients_per_round, sample_rate=sc.sample_rate,
-                      release=self.release, **own)
+                      convention=self.cfg.privacy.convention, release=self.release, **own)
         if z is None:
             a += ["--noise-multiplier", Z_LATER]
         if later:
@@ -325,7 +326,8 @@ class Run(Budget):
         c = self.cfg
         return self.stage(Stage("account", [
             "account", "ledger", str(self.run), "--delta", repr(c.privacy.delta),
-            "--accountant", c.privacy.accountant, "--json"],
+            "--accountant", c.privacy.accountant,
+            *opt("--convention", c.privacy.convention), "--json"],
             outputs=[str(self.run / "privacy.json")], inputs=self.ledgers(),
             stdout_to=str(self.run / "privacy.json")))
 
@@ -519,13 +521,20 @@ class Run(Budget):
         c = self.cfg
         priv = read_json(self.run / "privacy.json")
         out = {"run_dir": str(self.run), "epsilon": priv.get("epsilon"), "delta": priv.get("delta"),
-               "accountant": priv.get("accountant"), "noise_multiplier": noise["noise_multiplier"],
+               "accountant": priv.get("accountant"),
+               # the relation the total holds under, and whether it is a DP guarantee at all
+               # (False only under privacy.convention: papers)
+               "neighbouring": priv.get("neighbouring"),
+               "dp_guarantee": priv.get("dp_guarantee", True),
+               "guarantee": priv.get("guarantee"),
+               "noise_multiplier": noise["noise_multiplier"],
                "sample_rate": noise["sample_rate"], "rounds": c.rounds, "prompts": c.prompts,
                "samples_per_prompt": c.samples_per_prompt, "num_synthetic": c.num_synthetic,
                "generator": c.generator.model, "downstream": c.downstream.model,
                "method": c.method, "seed": c.seed, "methods": {},
                "budget": {"epsilon": c.privacy.epsilon, "delta": c.privacy.delta,
-                          "accountant": c.privacy.accountant},
+                          "accountant": c.privacy.accountant,
+                          "convention": c.privacy.convention},
                "mode": "release" if self.release else "research",
                "mode_note": MODE_NOTES["release" if self.release else "research"]}
         out.update(self.method.results(self, noise))
@@ -622,6 +631,14 @@ def git_commit() -> str | None:
     return (head + ("+dirty" if dirty else "")) or None
 
 
+def epsilon_words(r: dict) -> str:
+    """What a run's total epsilon is: its relation, or NOT A DP GUARANTEE (results.json's
+    ``guarantee``; runs before 0.4 recorded none: add/remove as they claimed)."""
+    if r.get("dp_guarantee") is False:
+        return r.get("guarantee") or "NOT A DP GUARANTEE"
+    return f"under {r.get('neighbouring') or 'add/remove one client'}"
+
+
 def results_table(r: dict) -> str:
     """The markdown results table of one run (stdout and RUN/results.md)."""
     from popri.pipeline.recipes import METHODS
@@ -639,8 +656,9 @@ def results_table(r: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     if r.get("released") and not r["methods"]:
         lines[1:] = ["", released_line(r["released"])]
-    labels = {method: (label, _fmt(eps, 3)),
-              "t0": (f"{label}, T = 0 (untuned generator)", _fmt(eps, 3)),
+    eps_cell = _fmt(eps, 3) + ("" if r.get("dp_guarantee") is not False else " (NOT DP)")
+    labels = {method: (label, eps_cell),
+              "t0": (f"{label}, T = 0 (untuned generator)", eps_cell),
               "eps0": ("eps=0 (public model)", "0"), "epsinf": ("eps=inf (private data)", "inf")}
     for k, (lab, e) in labels.items():
         mm = r["methods"].get(k)
@@ -683,7 +701,8 @@ def results_table(r: dict) -> str:
         lines.append("recovery rate of preference pairs per round (POPri Fig. 6): "
                      + ", ".join(f"{x:.2f}" for x in rr))
     lines.append(f"noise multiplier z={r['noise_multiplier']:.4f}, q={r['sample_rate']:.4g}; "
-                 f"total epsilon from the ledger ({r.get('accountant')}): {_fmt(eps, 4)}")
+                 f"total epsilon from the ledger ({r.get('accountant')}): {_fmt(eps, 4)} "
+                 f"({epsilon_words(r)})")
     b = r.get("budget") or {}
     if b.get("epsilon") is not None:
         lines.append(f"budget: epsilon={b['epsilon']:g} at delta={b['delta']:g} "

@@ -687,6 +687,7 @@ def epsilon_per_round(run_dir: str | Path, results: dict | None = None) -> dict:
     delta = _num(r.get("delta")) or _num((r.get("budget") or {}).get("delta")) \
         or common_delta(entries)
     acc = r.get("accountant") or (r.get("budget") or {}).get("accountant") or "rdp"
+    conv = (r.get("budget") or {}).get("convention")
     rounds = sorted({t for e in entries if (t := _round_of(e)) is not None})
     loose = [e for e in entries if _round_of(e) is None]
     xs, labels, eps = [], [], []
@@ -695,16 +696,16 @@ def epsilon_per_round(run_dir: str | Path, results: dict | None = None) -> dict:
             upto = [e for e in entries if (u := _round_of(e)) is not None and u <= t]
             xs.append(t)
             labels.append(str(t))
-            eps.append(compose(upto, delta, acc, alone=False).epsilon)
+            eps.append(compose(upto, delta, acc, alone=False, convention=conv).epsilon)
         if loose:
             xs.append(rounds[-1] + 1)
             labels.append(f"+{len(loose)} w/o round")
-            eps.append(compose(entries, delta, acc, alone=False).epsilon)
+            eps.append(compose(entries, delta, acc, alone=False, convention=conv).epsilon)
     else:
         for i in range(1, len(entries) + 1):
             xs.append(i)
             labels.append(str(i))
-            eps.append(compose(entries[:i], delta, acc, alone=False).epsilon)
+            eps.append(compose(entries[:i], delta, acc, alone=False, convention=conv).epsilon)
     return {"x": xs, "labels": labels, "epsilon": eps, "delta": delta, "accountant": acc,
             "by_round": bool(rounds), "entries": len(entries), "notes": run.notes}
 

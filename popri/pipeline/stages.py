@@ -247,6 +247,7 @@ class StageRunner:
         self.skipped: list[str] = []
         self.log_path = self.run_dir / "commands.sh"
         self.accountant = "rdp"            # the run's accountant (the plan-vs-record check)
+        self.convention = None             # and its privacy.convention (None, or "papers")
 
     # ------------------------------------------------------------------ keys
     def _input_key(self, path: str) -> str:
@@ -392,7 +393,8 @@ class StageRunner:
             if appended or (outs and outs <= ids):
                 return {"planned": len(planned), "recorded": 0, "agree": True,
                         "note": "no new release: the ledger already held its release ids"}
-        problems = conformance(planned, new, accountant=self.accountant)
+        problems = conformance(planned, new, accountant=self.accountant,
+                               convention=self.convention)
         if problems:
             raise PopriError(f"stage {stage.name}: the ledger entries it recorded differ from "
                              f"the ones the budget guard planned: {'; '.join(problems)}. This is "

@@ -47,6 +47,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from popri.specs.privacy import ACCOUNTANTS  # ("rdp", "pld"), declared once in the spec
+from popri.privacy import relations as REL
 from popri.privacy.mechanisms import (  # noqa: F401 (the registry, re-exported)
     Z_MAX,
     Z_MIN,
@@ -68,6 +69,7 @@ from popri.privacy.mechanisms import (  # noqa: F401 (the registry, re-exported)
     ParameterError,
     REPLACE,
     Result,
+    WOR,
     SUBSAMPLED_GAUSSIAN,
     SubsampledGaussianMechanism,
     TINY_NOTE,
@@ -95,10 +97,11 @@ def _steps(history) -> list[tuple[Mechanism, tuple, int]]:
     return out
 
 
-def _unsupported(m: Mechanism, accountant: str) -> ParameterError:
+def _unsupported(m: Mechanism, accountant: str, what: str = "") -> ParameterError:
     other = [a for a in ACCOUNTANTS if a != accountant]
-    return ParameterError("accountant", f"mechanism {m.name!r} has no {accountant} analysis; "
-                                        f"use --accountant {' or '.join(other)}")
+    return ParameterError("accountant", f"mechanism {m.name!r}{' with ' + what if what else ''} "
+                                        f"has no {accountant} analysis; use --accountant "
+                                        f"{' or '.join(other)}")
 
 
 def _rdp(steps, delta: float, orders) -> Result:
@@ -156,8 +159,8 @@ def _pld(steps, delta: float, interval: float) -> Result:
     for m, k, n in steps:
         try:
             events.append(m.event(k, n))
-        except NotImplementedError:
-            raise _unsupported(m, "pld") from None
+        except NotImplementedError as err:
+            raise _unsupported(m, "pld", str(err)) from None
     acc = PLDAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE,
                         value_discretization_interval=interval)
     try:
@@ -184,18 +187,47 @@ def _account(history, delta: float, accountant: str, orders=ORDERS,
     return _pld(steps, delta, interval or PLD_INTERVAL)
 
 
+#: the client-sampling schemes of a composed release: Poisson (add/remove one client) or a
+#: fixed L of N (sampling without replacement, replace one client); popri.privacy.relations
+SAMPLINGS = ("poisson", "fixed")
+
+
+def history_of(z: float, q: float, steps: int, sampling: str = "poisson") -> list:
+    """:func:`compose`'s entries for ``steps`` releases at rate q: Poisson sampling under
+    add/remove (opacus' (z, q, steps) shape), or ``fixed`` (L of N, q = L/N) under replace one
+    client, z relative to the replace-one sensitivity."""
+    if sampling not in SAMPLINGS:
+        raise ParameterError("sampling", f"must be one of {', '.join(SAMPLINGS)} (got "
+                                         f"{sampling!r})")
+    if sampling == "fixed" and q < 1:
+        return [{"stage": "-", "mechanism": "subsampled_gaussian", "noise_multiplier": z,
+                 "sample_rate": q, "steps": int(steps), "sampling": "fixed",
+                 "neighbouring": REL.REPLACE, "sensitivity": 2.0}]
+    return [(z, q, int(steps))]
+
+
 def epsilon_details(z: float, q: float, steps: int, delta: float, accountant: str = "rdp", *,
-                    orders=ORDERS, value_discretization_interval: float | None = None) -> Result:
-    """Epsilon (with the RDP order and any warnings) of ``steps`` releases at rate ``q``."""
+                    orders=ORDERS, value_discretization_interval: float | None = None,
+                    sampling: str = "poisson") -> Result:
+    """Epsilon (with the RDP order and any warnings) of ``steps`` releases at rate ``q``:
+    Poisson sampling under add/remove one client, or ``sampling="fixed"`` (L of N, q = L/N)
+    under replace one client (:func:`history_of`; RDP only)."""
     check(z=z, q=q, steps=steps, delta=delta, accountant=accountant)
-    return _account([(z, q, int(steps))], delta, accountant, orders, value_discretization_interval)
+    history_of(z, q, steps, sampling)  # checks the sampling
+    hist = ([(SUBSAMPLED_GAUSSIAN, (float(z), float(q), WOR), int(steps))]
+            if sampling == "fixed" and q < 1 else [(z, q, int(steps))])
+    return _account(hist, delta, accountant, orders, value_discretization_interval)
 
 
 def epsilon(z: float, q: float, steps: int, delta: float, accountant: str = "rdp", *,
-            orders=ORDERS, value_discretization_interval: float | None = None) -> float:
-    """Epsilon at ``delta`` of ``steps`` Poisson(q)-subsampled Gaussian releases of multiplier z."""
+            orders=ORDERS, value_discretization_interval: float | None = None,
+            sampling: str = "poisson") -> float:
+    """Epsilon at ``delta`` of ``steps`` subsampled Gaussian releases of multiplier z at rate q:
+    Poisson sampling under add/remove one client (default), or a fixed L of N under replace one
+    client (``sampling="fixed"``)."""
     return epsilon_details(z, q, steps, delta, accountant, orders=orders,
-                           value_discretization_interval=value_discretization_interval).epsilon
+                           value_discretization_interval=value_discretization_interval,
+                           sampling=sampling).epsilon
 
 
 
@@ -210,12 +242,25 @@ class Composition:
     order: float | None = None
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    neighbouring: str = NEIGHBOURING  # the relation every composed entry protects
+    neighbouring: str = NEIGHBOURING  # the relation the total protects
+    #: the conventions asked for (``papers``); when one was USED, ``guarantee`` is False
+    convention: str | None = None
+    guarantee: bool = True
+
+    @property
+    def label(self) -> str:
+        """How every printer states what the epsilon is: the relation, or NOT A DP GUARANTEE."""
+        if not self.guarantee:
+            return "NOT A DP GUARANTEE (papers' convention)"
+        return f"(eps, delta)-DP under {self.neighbouring}"
 
     def to_dict(self) -> dict:
         eps = self.epsilon if math.isfinite(self.epsilon) else None
         d = {"epsilon": eps, "delta": self.delta, "accountant": self.accountant,
-             "neighbouring": self.neighbouring, "entries": self.entries, "groups": self.groups}
+             "neighbouring": self.neighbouring, "dp_guarantee": self.guarantee,
+             "guarantee": self.label, "entries": self.entries, "groups": self.groups}
+        if self.convention is not None:
+            d["convention"] = self.convention
         if self.order is not None:
             d["order"] = self.order
         if self.notes:
@@ -231,37 +276,66 @@ def _fields(e: Any) -> dict:
         return {"stage": "-", "mechanism": "gaussian" if q >= 1 else "subsampled_gaussian",
                 "noise_multiplier": z, "sample_rate": q, "steps": n,
                 "sampling": "none" if q >= 1 else "poisson", "neighbouring": NEIGHBOURING,
-                "params": {}}
+                "sensitivity": 1.0, "params": {}}
     d = e if isinstance(e, dict) else e.to_dict()
     out = {k: d.get(k, dflt) for k, dflt in (("stage", "-"), ("mechanism", "subsampled_gaussian"),
                                               ("noise_multiplier", None), ("sample_rate", None),
                                               ("steps", None), ("sampling", "none"),
-                                              ("neighbouring", NEIGHBOURING), ("release_id", ""))}
+                                              ("neighbouring", NEIGHBOURING), ("release_id", ""),
+                                              ("sensitivity", 1.0))}
     out["params"] = d.get("params") if isinstance(d.get("params"), dict) else {}
     return out
 
 
+def _target(rows: list) -> str:
+    """The relation a total is stated under: the entries' own when they agree; else the first
+    of replace-one / zero-out (per unit) every entry converts to
+    (:func:`popri.privacy.relations.conversion`); else a ParameterError naming two entries."""
+    rels = list(dict.fromkeys(r[4] for r in rows))
+    if len(rels) == 1:
+        return rels[0]
+    for cand in (REL.REPLACE, REL.ZERO_OUT, REL.REPLACE_SAMPLE):
+        if cand in rels and all(REL.conversion(rel, cand, relation_free=m.relation_free(d))
+                                is not None for _, _, d, m, rel in rows):
+            return cand
+    a = rows[0]
+    b = next(r for r in rows if r[4] != a[4])
+    raise ParameterError("neighbouring", f"{b[1]} protects {b[4]!r} but {a[1]} protects "
+                                         f"{a[4]!r}, and no proven conversion brings them to one "
+                                         "relation (docs/privacy.md): total them separately")
+
+
 def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, orders=ORDERS,
-            value_discretization_interval: float | None = None, alone: bool = True) -> Composition:
-    """Compose heterogeneous releases into one epsilon at ``delta``.
+            value_discretization_interval: float | None = None, alone: bool = True,
+            convention: str | None = None) -> Composition:
+    """Compose heterogeneous releases into one epsilon at ``delta``, under one neighbouring
+    relation (``Composition.neighbouring``).
 
     ``entries``: :class:`popri.privacy.ledger.LedgerEntry` objects, their dicts, or (z, q, steps)
-    tuples.  Each entry's ``mechanism`` is looked up in the registry (:func:`get_mechanism`;
-    an unknown one is a ParameterError listing the known ones), which checks the entry and gives
-    its accounting key: ``gaussian`` or ``sampling == "none"`` is accounted at q = 1;
-    ``sampling == "fixed"`` at q = sample_rate = L/N (see ``FIXED_NOTE``).  All entries must
-    protect one neighbouring relation (``Composition.neighbouring``): add/remove, or a replace
-    relation for releases whose curve does not depend on it (plain q = 1 Gaussians, whose privacy
-    curve depends only on z).  Entries of one stage, mechanism, sampling and key form one group
-    whose steps add up; RDP sums the per-order RDP of the groups (:meth:`Mechanism.rdp`), PLD
-    composes their events (:meth:`Mechanism.event`) in a ``ComposedDpEvent``.  ``alone`` adds
-    each group's own epsilon to its dict.
-    """
+    tuples (Poisson at q < 1, add/remove).  Each entry's ``mechanism`` is looked up in the
+    registry (:func:`get_mechanism`; an unknown one is a ParameterError listing the known ones),
+    which checks the entry, says whether its (sampling, neighbouring) pair has a proven
+    accounting (:meth:`Mechanism.unproven`: fixed-size sampling under add/remove has none) and
+    gives its accounting key.  Entries under different relations are brought to one only by the
+    conversions of :func:`popri.privacy.relations.conversion` (a q = 1 Gaussian-family entry
+    under add/remove counts at twice its sensitivity under replace-one or zero-out; replace-one
+    counts as zero-out), each noted; anything else is a ParameterError.
+
+    ``convention="papers"``: entries without a proven accounting are totalled as the papers did
+    (fixed L of N as Poisson at q = L/N; block trees as if add/remove); the result then has
+    ``guarantee`` False and PAPERS_NOTE first among its notes: NOT a DP guarantee.
+
+    Entries of one stage, mechanism, sampling and key form one group whose steps add up; RDP
+    sums the per-order RDP of the groups (:meth:`Mechanism.rdp`), PLD composes their events
+    (:meth:`Mechanism.event`) in a ``ComposedDpEvent``.  ``alone`` adds each group's own
+    epsilon to its dict."""
     check(delta=delta, accountant=accountant)
-    groups: dict[tuple, dict] = {}
-    history: list[tuple[Mechanism, tuple, int]] = []
+    if convention is not None and convention not in REL.CONVENTIONS:
+        raise ParameterError("convention", f"must be one of {', '.join(REL.CONVENTIONS)} (got "
+                                           f"{convention!r})")
     notes: list[str] = []
-    relations: dict[str, str] = {}  # relation -> first entry with it; all entries must agree
+    rows = []  # (n, who, entry dict, mechanism, relation)
+    used_convention = False
     n = 0
     for e in entries:
         d = _fields(e)
@@ -271,35 +345,48 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
             mech = get_mechanism(d["mechanism"])
         except ParameterError as err:
             raise ParameterError(err.param, f"{who}: {err.message}") from None
-        rel = " ".join(str(d["neighbouring"]).lower().split())
-        if rel not in ADD_REMOVE and not (rel in REPLACE and mech.replace_ok(d)):
-            raise ParameterError("neighbouring", f"{who} is for {d['neighbouring']!r}; only "
-                                                 f"add/remove releases, or plain (q = 1) Gaussian "
-                                                 f"releases under a replace relation, compose here")
-        relations.setdefault(rel, who)
-        if len(relations) > 1:
-            r0 = next(iter(relations))
-            w0 = relations[r0]
-            raise ParameterError("neighbouring", f"{who} protects {rel!r} but {w0} protects "
-                                                 f"{r0!r}: guarantees for different neighbouring "
-                                                 f"relations do not add up; total them separately")
+        rel = REL.normalize(d["neighbouring"])
+        if rel not in REL.RELATIONS:
+            raise ParameterError("neighbouring", f"{who}: unknown relation {d['neighbouring']!r} "
+                                                 f"(known: {', '.join(REL.RELATIONS)})")
         try:
             mech.check(d)
         except ParameterError as err:
             raise ParameterError(err.param, f"{who}: {err.message}") from None
+        why = mech.unproven(d)
+        if why is not None:
+            if convention != "papers":
+                raise ParameterError("neighbouring", f"{who}: {why}; its epsilon would not be "
+                                     "true. Total it under the papers' convention only by name "
+                                     "(--convention papers: NOT a DP guarantee)")
+            used_convention = True
+        rows.append((n, who, d, mech, rel))
+    if not rows:
+        raise ParameterError("entries", "nothing to compose (no ledger entries)")
+    target = _target(rows)
+    groups: dict[tuple, dict] = {}
+    history: list[tuple[Mechanism, tuple, int]] = []
+    for _, who, d, mech, rel in rows:
+        f = REL.conversion(rel, target, relation_free=mech.relation_free(d))
+        if f != 1.0:
+            d = mech.scaled(d, f)
+            notes.append(f"{who}: recorded under {rel}, counted under {target} at {f:g} times "
+                         "its sensitivity (replacing a client is removing it and adding "
+                         "another: the L2 sensitivity at most doubles)")
         k = mech.key(d, who, notes)
-        if d["sampling"] == "fixed" and FIXED_NOTE not in notes:
-            notes.insert(0, FIXED_NOTE)
+        if d["sampling"] == "fixed" and mech.unproven(d) is None and FIXED_NOTE not in notes:
+            notes.append(FIXED_NOTE)
         gkey = (d["stage"], mech.name, d["sampling"], k)
         if gkey not in groups:
             groups[gkey] = {"stage": d["stage"], "mechanism": mech.name, **mech.describe(k),
-                            "steps": 0, "sampling": d["sampling"], "entries": 0}
+                            "steps": 0, "sampling": d["sampling"], "neighbouring": rel,
+                            "entries": 0}
             history.append((mech, k, 0))
         g = groups[gkey]
         g["steps"] += int(d["steps"])
         g["entries"] += 1
-    if not groups:
-        raise ParameterError("entries", "nothing to compose (no ledger entries)")
+    if used_convention:
+        notes.insert(0, REL.PAPERS_NOTE)
     out = list(groups.values())
     history = [(m, k, g["steps"]) for (m, k, _), g in zip(history, out)]
     res = _account(history, delta, accountant, orders, value_discretization_interval)
@@ -311,8 +398,8 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
     if not math.isfinite(res.epsilon):
         notes.append(INF_NOTE)
     return Composition(res.epsilon, delta, accountant, n, out, res.order, notes,
-                       [w for w in res.warnings if w != INF_NOTE],
-                       next(iter(relations)) if relations else NEIGHBOURING)
+                       [w for w in res.warnings if w != INF_NOTE], target,
+                       convention=convention, guarantee=not used_convention)
 
 
 def _delta_of(e: Any) -> float | None:

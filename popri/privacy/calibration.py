@@ -89,7 +89,8 @@ def solve(f: Callable[[float], float], target: float, tol: float = 1e-4) -> floa
 # --------------------------------------------------------------------------- composed releases
 def calibrate(eps: float, delta: float, entries_at: Callable[[float], Iterable[Any]],
               accountant: str = "rdp", tol: float = 1e-4, *, orders=ORDERS,
-              value_discretization_interval: float | None = None) -> float:
+              value_discretization_interval: float | None = None,
+              convention: str | None = None) -> float:
     """Smallest z (to ``tol``) with ``compose(entries_at(z), delta, accountant).epsilon <= eps``.
 
     ``entries_at(z)``: the prospective ledger entries (LedgerEntry objects, dicts or (z, q,
@@ -104,7 +105,8 @@ def calibrate(eps: float, delta: float, entries_at: Callable[[float], Iterable[A
 
     def at(interval):
         return lambda z: compose(entries_at(z), delta, accountant, orders=orders,
-                                 value_discretization_interval=interval, alone=False).epsilon
+                                 value_discretization_interval=interval, alone=False,
+                                 convention=convention).epsilon
 
     f = at(coarse if accountant == "pld" else None)
     try:
@@ -128,11 +130,16 @@ def calibrate(eps: float, delta: float, entries_at: Callable[[float], Iterable[A
 
 def noise_multiplier(eps: float, q: float, steps: int, delta: float, accountant: str = "rdp",
                      tol: float = 1e-4, *, also: Iterable[Any] = (), orders=ORDERS,
-                     value_discretization_interval: float | None = None) -> float:
+                     value_discretization_interval: float | None = None,
+                     sampling: str = "poisson") -> float:
     """Smallest noise multiplier z (to ``tol``) with epsilon(z, q, steps, delta) <= ``eps``: the
-    Gaussian (q = 1) or Poisson-subsampled Gaussian run ``steps`` times (opacus'
-    ``get_noise_multiplier``).  ``also``: ledger entries of other releases composed with them
-    (e.g. a run's DP checkpoint selection), so the total meets ``eps``."""
+    Gaussian (q = 1) or subsampled Gaussian run ``steps`` times (opacus'
+    ``get_noise_multiplier``): Poisson sampling under add/remove, or ``sampling="fixed"`` (L of
+    N) under replace one client (:func:`popri.privacy.accounting.history_of`).  ``also``: ledger
+    entries of other releases composed with them (e.g. a run's DP checkpoint selection), so the
+    total meets ``eps``."""
+    from popri.privacy.accounting import history_of
+
     check(eps=eps, q=q, steps=steps, delta=delta, accountant=accountant)
     steps, also = int(steps), list(also)
     if also:
@@ -142,8 +149,9 @@ def noise_multiplier(eps: float, q: float, steps: int, delta: float, accountant:
         if not spent < eps:
             raise ParameterError("epsilon", f"the other releases alone spend epsilon={spent:.4g} "
                                             f"of the target {eps:g} (at delta={delta:g})")
-    return calibrate(eps, delta, lambda z: [(z, q, steps), *also], accountant, tol,
-                     orders=orders, value_discretization_interval=value_discretization_interval)
+    return calibrate(eps, delta, lambda z: [*history_of(z, q, steps, sampling), *also],
+                     accountant, tol, orders=orders,
+                     value_discretization_interval=value_discretization_interval)
 
 
 def noise_multiplier_details(eps: float, q: float, steps: int, delta: float,
@@ -156,7 +164,8 @@ def noise_multiplier_details(eps: float, q: float, steps: int, delta: float,
     return z, epsilon_details(z, q, steps, delta, accountant,
                               orders=kw.get("orders", ORDERS),
                               value_discretization_interval=kw.get(
-                                  "value_discretization_interval"))
+                                  "value_discretization_interval"),
+                              sampling=kw.get("sampling", "poisson"))
 
 
 # --------------------------------------------------------------------------- one Gaussian release

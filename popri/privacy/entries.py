@@ -53,6 +53,7 @@ def gaussian(stage: str, *, noise_multiplier: float, sample_rate: float, sensiti
 def distributed_discrete_gaussian(stage: str, *, noise_multiplier: float, sample_rate: float,
                                   sensitivity: float, sampling: str, delta: float | None,
                                   mode: str, ddg: dict | None = None, steps: int = 1,
+                                  neighbouring: str = "add/remove one client",
                                   params: dict | None = None,
                                   release_id: str = "") -> LedgerEntry:
     """Flower SecAgg+ with the distributed discrete Gaussian.  ``ddg``: the accountant's
@@ -63,35 +64,41 @@ def distributed_discrete_gaussian(stage: str, *, noise_multiplier: float, sample
     return LedgerEntry(stage=stage, mechanism="distributed_discrete_gaussian",
                        noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate),
                        steps=int(steps), delta=delta, sensitivity=float(sensitivity),
-                       sampling=sampling, release_id=release_id, mode=mode,
+                       sampling=sampling, neighbouring=neighbouring, release_id=release_id,
+                       mode=mode,
                        params={**(params or {}),
                                **(ddg if ddg is not None else D.nominal_params(noise_multiplier))})
 
 
 def tree_aggregation(stage: str, *, noise_multiplier: float, sensitivity: float,
                      delta: float | None, mode: str, leaves: int, sample_rate: float = 1.0,
-                     sampling: str = "none", params: dict | None = None,
-                     release_id: str = "") -> LedgerEntry:
-    """A DP-FTRL tree of ``leaves`` leaves (one entry per tree)."""
+                     sampling: str = "none", neighbouring: str = "add/remove one client",
+                     params: dict | None = None, release_id: str = "") -> LedgerEntry:
+    """A DP-FTRL tree of ``leaves`` leaves (one entry per tree), under ``neighbouring``:
+    zero-out one client for a tree over blocks of a permutation, add/remove when an added
+    client moves no other (independent leaf assignment, or a one-leaf tree)."""
     return LedgerEntry(stage=stage, mechanism="tree_aggregation",
                        noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate),
                        steps=1, delta=delta, sensitivity=float(sensitivity), sampling=sampling,
-                       release_id=release_id, mode=mode,
+                       neighbouring=neighbouring, release_id=release_id, mode=mode,
                        params={**(params or {}), "leaves": int(leaves)})
 
 
 def round_release(engine: Any, stage: str, *, noise_multiplier: float, sample_rate: float,
                   sensitivity: float, sampling: str, delta: float | None, mode: str,
                   tree: bool = False, leaves: int = 1, ddg: dict | None = None,
+                  neighbouring: str = "add/remove one client",
                   params: dict | None = None, release_id: str = "") -> LedgerEntry:
     """The ledger entry of one DP round on ``engine`` (an :class:`~popri.specs.engine.EngineSpec`:
-    ScoreSpec, FLSpec), planned or recorded.  ``tree``: a DP-FTRL round (``leaves`` in its
-    tree); on Flower each round is its own one-leaf tree, a single Gaussian release that takes
-    no amplification by sampling, so it is accounted at q = 1."""
+    ScoreSpec, FLSpec), planned or recorded, under ``neighbouring`` with the sum's
+    ``sensitivity`` under it (:func:`popri.privacy.relations.round_relation`).  ``tree``: a
+    DP-FTRL round (``leaves`` in its tree); on Flower each round is its own one-leaf tree, a
+    single Gaussian release that takes no amplification by sampling, so it is accounted at
+    q = 1."""
     mech = engine.mechanism(tree=tree)
     common = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
                   sensitivity=sensitivity, sampling=sampling, delta=delta, mode=mode,
-                  params=params, release_id=release_id)
+                  neighbouring=neighbouring, params=params, release_id=release_id)
     if tree and mech != "tree_aggregation":
         common.update(sample_rate=1.0, sampling="none")
     if mech == "distributed_discrete_gaussian":
@@ -102,14 +109,17 @@ def round_release(engine: Any, stage: str, *, noise_multiplier: float, sample_ra
 
 
 # --------------------------------------------------------------------------- plan vs record
-def _epsilon(entries: list[LedgerEntry], delta: float, accountant: str) -> float:
+def _epsilon(entries: list[LedgerEntry], delta: float, accountant: str,
+             convention: str | None = None) -> float:
     from popri.privacy import accounting as A
 
-    return A.compose([e.to_dict() for e in entries], delta, accountant, alone=False).epsilon
+    return A.compose([e.to_dict() for e in entries], delta, accountant, alone=False,
+                     convention=convention).epsilon
 
 
 def conformance(planned: list[LedgerEntry], recorded: list[LedgerEntry], *,
-                accountant: str = "rdp", delta: float | None = None) -> list[str]:
+                accountant: str = "rdp", delta: float | None = None,
+                convention: str | None = None) -> list[str]:
     """Where ``recorded`` (a stage's new ledger entries) departs from ``planned`` (what the
     budget composed for it); [] when they agree.  They agree when they pair up one to one with
     the same accounted fields (:data:`ACCOUNTED`), each recorded noise multiplier at least the
@@ -139,7 +149,8 @@ def conformance(planned: list[LedgerEntry], recorded: list[LedgerEntry], *,
     d = delta if delta is not None else next((e.delta for e in planned if e.delta), None)
     if d is None:
         return problems
-    e_plan, e_rec = _epsilon(planned, d, accountant), _epsilon(recorded, d, accountant)
+    e_plan = _epsilon(planned, d, accountant, convention)
+    e_rec = _epsilon(recorded, d, accountant, convention)
     if not (e_rec <= e_plan * (1 + 1e-6) or (math.isinf(e_plan) and math.isinf(e_rec))):
         problems.append(f"recorded entries spend epsilon={e_rec:.6g} at delta={d:g}, the plan "
                         f"{e_plan:.6g}")

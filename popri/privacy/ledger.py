@@ -55,6 +55,7 @@ from typing import Any, Iterable
 
 from popri.core.version import __version__
 from popri.core.errors import InputError
+from popri.privacy import relations as _REL
 from popri.privacy.accounting import MECHANISMS, ParameterError, get_mechanism  # noqa: F401
 
 LEDGER_NAME = "ledger.jsonl"
@@ -62,17 +63,16 @@ LEDGER_NAME = "ledger.jsonl"
 # MECHANISMS: the accountant's registry (popri.privacy.accounting.register_mechanism): an entry's
 # mechanism must be registered there, and it checks the fields that mechanism needs
 SAMPLINGS = ("none", "poisson", "fixed")
-#: neighbouring relations, compared exactly (after lower-casing and collapsing blanks)
-RELATIONS = ("add/remove one client", "add/remove one sample", "replace one client",
-             "replace one sample")
+#: neighbouring relations, compared exactly (after lower-casing and collapsing blanks); their
+#: meaning, and which sampling is accounted under which: popri.privacy.relations
+RELATIONS = _REL.RELATIONS
 MODES = ("research", "release")
 #: the fields that decide what a release costs; two entries with one release_id must agree on them
 ACCOUNTING_FIELDS = ("stage", "mechanism", "noise_multiplier", "sample_rate", "steps", "delta",
                      "sensitivity", "sampling", "neighbouring", "mode")
 
 
-def normalize_relation(rel: str) -> str:
-    return " ".join(str(rel).lower().split())
+normalize_relation = _REL.normalize
 
 
 def _number(v: Any) -> bool:
@@ -393,10 +393,12 @@ class Total:
 
 
 def total(paths: Iterable[str | os.PathLike], *, delta: float | None = None,
-          accountant: str = "rdp") -> Total:
+          accountant: str = "rdp", convention: str | None = None) -> Total:
     """``popri account ledger``: every release recorded in ``paths`` (files, directories,
     sidecars; :func:`collect`, deduplicated by release id) composed into one epsilon at
-    ``delta`` (default: the delta the entries agree on) by ``accountant``.  A
+    ``delta`` (default: the delta the entries agree on) by ``accountant``, under the relation
+    the entries state (``convention="papers"``: entries without a proven accounting totalled
+    as the papers did, NOT a DP guarantee).  A
     :class:`~popri.privacy.accounting.ParameterError` (``delta``, ``mechanism``,
     ``neighbouring``...) when they cannot be totalled."""
     from popri.privacy.accounting import common_delta, compose
@@ -404,7 +406,7 @@ def total(paths: Iterable[str | os.PathLike], *, delta: float | None = None,
     entries = collect(paths)
     if delta is None:
         delta = common_delta(entries)
-    return Total(compose(entries, delta, accountant), entries)
+    return Total(compose(entries, delta, accountant, convention=convention), entries)
 
 
 def _check_same(a: LedgerEntry, b: LedgerEntry, where: str = "") -> None:

@@ -39,11 +39,14 @@ import numpy as np
 
 from popri.specs.privacy import ACCOUNTANTS  # ("rdp", "pld"), declared once in the spec
 
-NEIGHBOURING = "add/remove one client"
+from popri.privacy import relations as REL
+
+NEIGHBOURING = REL.ADD_REMOVE
 #: the relations an entry may name, matched exactly (no substring tests: "not add/remove ..."
-#: must not pass for add/remove); popri.privacy.ledger.RELATIONS is their union
-ADD_REMOVE = ("add/remove one client", "add/remove one sample")
-REPLACE = ("replace one client", "replace one sample")
+#: must not pass for add/remove); popri.privacy.relations.RELATIONS is their union
+ADD_REMOVE = REL.ADD_REMOVE_ALL
+REPLACE = REL.REPLACE_ALL
+ZERO_OUT = REL.ZERO_OUT
 
 # == opacus.accountants.RDPAccountant.DEFAULT_ALPHAS (checked by the tests), + larger orders.
 OPACUS_ALPHAS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
@@ -66,10 +69,15 @@ TINY_NOTE = ("the privacy losses (smallest noise multiplier {z:g}) are beyond th
              "accountant's range (a tiny noise multiplier, or very many steps): epsilon reported "
              "as infinity")
 
-FIXED_NOTE = ("fixed-size sampling (L of N clients per round) is accounted with the Poisson-"
-              "subsampling analysis at q = L/N, as POPri did (appendix D.1, 'client sampling "
-              "ratio'); this is the papers' convention, not a proven bound for sampling without "
-              "replacement")
+FIXED_NOTE = ("fixed-size sampling (L of N clients per round) is accounted as sampling "
+              "without replacement under replace one client (dp-accounting's "
+              "SampledWithoutReplacementDpEvent: Wang, Balle, Kasiviswanathan 2019, Theorem 27), "
+              "at the replace-one sensitivity of the sum")
+#: why an entry's (sampling, relation) has no proven accounting: fixed-size sampling under
+#: add/remove (the displacement pair; popri.privacy.relations)
+DISPLACEMENT = ("fixed-size sampling (L of N clients) under add/remove one client has no proven "
+                "accounting: an added client displaces a sampled one, so the sum moves by up to "
+                "2C (Lebeda et al. 2024); popri records such rounds under replace one client")
 INF_NOTE = "a noise multiplier of 0 releases the exact aggregate: no privacy (epsilon = infinity)"
 
 
@@ -187,10 +195,26 @@ class Mechanism:
         """For messages: the noise multiplier of a group."""
         return float(key[0])
 
-    def replace_ok(self, d: dict) -> bool:
-        """Whether entry ``d``'s guarantee also holds under a *replace* neighbouring relation
-        (its privacy curve does not depend on the relation); add/remove always composes."""
+    def unproven(self, d: dict) -> str | None:
+        """Why entry ``d``'s (sampling, neighbouring) pair has no proven accounting here, or None
+        when it has (:mod:`popri.privacy.relations`).  Fixed-size sampling under add/remove
+        never has; subclasses refuse more."""
+        rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
+        if d.get("sampling") == "fixed" and rel in ADD_REMOVE:
+            return DISPLACEMENT
+        return None
+
+    def relation_free(self, d: dict) -> bool:
+        """Entry ``d`` is a q = 1 release whose privacy curve is a function of its noise
+        multiplier alone, so it converts between relations by scaling its sensitivity
+        (:func:`popri.privacy.relations.conversion`)."""
         return False
+
+    def scaled(self, d: dict, f: float) -> dict:
+        """Entry ``d`` with its sensitivity multiplied by ``f`` (the same mechanism under a
+        relation whose sensitivity is f times larger): noise multiplier / f."""
+        return {**d, "sensitivity": float(d.get("sensitivity") or 1.0) * f,
+                "noise_multiplier": float(d["noise_multiplier"]) / f}
 
     def infinite(self, key: tuple) -> bool:
         """No privacy at all (a noise multiplier of 0): epsilon = infinity, no accountant run."""
@@ -266,7 +290,7 @@ class GaussianMechanism(Mechanism):
                          f"accounted at q = 1 (no amplification by sampling)")
         return (float(d["noise_multiplier"]), 1.0)
 
-    def replace_ok(self, d: dict) -> bool:
+    def relation_free(self, d: dict) -> bool:
         return True
 
     def infinite(self, key: tuple) -> bool:
@@ -277,6 +301,8 @@ class GaussianMechanism(Mechanism):
 
     def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
         z, q = key[0], key[1]
+        if len(key) > 2 and key[2] == WOR:
+            return _wor_rdp(float(z), float(q), tuple(float(a) for a in orders)) * int(steps)
         return np.asarray(_rdp_lib().compute_rdp(q=float(q), noise_multiplier=float(z),
                                                  steps=int(steps), orders=list(orders)),
                           dtype=float)
@@ -286,6 +312,11 @@ class GaussianMechanism(Mechanism):
 
         z, q = float(key[0]), float(key[1])
         g = dp_event.GaussianDpEvent(z)
+        if len(key) > 2 and key[2] == WOR:
+            # dp-accounting's PLD accountant has no SampledWithoutReplacementDpEvent (its RDP
+            # accountant has, under REPLACE_ONE: rdp() above)
+            raise NotImplementedError("fixed-size sampling (sampling without replacement, "
+                                      "replace one client)")
         return dp_event.SelfComposedDpEvent(
             g if q >= 1 else dp_event.PoissonSampledDpEvent(q, g), int(steps))
 
@@ -307,20 +338,49 @@ class GaussianMechanism(Mechanism):
 
 @register_mechanism
 class SubsampledGaussianMechanism(GaussianMechanism):
-    """The Gaussian mechanism on a Poisson sample of clients at rate q (each client takes part
-    independently with probability q), as in DP-SGD / DP-FedAvg (Abadi et al., "Deep learning
-    with differential privacy", CCS 2016; RDP: Mironov, Talwar, Zhang 2019).  ``sampling``
-    ``"fixed"`` (L of N clients) is accounted at q = L/N (see FIXED_NOTE); ``"none"`` at q = 1."""
+    """The Gaussian mechanism on a sample of the clients, as in DP-SGD / DP-FedAvg (Abadi et al.,
+    "Deep learning with differential privacy", CCS 2016):
+
+    - ``sampling`` ``"poisson"`` (each client independently at rate q) under add/remove one
+      client: opacus' RDP of the sampled Gaussian (Mironov, Talwar, Zhang 2019,
+      arXiv:1908.10530), dp-accounting's ``PoissonSampledDpEvent`` for PLD;
+    - ``"fixed"`` (L of N without replacement, q = L/N) under replace one client:
+      dp-accounting's ``SampledWithoutReplacementDpEvent`` under
+      ``NeighboringRelation.REPLACE_ONE`` (Wang, Balle, Kasiviswanathan, AISTATS 2019,
+      arXiv:1808.00087, Theorem 27; RDP only: the PLD accountant has no such event), with z
+      relative to the replace-one sensitivity of the sum (2C; sqrt(2) M for votes);
+    - ``"none"``: at q = 1.
+
+    Fixed-size sampling under add/remove is refused (DISPLACEMENT) unless a total asks for the
+    papers' convention, which accounts it as Poisson at q = L/N (NOT a DP guarantee)."""
 
     name = "subsampled_gaussian"
-    summary = "Gaussian mechanism on a Poisson sample of clients at rate q"
+    summary = "Gaussian mechanism on a Poisson (add/remove) or fixed-size (replace-one) sample"
+
+    def unproven(self, d: dict) -> str | None:
+        why = super().unproven(d)
+        rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
+        if why is None and d.get("sampling") == "poisson" and rel not in ADD_REMOVE:
+            why = (f"Poisson sampling is accounted under add/remove only, not {rel!r} (no "
+                   "analysis of it under that relation is offered here)")
+        return why
 
     def key(self, d: dict, who: str, notes: list) -> tuple:
-        if d.get("sampling") == "none":
+        if d.get("sampling") == "none" or float(d["sample_rate"]) >= 1:
             return super().key(d, who, notes)
-        return (float(d["noise_multiplier"]), float(d["sample_rate"]))
+        z, q = float(d["noise_multiplier"]), float(d["sample_rate"])
+        if (d.get("sampling") == "fixed"
+                and REL.normalize(d.get("neighbouring", NEIGHBOURING)) in REPLACE):
+            return (z, q, WOR)
+        return (z, q)  # Poisson (or, under the papers' convention, fixed accounted as Poisson)
 
-    def replace_ok(self, d: dict) -> bool:
+    def describe(self, key: tuple) -> dict:
+        d = super().describe(key)
+        if len(key) > 2 and key[2] == WOR:
+            d["subsampling"] = "without replacement"
+        return d
+
+    def relation_free(self, d: dict) -> bool:
         return d.get("sampling") == "none" or d.get("sample_rate") == 1
 
 
@@ -351,6 +411,27 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
             raise ParameterError("params.local_sigma", f"must be >= 0 (got {p['local_sigma']!r})")
         if not p["delta2"] > 0:
             raise ParameterError("params.delta2", f"must be > 0 (got {p['delta2']!r})")
+
+    def unproven(self, d: dict) -> str | None:
+        why = super().unproven(d)
+        rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
+        if why is None and d.get("sampling") != "none" and float(d["sample_rate"]) < 1:
+            if d.get("sampling") == "fixed":
+                why = ("the distributed discrete Gaussian on a fixed-size sample has no "
+                       "subsampled analysis here: use Poisson sampling (--sample-rate) or every "
+                       "client")
+            elif rel not in ADD_REMOVE:
+                why = (f"the distributed discrete Gaussian's subsampling bound (Zhu & Wang) is "
+                       f"for Poisson sampling under add/remove, not {rel!r}")
+        return why
+
+    def relation_free(self, d: dict) -> bool:
+        return d.get("sampling") == "none" or float(d["sample_rate"]) >= 1
+
+    def scaled(self, d: dict, f: float) -> dict:
+        p = dict(d.get("params") or {})
+        p["delta2"] = float(p["delta2"]) * f  # the accountant reads the integer-unit bound
+        return {**super().scaled(d, f), "params": p}
 
     def key(self, d: dict, who: str, notes: list) -> tuple:
         p = d["params"]
@@ -408,6 +489,21 @@ class TreeAggregationMechanism(GaussianMechanism):
         if v != int(v) or v < 1:
             raise ParameterError("params.leaves", f"must be an integer >= 1 (got {v!r})")
 
+    def unproven(self, d: dict) -> str | None:
+        why = super().unproven(d)
+        rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
+        p = d.get("params") or {}
+        if (why is None and rel in ADD_REMOVE and p.get("restart") == "epoch"
+                and p.get("assignment", "blocks") == "blocks" and int(p.get("leaves", 1)) > 1):
+            why = ("a DP-FTRL tree over blocks of a permutation (fl.assignment: blocks) holds "
+                   "under zero-out one client, not add/remove: an added client takes a slot and "
+                   "pushes another out of its leaf (Kairouz et al. 2021 and dp-accounting "
+                   "account trees under zero-out)")
+        return why
+
+    def relation_free(self, d: dict) -> bool:
+        return True  # accounted at q = 1: the Gaussian at z / sqrt(depth)
+
     def key(self, d: dict, who: str, notes: list) -> tuple:
         if float(d["sample_rate"]) < 1:
             notes.append(f"{who}: {self.name} with sample_rate {d['sample_rate']:g} is accounted "
@@ -432,6 +528,38 @@ class TreeAggregationMechanism(GaussianMechanism):
 
     def loss_range(self, key: tuple, steps: int) -> float:
         return super().loss_range(self._gauss(key), steps)
+
+
+#: the key tag of sampling without replacement (fixed L of N, replace one client)
+WOR = "wor"
+
+
+def _population(q: float) -> tuple[int, int]:
+    """(N, L) with L / N = q, for dp-accounting's ``SampledWithoutReplacementDpEvent`` (whose
+    analysis reads only the ratio): the fraction's smallest exact form."""
+    from fractions import Fraction
+
+    f = Fraction(float(q)).limit_denominator(10 ** 9)
+    return f.denominator, f.numerator
+
+
+@lru_cache(maxsize=4096)
+def _wor_rdp(z: float, q: float, orders: tuple) -> np.ndarray:
+    """RDP at ``orders`` of one Gaussian release of multiplier z on L of N clients sampled
+    without replacement (q = L/N), under replace one client: dp-accounting's RDP accountant on
+    ``SampledWithoutReplacementDpEvent`` (Wang, Balle, Kasiviswanathan 2019, Theorem 27; exact
+    at integer orders <= 256, its Stirling bound above, interpolated between integers by their
+    Corollary 10).  Cached: a calibration asks for the same (z, q) again."""
+    from dp_accounting import dp_event
+    from dp_accounting.privacy_accountant import NeighboringRelation
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    if z == 0:
+        return np.full(len(orders), np.inf)
+    n, m = _population(q)
+    acc = RdpAccountant(list(orders), NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp_event.SampledWithoutReplacementDpEvent(n, m, dp_event.GaussianDpEvent(z)))
+    return np.asarray(acc._rdp, dtype=float).copy()  # noqa: SLF001 (the accountant's RDP vector)
 
 
 GAUSSIAN = MECHANISMS["gaussian"]

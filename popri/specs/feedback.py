@@ -24,6 +24,7 @@ from popri.core.errors import ConfigError
 from popri.core.spec import Spec, param
 from popri.core.validate import CLIP_MAX, MIN_SAMPLE_RATE, Z_MAX
 from popri.specs.engine import EngineSpec
+from popri.specs.privacy import CONVENTIONS
 
 MODES = ("cosine", "nn-histogram")
 REDUCES = ("mean", "sum")
@@ -67,11 +68,19 @@ class ScoreSpec(ThresholdSpec, EngineSpec):
               f"{HISTOGRAM_MAX_SAMPLES}, the sensitivity. cosine: default all.",
         cite="PrE-Text 3", short="-M", lo=1)
     sample_rate: float | None = param(
-        None, "Poisson client sampling at rate q (exclusive with --clients-per-round). Default: "
-              "every client.", lo=MIN_SAMPLE_RATE, hi=1)
+        None, "Poisson client sampling at rate q (exclusive with --clients-per-round): each "
+              "client independently; accounted under add/remove one client. Default: every "
+              "client.", lo=MIN_SAMPLE_RATE, hi=1)
     clients_per_round: int | None = param(
-        None, "Exactly L clients, uniformly without replacement (POPri D.1: 1000).",
+        None, "Exactly L clients, uniformly without replacement (POPri D.1: 1000). Accounted "
+              "under REPLACE one client (an added client would displace another), with the "
+              "replace-one sensitivity: the noise std is z 2C (z sqrt(2) M for nn-histogram).",
         cite="POPri D.1", short="-L", lo=1)
+    convention: str | None = param(
+        None, "papers: with --clients-per-round, record the round as POPri / PrE-Text did "
+              "(Poisson at q = L/N under add/remove, noise std z C): NOT a DP guarantee; "
+              "'popri account ledger' then totals it only with --convention papers, and says so.",
+        choices=CONVENTIONS)
     public_clients: int | None = param(
         None, "cosine: the number of enrolled clients N, which you declare PUBLIC (e.g. the size "
               "of the server's registry): the output is then the mean, the noisy sum divided by "
@@ -142,8 +151,15 @@ class ScoreSpec(ThresholdSpec, EngineSpec):
 
     @property
     def sensitivity(self) -> float:
-        """One client's L2 contribution bound: C (cosine) or M (nn-histogram)."""
+        """One client's L2 contribution bound: C (cosine) or M (nn-histogram), the sum's
+        sensitivity under add/remove; under the round's relation:
+        :func:`popri.privacy.relations.round_relation`."""
         return float(self.clip if self.mode == "cosine" else self.max_samples_per_client)
+
+    @property
+    def nonnegative(self) -> bool:
+        """Contributions are non-negative vote counts (nn-histogram): sqrt(2) M under replace."""
+        return self.mode == "nn-histogram"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ appendix C.1 DP-FedAvg, C.2 DP-FTRL, D.1 the noise multipliers).
   Learning without Sampling or Shuffling" (ICML 2021, arXiv:2103.00039), section 3 and
   appendix (DP-FTRLM): tree-aggregation noise on the prefix sums of the clipped updates, heavy
   ball server momentum 0.9 (PrE-Text D.2, for both baselines), the tree restarted every epoch
-  of floor(N / L) rounds with each client in at most one round of it (TreeRestart, appendix D).
+  with each client in at most one round of it (TreeRestart, appendix D): ``assignment: bins``
+  (each client independently to one of R public rounds; add/remove one client) or ``blocks``
+  (floor(N / L) blocks of a permutation, the paper's; zero-out one client).
 
 Pure Python (no torch / numpy import).
 """
@@ -30,6 +32,9 @@ from popri.specs.training import LoraSpec, PrecisionSpec, SequenceSpec
 
 ALGORITHMS = ("fedavg", "ftrl")
 RESTARTS = ("epoch", "round")
+#: how an epoch's clients are assigned to its rounds (leaves): independently (bins, add/remove)
+#: or as blocks of a permutation (blocks, zero-out: Kairouz et al., POPri Table 3)
+ASSIGNMENTS = ("bins", "blocks")
 
 
 @dataclass(frozen=True)
@@ -39,14 +44,25 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
     algorithm: str = param("fedavg", "fedavg (DP-FedAvg, Gaussian noise) | ftrl (DP-FTRL, "
                            "tree-aggregation noise on the prefix sums, server momentum).",
                            cite="POPri C.1, C.2", choices=ALGORITHMS)
-    restart: str = param("epoch", "ftrl: restart the tree every epoch of floor(N / L) rounds, "
-                         "each client in at most one round of an epoch (the epoch's order "
-                         "shuffled with the sampling stream): Kairouz et al.'s TreeRestart, "
-                         "which POPri Table 3's DP-FTRL noise levels assume; needs "
-                         "--clients-per-round (or everyone). 'round': a one-leaf tree every "
-                         "round on a fresh sample (DP-SGD with momentum, no amplification).",
+    restart: str = param("epoch", "ftrl: restart the tree every epoch, each client in at most "
+                         "one round (leaf) of it: Kairouz et al.'s TreeRestart (see "
+                         "--assignment). 'round': a one-leaf tree every round on a fresh "
+                         "sample (DP-SGD with momentum, no amplification).",
                          cite="Kairouz et al. 2021 (arXiv:2103.00039) appendix D",
                          choices=RESTARTS)
+    assignment: str = param(
+        "bins", "ftrl, restart epoch: how an epoch's clients go to its rounds. bins (default): "
+                "each client independently to one of --epoch-rounds R rounds (its own seeded "
+                "draw), so an added client moves no other: the tree holds under add/remove one "
+                "client, sensitivity C. blocks: a random permutation cut into floor(N / L) "
+                "blocks of --clients-per-round L (the rest sit the epoch out), as Kairouz et al. "
+                "and POPri Table 3: an added client takes a slot and pushes another out, so the "
+                "tree holds under ZERO-OUT one client (replace a client's data by the zero "
+                "record), which is what the ledger says.", choices=ASSIGNMENTS)
+    epoch_rounds: int | None = param(
+        None, "ftrl, restart epoch, assignment bins: R, the rounds of an epoch (the tree's "
+              "leaves); about N / R clients take part in each. A public setting: R = floor(N/L) "
+              "would reveal N.", lo=1)
     clip: float = param(0.01, "L2 clip C of a client's model update (POPri C.1 searches "
                         "[0.01, 0.4]; on sotu at eps = 1, 10 of 100 clients per round, the C.1 "
                         "search picked 0.01 over 0.1 for both methods by validation accuracy: "
@@ -75,6 +91,7 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
                                            lo=0, hi=1e6, short="-z")
     clients_per_round: int | None = same(ScoreSpec, "clients_per_round")
     sample_rate: float | None = same(ScoreSpec, "sample_rate")
+    convention: str | None = same(ScoreSpec, "convention")
     delta: float = same(ScoreSpec, "delta")
     release: bool = same(ScoreSpec, "release")
 
@@ -107,10 +124,22 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
                               field="noise_multiplier")
         if self.epoch_trees:
             if self.sample_rate is not None:
-                raise ConfigError("DP-FTRL's epoch-wise participation takes a fixed number of "
-                                  "clients per round (--clients-per-round), not Poisson "
-                                  "sampling (tree aggregation gets no amplification by "
-                                  "sampling); or --restart round", field="sample_rate")
+                raise ConfigError("DP-FTRL's epoch-wise participation assigns every client to "
+                                  "one round of the epoch, not a Poisson sample (tree "
+                                  "aggregation gets no amplification by sampling): "
+                                  "--assignment bins --epoch-rounds R, or --restart round",
+                                  field="sample_rate")
+            if self.assignment == "bins":
+                if self.epoch_rounds is None:
+                    raise ConfigError("--assignment bins needs --epoch-rounds R (the rounds of "
+                                      "an epoch, a public setting)", field="epoch_rounds")
+                if self.clients_per_round is not None:
+                    raise ConfigError("--assignment bins assigns each client to one of "
+                                      "--epoch-rounds rounds; --clients-per-round is for "
+                                      "--assignment blocks", field="clients_per_round")
+            elif self.epoch_rounds is not None:
+                raise ConfigError("applies to --assignment bins (blocks make floor(N / L) "
+                                  "rounds an epoch)", field="epoch_rounds")
         if self.algorithm == "ftrl" and self.flower and self.restart == "epoch":
             raise ConfigError("DP-FTRL on Flower restarts the tree every round (the SuperNodes' "
                               "noise shares are one release each): add --restart round",
@@ -120,3 +149,10 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
     def epoch_trees(self) -> bool:
         """DP-FTRL with a tree per epoch (TreeRestart) and epoch-wise participation."""
         return self.algorithm == "ftrl" and self.restart == "epoch"
+
+    @property
+    def tree_relation(self) -> str:
+        """The relation an epoch tree is accounted under: add/remove one client with bins (an
+        added client moves no other), zero-out one client with blocks."""
+        return ("add/remove one client" if self.assignment == "bins" else
+                "zero-out one client")

@@ -60,9 +60,17 @@ AUDIT_CLIENTS = {"cosine": 20, "nn-histogram": 20, "fred": 3, "ddg": 11, "tree":
 #: 10, rdp eps ~ 100 and up) can never be refuted; z = 1e-300 printed 1/z with 300 digits
 AUDIT_Z_MIN = 0.1
 
-FIXED = ("Fixed-size sampling of L of N clients is accounted with the Poisson analysis at "
-         "q = L/N, as POPri did (appendix D.1, 'client sampling ratio'): the papers' convention, "
-         "not a proven bound for sampling without replacement.")
+#: client sampling of a composed release (popri.privacy.relations): Poisson under add/remove one
+#: client, or a fixed L of N without replacement under replace one client
+SAMPLINGS = ("poisson", "fixed")
+#: accounting conventions a user may ask for by name; none is a DP guarantee
+CONVENTIONS = ("papers",)
+
+FIXED = ("Fixed-size sampling of L of N clients (--sampling fixed) is accounted as sampling "
+         "without replacement under replace one client (dp-accounting's "
+         "SampledWithoutReplacementDpEvent; RDP only), z relative to the replace-one "
+         "sensitivity (2C). POPri D.1 accounted it as Poisson at q = L/N under add/remove, which "
+         "is not a DP guarantee: an added client displaces another (docs/privacy.md).")
 
 
 # --------------------------------------------------------------------------- accounting
@@ -95,8 +103,17 @@ class ReleasesSpec(Spec):
     steps: int | None = param(
         None, "Number of releases composed (rounds): POPri D.1 uses 20, PrE-Text D.1 uses 11.",
         short="-T", lo=1)
+    sampling: str = param(
+        "poisson", "poisson: each client independently at rate q, add/remove one client (the "
+                   "default). fixed: L of N without replacement (q = L/N), replace one client; "
+                   "z relative to the replace-one sensitivity (2C); rdp only.",
+        choices=SAMPLINGS)
 
     def check(self) -> None:
+        if self.sampling == "fixed" and getattr(self, "accountant", None) == "pld":
+            raise ConfigError("fixed-size sampling has no PLD analysis (dp-accounting's "
+                              "SampledWithoutReplacementDpEvent is RDP only): --accountant rdp",
+                              field="accountant")
         for k in ("sample_rate", "steps"):
             if getattr(self, k) is None:
                 raise ConfigError("required", field=k)
@@ -144,6 +161,11 @@ class LedgerTotalSpec(AccountantSpec):
         None, "Budget guard: exit with status 4 (after printing the total) when the total epsilon "
               "exceeds E. For scripts and CI: 'popri account ledger runs/x --max-epsilon 1'.",
         lo=0, lo_open=True)
+    convention: str | None = param(
+        None, "papers: total the releases without a proven accounting (fixed-size sampling under "
+              "add/remove, e.g. ledgers of popri <= 0.3; DP-FTRL block trees under add/remove) as "
+              "POPri / PrE-Text did (Poisson at q = L/N). The total is then NOT a DP guarantee, "
+              "and says so on every line.", choices=CONVENTIONS)
 
 
 # --------------------------------------------------------------------------- FreD

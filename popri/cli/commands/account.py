@@ -21,8 +21,11 @@ from popri.core.spec import help_of, spec_field
 from popri.specs.privacy import FIXED, EpsilonSpec, LedgerTotalSpec, SigmaSpec
 
 NEIGHBOURS = (
-    "Neighbouring datasets differ by adding or removing one client's whole data (user-level DP); "
-    "the noise multiplier z is (noise std on the aggregate) / (L2 sensitivity = per-client clip).")
+    "Neighbouring datasets differ by one client's whole data (user-level DP): added or removed "
+    "under Poisson sampling and full participation (the default), replaced under fixed-size "
+    "sampling (--sampling fixed); every ledger entry names its relation (docs/privacy.md). The "
+    "noise multiplier z is (noise std on the aggregate) / (L2 sensitivity under that relation: "
+    "the per-client clip C for add/remove, 2C for replace).")
 
 app = typer.Typer(
     help="Privacy accounting for the Gaussian releases of POPri / PrE-Text (user-level DP).\n\n"
@@ -56,6 +59,14 @@ def _up(x: float, places: int = 4) -> str:
     return f"{math.ceil(x * 10 ** places - 1e-9) / 10 ** places:.{places}f}"
 
 
+def _relation(spec) -> str:
+    """The relation a ReleasesSpec's sampling is accounted under (popri.privacy.relations)."""
+    from popri.privacy.relations import of_sampling
+
+    return of_sampling("fixed" if spec.sampling == "fixed" and spec.sample_rate < 1 else
+                       "poisson")
+
+
 def _emit(obj: dict, as_json: bool, line: str) -> None:
     from popri.core.io import dumps
 
@@ -83,7 +94,7 @@ def epsilon_cmd(
 
     try:
         r = A.epsilon_details(spec.noise_multiplier, spec.sample_rate, spec.steps, spec.delta,
-                              spec.accountant)
+                              spec.accountant, sampling=spec.sampling)
     except A.ParameterError as e:
         raise param_error(e, OPTION) from None
     for w in r.warnings:
@@ -91,7 +102,8 @@ def epsilon_cmd(
             log.warn(w)
     obj = {"epsilon": r.epsilon if math.isfinite(r.epsilon) else None,
            "noise_multiplier": noise_multiplier, "sample_rate": sample_rate, "steps": steps,
-           "delta": spec.delta, "accountant": spec.accountant, "neighbouring": A.NEIGHBOURING}
+           "delta": spec.delta, "accountant": spec.accountant, "sampling": spec.sampling,
+           "neighbouring": _relation(spec)}
     if r.order is not None:
         obj["order"] = r.order
     if spec.accountant == "pld":
@@ -99,7 +111,8 @@ def epsilon_cmd(
     if not math.isfinite(r.epsilon):  # z = 0, or z too small / steps too many to account
         obj["note"] = r.warnings[0] if r.warnings else A.INF_NOTE
     _emit(obj, as_json, f"epsilon = {_up(r.epsilon)} ({spec.accountant}, q={_g(sample_rate)}, "
-                        f"T={steps}, delta={_g(spec.delta)}, z={_g(noise_multiplier)})")
+                        f"T={steps}, delta={_g(spec.delta)}, z={_g(noise_multiplier)}; "
+                        f"{_relation(spec)})")
 
 
 @app.command("sigma", help=(
@@ -123,19 +136,19 @@ def sigma_cmd(
 
     try:
         z, r = noise_multiplier_details(spec.epsilon, spec.sample_rate, spec.steps, spec.delta,
-                                        spec.accountant, spec.tol)
+                                        spec.accountant, spec.tol, sampling=spec.sampling)
     except A.ParameterError as e:
         raise param_error(e, OPTION) from None
     for w in r.warnings:
         log.warn(w)
     obj = {"noise_multiplier": z, "epsilon_achieved": r.epsilon, "epsilon": epsilon,
            "sample_rate": sample_rate, "steps": steps, "delta": spec.delta, "accountant": spec.accountant,
-           "tol": spec.tol, "neighbouring": A.NEIGHBOURING}
+           "tol": spec.tol, "sampling": spec.sampling, "neighbouring": _relation(spec)}
     if spec.accountant == "pld":
         obj["value_discretization_interval"] = A.PLD_INTERVAL
     _emit(obj, as_json, f"noise_multiplier = {_up(z)} ({spec.accountant}, q={_g(sample_rate)}, "
                         f"T={steps}, delta={_g(spec.delta)}, "
-                        f"epsilon={_up(r.epsilon)} <= {_g(epsilon)})")
+                        f"epsilon={_up(r.epsilon)} <= {_g(epsilon)}; {_relation(spec)})")
 
 
 @app.command("ledger", help=(
@@ -144,10 +157,13 @@ def sigma_cmd(
     "line alone; identical releases of one stage share a line) and the total; --json gives "
     "{\"epsilon\", \"delta\", \"accountant\", \"entries\", \"groups\": [...], \"note\"}. RDP adds "
     "the per-order RDP of all releases (like opacus' RDPAccountant history); PLD composes their "
-    "privacy loss distributions. Mechanism 'gaussian' or sampling 'none' counts as q = 1. All "
-    "entries must protect one neighbouring relation (e.g. 'popri fred stats' at sample level "
-    "records 'replace one sample'); the total holds for that relation, named in the JSON and on "
-    "the total line when it is not the default.\n\n"
+    "privacy loss distributions. Mechanism 'gaussian' or sampling 'none' counts as q = 1. Every "
+    "entry names its neighbouring relation; the total holds under one relation, printed on the "
+    "total line: the entries' own, or one they convert to by a proven rule (a q = 1 Gaussian "
+    "under add/remove counts at twice its sensitivity under replace-one or zero-out), else an "
+    "error. Entries with no proven accounting (fixed-size sampling under add/remove, as popri "
+    "<= 0.3 recorded) are refused unless --convention papers, whose total is NOT a DP "
+    "guarantee and says so.\n\n"
     + FIXED + "\n\n" + NEIGHBOURS))
 @spec_options(LedgerTotalSpec)
 def ledger_cmd(
@@ -163,7 +179,8 @@ def ledger_cmd(
     from popri.privacy.ledger import total
 
     try:
-        t = total(paths, delta=spec.delta, accountant=spec.accountant)
+        t = total(paths, delta=spec.delta, accountant=spec.accountant,
+                  convention=spec.convention)
     except A.ParameterError as e:
         raise param_error(e, OPTION) from None
     c, entries, research = t.composition, t.entries, t.research
@@ -186,17 +203,17 @@ def ledger_cmd(
         return
     for n in c.notes:
         log.info(f"note: {n}")
-    head = ("stage", "mechanism", "z", "q", "steps", "sampling", "entries", "epsilon alone")
+    head = ("stage", "mechanism", "z", "q", "steps", "sampling", "relation", "entries",
+            "epsilon alone")
     rows = [(g["stage"], g["mechanism"], _g(g["noise_multiplier"]), _g(g["sample_rate"]),
-             str(g["steps"]), g["sampling"], str(g["entries"]),
+             str(g["steps"]), g["sampling"], g.get("neighbouring", ""), str(g["entries"]),
              _up(g["epsilon_alone"]) if g["epsilon_alone"] is not None else "inf")
             for g in c.groups]
     width = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     for r in [head, *rows]:
         typer.echo("  ".join(x.ljust(w) for x, w in zip(r, width)).rstrip())
-    rel = "" if c.neighbouring == A.NEIGHBOURING else f"; neighbours: {c.neighbouring}"
     typer.echo(f"total: epsilon = {_up(c.epsilon)} ({c.accountant}, delta={_g(c.delta)}, "
-               f"{c.entries} entries, {len(c.groups)} lines{rel})")
+               f"{c.entries} entries, {len(c.groups)} lines; {c.label})")
     if over:
         log.warn(f"budget exceeded: total epsilon {_up(c.epsilon)} > --max-epsilon "
                  f"{_g(spec.max_epsilon)}")

@@ -61,43 +61,75 @@ def round_entries(run, t: int, z: float | None, q: float | None) -> list:
 
     if z is None or q is None:
         return []
+    from popri.privacy.relations import round_relation
+
     c, fl = run.cfg, run.cfg.fl
     spec = fl_spec(run)
-    sampling = ("poisson" if fl.sample_rate else "fixed" if fl.clients_per_round and q < 1
-                else "none")
+    sampling = run.sampling(q)
+    relation, sens = round_relation(float(fl.clip), sampling, c.privacy.convention)
     common = dict(noise_multiplier=float(z), sample_rate=float(q), delta=c.privacy.delta,
-                  sensitivity=float(fl.clip), sampling=sampling,
+                  sensitivity=sens, sampling=sampling, neighbouring=relation,
                   mode="release" if run.release else "research",
                   params={"round": t, "algorithm": c.method}, tree=spec.algorithm == "ftrl")
     if spec.epoch_trees:
-        # one tree per epoch of R = floor(N / L) rounds: the tree is one release, recorded by
-        # each of its rounds under one id (counted once), so only its first round plans it
-        from popri.methods.dpfl.rounds import epoch_schedule
+        # one tree per epoch of R rounds: the tree is one release, recorded by each of its
+        # rounds under one id (counted once), so only its first round plans it
+        from popri.methods.dpfl.rounds import epoch_leaves, epoch_position
 
         n = run._clients()
-        if n is None:
-            return []  # a dry run before the fetch: z is set after it
-        R, e, r = epoch_schedule(n, fl.clients_per_round or n, t)
+        if n is None and spec.assignment == "blocks":
+            return []  # a dry run before the fetch: R = floor(N / L) is known after it
+        R, e, r = epoch_position(epoch_leaves(spec, n or 0, fl.clients_per_round), t)
         if r > 1:
             return []
-        common.update(sample_rate=1.0, sampling="none", leaves=R,
-                      params={**common["params"], "tree": e, "restart": "epoch"})
+        common.update(sample_rate=1.0, sampling="none", leaves=R, sensitivity=float(fl.clip),
+                      neighbouring=spec.tree_relation,
+                      params={**common["params"], "tree": e, "restart": "epoch",
+                              "assignment": spec.assignment})
     return [round_release(spec, "fl", **common)]
 
 
+def epoch_rounds(cfg) -> int | None:
+    """DP-FTRL with ``fl.assignment: bins``: R, the rounds of an epoch -- ``fl.epoch_rounds``,
+    else 1 / fl.sample_rate rounded (each client once per epoch, as often as Poisson sampling at
+    that rate would take it part); None for the other settings."""
+    fl = cfg.fl
+    if algorithm(cfg) != "ftrl" or fl.restart != "epoch" or fl.assignment != "bins":
+        return None
+    if fl.epoch_rounds is not None:
+        return int(fl.epoch_rounds)
+    return max(1, round(1.0 / fl.sample_rate)) if fl.sample_rate else 1
+
+
 def fl_spec(run):
-    """The FLSpec of the run's rounds (its engine, algorithm and restart decide the entry)."""
+    """The FLSpec of the run's rounds (its engine, algorithm, restart and assignment decide the
+    entry)."""
     c, fl = run.cfg, run.cfg.fl
     return FLSpec(algorithm=algorithm(c), clip=fl.clip, restart=fl.restart,
-                  clients_per_round=fl.clients_per_round, sample_rate=fl.sample_rate,
+                  **_participation_args(c), convention=c.privacy.convention,
                   **EngineSpec.of(fl).engine_settings())
+
+
+def _participation_args(cfg) -> dict:
+    """Who takes part, as ``popri fl round`` takes it: DP-FTRL epochs take the assignment (bins:
+    R rounds an epoch; blocks: L clients a round), the others the sampling."""
+    fl = cfg.fl
+    if algorithm(cfg) == "ftrl" and fl.restart == "epoch":
+        if fl.assignment == "bins":
+            return {"assignment": "bins", "epoch_rounds": epoch_rounds(cfg)}
+        return {"assignment": "blocks", "clients_per_round": fl.clients_per_round}
+    return {"clients_per_round": fl.clients_per_round, "sample_rate": fl.sample_rate}
 
 
 def fl_args(run, z) -> list[str]:
     from popri.pipeline.stages import Z_LATER, step_argv
 
     c, fl = run.cfg, run.cfg.fl
-    vals = {k: getattr(fl, k) for k in _FROM_CONFIG} | EngineSpec.of(fl).engine_settings()
+    vals = ({k: getattr(fl, k) for k in _FROM_CONFIG if k not in ("clients_per_round",
+                                                                  "sample_rate")}
+            | _participation_args(c) | EngineSpec.of(fl).engine_settings())
+    if c.privacy.convention:
+        vals["convention"] = c.privacy.convention
     if algorithm(c) == "ftrl":
         vals["restart"] = fl.restart
     a = step_argv(FLSpec, algorithm=algorithm(c), noise_multiplier=z, delta=c.privacy.delta,
@@ -146,6 +178,8 @@ def results(run, noise: dict) -> dict:
             rounds.append(row)
     return {"fl": {"algorithm": run.cfg.method, "model": model_name(run.cfg),
                    "clients_per_round": fl.clients_per_round, "sample_rate": fl.sample_rate,
+                   "restart": fl.restart, "assignment": fl.assignment,
+                   "epoch_rounds": epoch_rounds(run.cfg),
                    "clip": fl.clip, "client_lr": fl.client_lr, "local_epochs": fl.local_epochs,
                    "server_lr": fl.server_lr, "momentum": fl.momentum, "lora": fl.lora, "rounds": rounds}}
 
@@ -154,7 +188,8 @@ def shape(r: dict) -> str:
     fl = r.get("fl", {})
     label = "DP-FTRL" if r.get("method") == "dp-ftrl" else "DP-FedAvg"
     who = (f"{fl['clients_per_round']} clients/round" if fl.get("clients_per_round")
-           else f"sample rate q={fl.get('sample_rate')}")  # a rate, not a client count
+           else f"each client once per epoch of {fl['epoch_rounds']} rounds"
+           if fl.get("epoch_rounds") else f"sample rate q={fl.get('sample_rate')}")
     return (f"{label} on {r['run_dir']}: T={r['rounds']} rounds, {who}, clip "
             f"{fl.get('clip')}, client lr {fl.get('client_lr')}, "
             f"{'LoRA' if fl.get('lora') else 'full'} {fl.get('model')}")
@@ -162,13 +197,19 @@ def shape(r: dict) -> str:
 
 def plan_notes(run) -> list[str]:
     if algorithm(run.cfg) == "ftrl":
+        if run.cfg.fl.restart == "epoch" and run.cfg.fl.assignment == "bins":
+            return [f"DP-FTRL: a tree per epoch of {epoch_rounds(run.cfg)} rounds (TreeRestart), "
+                    "each client drawn to one round of an epoch independently (bins: an added "
+                    "client moves no other, so the tree holds under add/remove one client); no "
+                    "amplification by sampling: z is calibrated at q = 1 over the trees"]
         if run.cfg.fl.restart == "epoch":
             n = run._clients()
             L = run.cfg.fl.clients_per_round or n
             R = f"{max(1, n // L)}" if n else "floor(N / L)"
             return [f"DP-FTRL: a tree per epoch of {R} rounds (TreeRestart), each client in one "
-                    "round of an epoch (the epoch's order shuffled with the sampling stream); no "
-                    "amplification by sampling: z is calibrated at q = 1 over the trees"]
+                    "round of an epoch (blocks of a shuffled order): the tree holds under "
+                    "ZERO-OUT one client, not add/remove (an added client pushes another out); "
+                    "no amplification by sampling: z is calibrated at q = 1 over the trees"]
         return ["DP-FTRL: tree aggregation restarted every round (one leaf per tree), no "
                 "amplification by sampling: z is calibrated as at q = 1"]
     return []

@@ -55,6 +55,7 @@ import numpy as np
 from popri.core import log, runtime
 from popri.core.errors import InputError
 from popri.pipeline.stages import round_seed
+from popri.privacy.relations import round_relation
 from popri.specs.fl import FLSpec
 
 THETA = "theta.npy"
@@ -233,14 +234,16 @@ def clip(delta: np.ndarray, c: float) -> tuple[np.ndarray, float]:
 
 
 # --------------------------------------------------------------------------- noise
-def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int
-              ) -> tuple[np.ndarray, float]:
+def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int,
+              sensitivity: float | None = None) -> tuple[np.ndarray, float]:
     """(sum + noise, the noise multiplier guaranteed): fedavg's Gaussian, or ftrl's tree noise
-    of round t's one-leaf tree (``--restart round``; epoch trees: :func:`tree_noise`).  Release mode snaps the sum to a grid
-    and adds discrete-Gaussian integers on it (safe in floating point)."""
+    of round t's one-leaf tree (``--restart round``; epoch trees: :func:`tree_noise`), of std
+    z times the sum's ``sensitivity`` under the round's relation (default the clip C; 2C under
+    replace one client: :func:`popri.privacy.relations.round_relation`).  Release mode snaps
+    the sum to a grid and adds discrete-Gaussian integers on it (safe in floating point)."""
     from popri.privacy import noise as N
 
-    C, d = float(spec.clip), total.size
+    C, d = float(spec.clip if sensitivity is None else sensitivity), total.size
     std = z * C
     if z == 0:
         return total.copy(), 0.0
@@ -291,13 +294,39 @@ FTRL_STATE = "ftrl-state.npz"
 
 
 def epoch_schedule(n: int, L: int, round_: int) -> tuple[int, int, int]:
-    """(leaves R, epoch e, leaf r) of round t under epoch-wise participation: an epoch is
-    R = floor(N / L) rounds of L distinct clients each (the N - R L left over sit the epoch
-    out), one tree per epoch (Kairouz et al. 2021, arXiv:2103.00039, appendix D,
+    """(leaves R, epoch e, leaf r) of round t under epoch-wise participation in blocks: an
+    epoch is R = floor(N / L) rounds of L distinct clients each (the N - R L left over sit the
+    epoch out), one tree per epoch (Kairouz et al. 2021, arXiv:2103.00039, appendix D,
     TreeRestart); e 0-based, r 1-based."""
-    R = max(1, n // max(1, L))
-    e, r = divmod(int(round_) - 1, R)
-    return R, e, r + 1
+    return epoch_position(max(1, n // max(1, L)), round_)
+
+
+def epoch_position(R: int, round_: int) -> tuple[int, int, int]:
+    """(R, epoch e, leaf r) of round t in epochs of R rounds (e 0-based, r 1-based)."""
+    e, r = divmod(int(round_) - 1, int(R))
+    return int(R), e, r + 1
+
+
+def epoch_leaves(spec: FLSpec, n: int, L: int | None) -> int:
+    """R, the rounds of one DP-FTRL epoch: ``--epoch-rounds`` (bins: public) or floor(N / L)
+    (blocks)."""
+    if spec.assignment == "bins":
+        return int(spec.epoch_rounds)
+    return max(1, n // max(1, L or n))
+
+
+def epoch_bins(n: int, R: int, seed: int, epoch: int, secure: bool) -> np.ndarray:
+    """``assignment: bins``: the epoch's leaf (0 .. R-1) of every client, each an independent
+    uniform draw (balls into bins), seeded by (seed, epoch) in research mode, from the OS CSPRNG
+    in release mode (drawn at the epoch's first round, then kept in the secret state).  A client
+    added to the data gets its own draw and moves no other client: the tree's guarantee holds
+    under add/remove one client (Chua et al., "Balls-and-Bins Sampling for DP-SGD",
+    arXiv:2412.16802, use the same assignment for DP-SGD)."""
+    if secure:
+        from popri.privacy.noise import SecureRandom
+
+        return np.asarray(SecureRandom().choice(int(R), int(n)), dtype=np.int64)
+    return np.random.default_rng([int(seed), int(epoch), 0x42494E53]).integers(0, R, n)
 
 
 def epoch_order(n: int, seed: int, epoch: int, secure: bool) -> np.ndarray:
@@ -330,7 +359,8 @@ def load_ftrl_state(init: str | None) -> dict | None:
 
 # --------------------------------------------------------------------------- Flower
 def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLSpec, *,
-                base: str, seed: int, round_: int, z: float, release: bool, where: Path):
+                base: str, seed: int, round_: int, z: float, release: bool, where: Path,
+                sensitivity: float | None = None):
     """The round's noisy sum on Flower's simulation runtime with SecAgg+
     (:mod:`popri.federated.flower.engine`): participant i's texts go to virtual SuperNode
     i mod N (``node-K.jsonl``), every node gets theta, trains its clients, uploads the sum of
@@ -345,7 +375,9 @@ def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLS
     groups = E.assign(L, nodes)
     plan, ddg_plan = E.plans(mode="fl", L=L, nodes=nodes,
                              per_node=[len(g) * float(spec.clip) for g in groups],
-                             dim=int(theta.size), z=z, sensitivity=float(spec.clip), spec=spec,
+                             dim=int(theta.size), z=z,
+                             sensitivity=float(spec.clip if sensitivity is None else sensitivity),
+                             spec=spec,
                              release=release, rotation_seed=E.rotation_seed(seed, round_,
                                                                              release))
     with E.job_dir(where) as job:
@@ -416,18 +448,24 @@ def tree_release_id(data: str, split: str, spec: FLSpec, z: float, L: int, seed:
 
 def _ftrl_epoch(data, split, spec, z, n, clients_per_round, round_, prev, init, seed, release,
                 base):
-    """(leaves R, epoch e, leaf r, the epoch's client order, the tree's release id, the secret
-    state) of a DP-FTRL round with a tree per epoch, checked against round t-1's directory."""
+    """(leaves R, epoch e, leaf r, the epoch's client order -- with ``assignment: bins`` each
+    client's leaf --, the tree's release id, the secret state) of a DP-FTRL round with a tree
+    per epoch, checked against round t-1's directory."""
     L = clients_per_round or n
-    R, e, r = epoch_schedule(n, L, round_)
+    R, e, r = epoch_position(epoch_leaves(spec, n, clients_per_round), round_)
+    draw = epoch_order
+    if spec.assignment == "bins":
+        def draw(n_, seed_, e_, secure_):
+            return epoch_bins(n_, R, seed_, e_, secure_)
     state = None
     if r > 1:  # inside an epoch: round t-1 must be this epoch's previous leaf
         info = (prev or {}).get("ftrl") or {}
         if (info.get("leaves"), info.get("epoch"), info.get("leaf")) != (R, e, r - 1):
-            raise InputError(f"round {round_} is leaf {r} of epoch {e} ({R} rounds of {L} "
-                             f"clients); --init holds {info or 'no DP-FTRL epoch'}: continue "
+            raise InputError(f"round {round_} is leaf {r} of epoch {e} ({R} rounds"
+                             + (f" of {L} clients" if spec.assignment == "blocks" else "")
+                             + f"); --init holds {info or 'no DP-FTRL epoch'}: continue "
                              "from that epoch's previous round with the same data and "
-                             "--clients-per-round", path=init, field="init")
+                             "settings", path=init, field="init")
         tree_id = str(info.get("tree_release_id"))
         if release:
             state = load_ftrl_state(init)
@@ -436,9 +474,9 @@ def _ftrl_epoch(data, split, spec, z, n, clients_per_round, round_, prev, init, 
                 raise InputError("the DP-FTRL state does not belong to this epoch or data",
                                  path=init, field="init")
         else:
-            order = epoch_order(n, seed, e, False)
+            order = draw(n, seed, e, False)
     else:
-        order = epoch_order(n, seed, e, release)
+        order = draw(n, seed, e, release)
         if release:
             from popri.privacy.ledger import make_release_id
 
@@ -507,7 +545,10 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
     ledger = out_p.parent / "ledger.jsonl"
     with Release(LEDGER_STAGE, rseed, secure=release, ledgers=[ledger]) as rel:
         rel.check_ledgers()
-        if epoch is not None:  # the epoch's r-th block of L clients: each once per epoch
+        if epoch is not None and spec.assignment == "bins":  # the clients drawn to leaf r
+            R, e, r, order, tree_id, _ = epoch
+            part = Participation(np.flatnonzero(order == r - 1), n, "bins", 1.0 / R)
+        elif epoch is not None:  # the epoch's r-th block of L clients: each once per epoch
             R, e, r, order, tree_id, _ = epoch
             L = clients_per_round or n
             part = Participation(np.sort(order[(r - 1) * L: r * L]), n,
@@ -515,9 +556,16 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         else:
             part = sample_clients(n, rel.rng("sampling"), sample_rate=sample_rate,
                                   clients_per_round=clients_per_round)
+        # the relation this round is accounted under and the sum's sensitivity under it: noise
+        # std z * sens (fixed L of N: replace one client, 2C); an epoch tree's is its assignment's
+        relation, sens = round_relation(float(spec.clip), part.sampling if part.sampling in (
+            "none", "poisson", "fixed") else "none", spec.convention)
+        if epoch is not None:
+            relation, sens = spec.tree_relation, float(spec.clip)
         who = (f"{len(part.members)} of {n} clients ({part.sampling})" if not release else
                {"poisson": f"a Poisson sample at q={part.sample_rate:g}",
                 "fixed": f"{len(part.members)} clients per round",
+                "bins": f"the clients drawn to leaf {epoch[2] if epoch else '?'}",
                 "none": "every client"}[part.sampling] + " (counts private in release mode)")
         log.info(f"fl round {round_}: {who}, {spec.algorithm}, {theta.size:,} numbers per "
                  f"update, clip {spec.clip:g}, z {noise_multiplier:g}, engine {spec.engine}")
@@ -527,9 +575,14 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         flower = None
         norms, losses = [], []
         if spec.flower:
+            if part.sampling == "fixed" and spec.mechanism(
+                    tree=spec.algorithm == "ftrl") == "distributed_discrete_gaussian":
+                raise InputError("the distributed discrete Gaussian has no analysis on a "
+                                 "fixed-size sample: use --sample-rate (Poisson) or every "
+                                 "client", field="--clients-per-round")
             flower = _flower_sum(members, texts_of, theta, spec, base=base, seed=seed,
                                  round_=round_, z=float(noise_multiplier), release=release,
-                                 where=out_p.parent)
+                                 where=out_p.parent, sensitivity=sens)
             noisy, z_eff = flower.total, flower.noise_multiplier
             for note in flower.notes:
                 log.warn(f"fl: {note}")
@@ -553,7 +606,7 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
                                                 epoch[0], rel, seed, state=epoch[5])
             else:
                 noisy, z_eff = add_noise(total, spec, float(noise_multiplier), round_, rel,
-                                         seed)
+                                         seed, sensitivity=sens)
         denom = part.denominator or 1.0
         mu = spec.momentum_value()
         vel = (mu * vel.astype(np.float64) + noisy / max(denom, 1e-12)).astype(np.float32)
@@ -563,7 +616,7 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
                              init and path_digest(Path(init) / THETA), base)
         entry = round_entry(spec, part, z_eff=float(z_eff), delta=delta, rid=rid,
                             mode=rel.mode, round_=round_, dim=int(theta.size), flower=flower,
-                            release=release, epoch=epoch)
+                            release=release, epoch=epoch, relation=relation, sensitivity=sens)
         rel.outputs = outdir.DirOutput(out_p, kind="fl-round", legacy=ROUND_FILES)
         tmp = rel.outputs.tmp
         np.save(tmp / THETA, theta)
@@ -584,7 +637,8 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
             "spec": spec.to_dict(), "algorithm": f"dp-{spec.algorithm}",
             "sampling": part.sampling, "dim": int(theta.size),
             "noise_multiplier": float(noise_multiplier), "noise_multiplier_guaranteed": z_eff,
-            "noise_std": float(noise_multiplier) * spec.clip, "momentum": mu,
+            "noise_std": float(noise_multiplier) * sens, "neighbouring": relation,
+            "sensitivity": sens, "momentum": mu,
             "server_lr": spec.server_lr_value(),
             "mode": rel.mode, "release_id": rid, "source": src, "engine": spec.engine,
         }
@@ -598,7 +652,8 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
             summary["flower"] = {"supernodes_requested": spec.supernodes,
                                  "secagg_mechanism": spec.secagg_mechanism}
         if epoch is not None:
-            summary["ftrl"] = {"restart": "epoch", "leaves": epoch[0], "epoch": epoch[1],
+            summary["ftrl"] = {"restart": "epoch", "assignment": spec.assignment,
+                               "leaves": epoch[0], "epoch": epoch[1],
                                "leaf": epoch[2], "tree_release_id": epoch[4],
                                **({"state": f"{FTRL_STATE} (secret: the tree's noise and the "
                                   "epoch's client order; never publish it)"} if release else {})}
@@ -642,7 +697,8 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
 
 
 def round_entry(spec: FLSpec, part, *, z_eff: float, delta: float, rid: str, mode: str,
-                round_: int, dim: int, flower=None, release: bool = False, epoch=None):
+                round_: int, dim: int, flower=None, release: bool = False, epoch=None,
+                relation: str = "add/remove one client", sensitivity: float | None = None):
     """The round's ledger entry: ``subsampled_gaussian`` (``gaussian`` at q = 1) for fedavg,
     ``tree_aggregation`` for ftrl -- with epoch trees one entry per TREE: every round of an
     epoch records it under the tree's release id, so the ledger counts the tree once (R leaves,
@@ -652,13 +708,15 @@ def round_entry(spec: FLSpec, part, *, z_eff: float, delta: float, rid: str, mod
     from popri.privacy.entries import round_release
 
     info = {"round": round_, "algorithm": f"dp-{spec.algorithm}", "dim": int(dim)}
-    common = dict(noise_multiplier=float(z_eff), delta=delta, sensitivity=float(spec.clip),
-                  mode=mode, tree=spec.algorithm == "ftrl")
+    common = dict(noise_multiplier=float(z_eff), delta=delta,
+                  sensitivity=float(spec.clip if sensitivity is None else sensitivity),
+                  mode=mode, tree=spec.algorithm == "ftrl", neighbouring=relation)
     if epoch is not None:
         R, e, r = epoch[:3]
         return round_release(spec, LEDGER_STAGE, sample_rate=1.0, sampling="none",
                              release_id=epoch[4], leaves=R,
-                             params={**info, "tree": e, "restart": "epoch"}, **common)
+                             params={**info, "tree": e, "restart": "epoch",
+                                     "assignment": spec.assignment}, **common)
     ddg = None
     if flower is not None:
         if not release:

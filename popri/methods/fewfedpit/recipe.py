@@ -150,14 +150,16 @@ def round_entries(run, t: int, z, q) -> list:
     """Round t's ledger entry when the extension adds noise (declared, so the budget guard
     sees it); none otherwise (the noise-free entry is eps = inf, and such a run has no budget)."""
     from popri.privacy.entries import gaussian
+    from popri.privacy.relations import round_relation
 
     f = run.cfg.fewfedpit
     if not f.noise_multiplier or q is None:
         return []
+    sampling = "fixed" if q < 1 else "none"
+    relation, sens = round_relation(float(f.clip), sampling)
     return [gaussian("fewfedpit", noise_multiplier=float(f.noise_multiplier), sample_rate=float(q),
-                     delta=run.cfg.privacy.delta, sensitivity=float(f.clip),
-                     sampling="fixed" if q < 1 else "none",
-                     mode="release" if run.release else "research",
+                     delta=run.cfg.privacy.delta, sensitivity=sens, sampling=sampling,
+                     neighbouring=relation, mode="release" if run.release else "research",
                      params={"round": t, "method": run.cfg.method, "clients": None})]
 
 

@@ -50,6 +50,7 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
     from popri.core.artifacts import path_digest
     from popri.core import outdir
     from popri.methods.dpfl.rounds import add_noise, set_flat
+    from popri.privacy.relations import round_relation
     from popri.models import llm
     from popri.privacy.entries import gaussian
     from popri.privacy.release import NOT_PRIVATE, Release
@@ -95,11 +96,16 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
     N = clients_total or K
     if N < K:
         raise InputError(f"{K} uploads but --clients-total {N}", field="clients_total")
+    private = z > 0
+    sampling = ("fixed" if K < N else "none") if private else "none"
+    # K of N clients drawn without replacement: replace one client, the clipped updates' sum
+    # moves by 2C under it (popri.privacy.relations); everyone: add/remove, C
+    relation, sens = round_relation(float(spec.clip) if spec.clip is not None else 1.0, sampling)
     with Release(LEDGER_STAGE, seed * 100_003 + round_, secure=release, ledgers=[ledger]) as rel:
         rel.check_ledgers()
         if spec.clip is not None:
             fl = FLSpec(algorithm="fedavg", clip=float(spec.clip))
-            noisy, z_eff = add_noise(uniform.total, fl, z, round_, rel, seed)
+            noisy, z_eff = add_noise(uniform.total, fl, z, round_, rel, seed, sensitivity=sens)
             new = (theta_g.astype(np.float64) + noisy / K).astype(np.float32)
             weights = "uniform (clipped updates)"
         else:
@@ -107,15 +113,13 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
             weights = "n_k / sum n"
         rid = rel.release_id(round_, sorted(path_digest(Path(u) / C.THETA) for u in uploads),
                              spec.to_dict(), path_digest(Path(init) / C.THETA), base)
-        private = z > 0
         # release mode: the number of uploads K is the round's participant count, private
         # under add/remove-one-client neighbours; the accountant needs only q
         info = {"round": round_, "method": spec.mode,
                 **({} if release else {"clients": K}), **({} if private else {"note": NO_DP})}
         entry = gaussian(LEDGER_STAGE, noise_multiplier=float(z_eff),
                          sample_rate=K / N if private else 1.0, delta=delta,
-                         sensitivity=float(spec.clip) if spec.clip is not None else 1.0,
-                         sampling=("fixed" if K < N else "none") if private else "none",
+                         sensitivity=sens, sampling=sampling, neighbouring=relation,
                          release_id=rid, mode=rel.mode, params=info)
         rel.outputs = outdir.DirOutput(out_p, kind="fewfedpit-global", legacy=C.WEIGHTS_FILES)
         tmp = rel.outputs.tmp
