@@ -31,7 +31,16 @@ def js(run_popri, *args):
 def test_epsilon_line(run_popri):
     out = ok(run_popri, "epsilon", "--noise-multiplier", 2.5, "--sample-rate", 0.1, "--steps", 20,
              "--delta", 3e-6)
-    assert out == "epsilon = 0.9617 (rdp, q=0.1, T=20, delta=3e-06, z=2.5)\n"
+    assert out == ("epsilon = 0.9617 (rdp, q=0.1, T=20, delta=3e-06, z=2.5; add/remove one "
+                   "client)\n")
+    # a fixed L of N: sampling without replacement under replace one client (RDP only)
+    out = ok(run_popri, "epsilon", "-z", 2.5, "-q", 0.1, "-T", 20, "--sampling", "fixed")
+    assert out.endswith("z=2.5; replace one client)\n")
+    assert float(out.split()[2]) == pytest.approx(
+        A.epsilon(2.5, 0.1, 20, 3e-6, sampling="fixed"), abs=1e-4)
+    p = run_popri(["account", "epsilon", "-z", 2.5, "-q", 0.1, "-T", 20, "--sampling", "fixed",
+                   "-a", "pld"])
+    assert p.returncode == 2 and "--accountant" in p.stderr and p.stdout == ""
 
 
 def test_epsilon_json_pld_pretext(run_popri):
@@ -64,7 +73,7 @@ def test_sigma_round_trips_pretext(run_popri, acc, target):
 def test_sigma_line_rounds_up(run_popri):
     out = ok(run_popri, "sigma", "-e", 1, "-q", 1, "-T", 20)  # POPri C.1: 19.3 at q = 1
     m = re.fullmatch(r"noise_multiplier = (\S+) \(rdp, q=1, T=20, delta=3e-06, "
-                     r"epsilon=(\S+) <= 1\)\n", out)
+                     r"epsilon=(\S+) <= 1; add/remove one client\)\n", out)
     assert m, out
     z = float(m.group(1))
     assert 19.2 < z <= 19.3
@@ -82,7 +91,7 @@ def _entry(stage, z, q, steps, rid, sampling="poisson", delta=3e-6):
 def pipeline(tmp_path):
     """Two heterogeneous releases; the score release also copied into a score sidecar and
     into a second run directory (same release_id: counted once)."""
-    score = _entry("score", 1.05, 0.0075, 20, "rel-score", sampling="fixed")
+    score = _entry("score", 1.05, 0.0075, 20, "rel-score")
     hist = _entry("histogram", 12.858, 1.0, 11, "rel-hist")
     (tmp_path / "round1").mkdir()
     (tmp_path / "round2").mkdir()
@@ -103,7 +112,7 @@ def test_ledger_json(run_popri, pipeline, acc):
     alone = {g["stage"]: g["epsilon_alone"] for g in d["groups"]}
     assert alone["histogram"] == pytest.approx(A.epsilon(12.858, 1.0, 11, 3e-6, acc), rel=1e-9)
     assert d["epsilon"] > max(alone.values())
-    assert "L/N" in d["note"]  # fixed-size sampling convention is spelled out
+    assert d["neighbouring"] == "add/remove one client" and d["dp_guarantee"] is True
 
 
 def test_ledger_table(run_popri, pipeline):
@@ -111,14 +120,53 @@ def test_ledger_table(run_popri, pipeline):
     p = run_popri(["account", "ledger", root / "round1" / "ledger.jsonl", root / "round2"],
                   check=True)
     lines = p.stdout.splitlines()
-    assert lines[0].split()[:6] == ["stage", "mechanism", "z", "q", "steps", "sampling"]
-    assert lines[1].split()[:7] == ["score", "subsampled_gaussian", "1.05", "0.0075", "20",
-                                    "fixed", "1"]
-    assert lines[2].split()[:7] == ["histogram", "gaussian", "12.858", "1", "11", "none", "1"]
+    assert lines[0].split()[:7] == ["stage", "mechanism", "z", "q", "steps", "sampling",
+                                    "relation"]
+    assert lines[1].split()[:6] == ["score", "subsampled_gaussian", "1.05", "0.0075", "20",
+                                    "poisson"]
+    assert lines[2].split()[:6] == ["histogram", "gaussian", "12.858", "1", "11", "none"]
+    assert "add/remove one client" in lines[1] and "add/remove one client" in lines[2]
     eps = A.compose(history, 3e-6).epsilon
     assert lines[3] == (f"total: epsilon = {math.ceil(eps * 1e4) / 1e4:.4f} "
-                        f"(rdp, delta=3e-06, 2 entries, 2 lines)")
-    assert "Poisson" in p.stderr  # the note goes to stderr, the table to stdout
+                        f"(rdp, delta=3e-06, 2 entries, 2 lines; (eps, delta)-DP under "
+                        f"add/remove one client)")
+
+
+def test_an_old_fixed_size_ledger_is_refused_unless_the_papers_convention_is_named(
+        run_popri, tmp_path):
+    """popri <= 0.3 recorded L of N clients under add/remove at q = L/N: no proven accounting
+    (the displacement pair), so the total is refused with one line naming the way out; with
+    --convention papers it is the old number, labelled NOT A DP GUARANTEE on every output."""
+    write_jsonl(tmp_path / "ledger.jsonl",
+                [_entry("score", 1.05, 0.0075, 20, "old", sampling="fixed")])
+    p = run_popri(["account", "ledger", tmp_path])
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.strip().count("\n") == 0
+    assert "displaces" in p.stderr and "--convention papers" in p.stderr
+    p = run_popri(["account", "ledger", tmp_path, "--convention", "papers"], check=True)
+    total = p.stdout.splitlines()[-1]
+    assert total.endswith("NOT A DP GUARANTEE (papers' convention))")
+    assert "NOT A DP GUARANTEE" in p.stderr and "L/N" in p.stderr
+    assert float(total.split()[3]) == pytest.approx(A.epsilon(1.05, 0.0075, 20, 3e-6), abs=1e-4)
+    d = js(run_popri, "ledger", tmp_path, "--convention", "papers")
+    assert d["dp_guarantee"] is False and d["guarantee"].startswith("NOT A DP GUARANTEE")
+
+
+def test_a_fixed_size_ledger_totals_under_replace_one(run_popri, tmp_path):
+    """What popri records for L of N since 0.4: replace one client, sensitivity 2C, sampling
+    without replacement (RDP); a q = 1 Gaussian under add/remove joins it at twice its
+    sensitivity (noted), and pld refuses the mixture with one line."""
+    score = _entry("score", 1.5, 0.5, 3, "new", sampling="fixed")
+    score.update(neighbouring="replace one client", sensitivity=2.0)
+    fred = _entry("fred", 30.0, 1.0, 1, "sel")
+    write_jsonl(tmp_path / "ledger.jsonl", [score, fred])
+    d = js(run_popri, "ledger", tmp_path)
+    assert d["neighbouring"] == "replace one client" and d["dp_guarantee"] is True
+    assert "2 times its sensitivity" in d["note"]
+    want = A.compose([{**score}, {**fred, "neighbouring": "replace one client",
+                                   "noise_multiplier": 15.0, "sensitivity": 2.0}], 3e-6).epsilon
+    assert d["epsilon"] == pytest.approx(want, rel=1e-9)
+    p = run_popri(["account", "ledger", tmp_path, "--accountant", "pld"])
+    assert p.returncode == 2 and "rdp" in p.stderr
 
 
 def test_ledger_delta_must_be_chosen_when_entries_disagree(run_popri, tmp_path):
@@ -175,7 +223,10 @@ def test_help_explains_defaults_and_neighbouring(run_popri):
     assert "rdp" in text("--help") and "pld" in text("--help")
     for sub in ("epsilon", "sigma", "ledger"):
         h = text(sub, "--help")
-        assert "adding or removing one client's whole data (user-level DP)" in h
+        assert "one client's whole data (user-level DP): added or removed" in h
+        assert "replaced under fixed-size sampling" in h
     eps_help = text("epsilon", "--help")
     assert "POPri D.1" in eps_help and "PrE-Text D.1" in eps_help and "3e-6" in eps_help
-    assert "q = L/N, as POPri did (appendix D.1" in text("ledger", "--help")
+    assert "replace one client" in eps_help and "--sampling" in eps_help
+    led = text("ledger", "--help")
+    assert "not a DP guarantee" in led and "--convention" in led

@@ -281,8 +281,14 @@ def test_compose_groups_notes_and_effective_q():
           entry("hist", 12.858, 1.0, steps=11),
           LedgerEntry(stage="odd", mechanism="gaussian", noise_multiplier=5.0, sample_rate=0.2,
                       steps=1, delta=DELTA, sensitivity=1.0)]
-    c = A.compose(es, DELTA, "rdp")
+    # fixed-size sampling recorded under add/remove (popri <= 0.3): no proven accounting
+    with pytest.raises(A.ParameterError, match="displaces") as err:
+        A.compose(es, DELTA, "rdp")
+    assert err.value.param == "neighbouring" and "--convention papers" in err.value.message
+    c = A.compose(es, DELTA, "rdp", convention="papers")  # only by name, and labelled
     d = c.to_dict()
+    assert not c.guarantee and d["dp_guarantee"] is False
+    assert d["note"].startswith("NOT A DP GUARANTEE") and "NOT A DP GUARANTEE" in d["guarantee"]
     assert d["entries"] == 4 and len(d["groups"]) == 3
     assert d["groups"][0]["steps"] == 2 and d["groups"][0]["entries"] == 2
     assert d["groups"][2]["sample_rate"] == 1.0  # 'gaussian' counts as q = 1

@@ -75,9 +75,10 @@ def _zero_updates(monkeypatch):
 
 
 def test_epoch_wise_participation_and_one_tree_per_epoch(tiny_lm, tmp_path, monkeypatch):
-    """6 clients, L = 2: epochs of R = 3 rounds; each client exactly once per epoch; the
-    server follows the tree's noisy prefix sums (theta_3 - theta_0 = prefix(3) / L with zero
-    updates, no momentum); the ledger holds one entry per tree (2 for 6 rounds)."""
+    """6 clients, L = 2 (assignment blocks): epochs of R = 3 rounds; each client exactly once
+    per epoch; the server follows the tree's noisy prefix sums (theta_3 - theta_0 = prefix(3) /
+    L with zero updates, no momentum); the ledger holds one entry per tree (2 for 6 rounds),
+    under zero-out one client (an added client would push another out of its block)."""
     from popri.methods.dpfl import rounds as R
     from popri.privacy.ledger import read_ledger, dedupe
     from popri.privacy.tree import TreeNoise
@@ -85,7 +86,8 @@ def test_epoch_wise_participation_and_one_tree_per_epoch(tiny_lm, tmp_path, monk
 
     _zero_updates(monkeypatch)
     data = _data(tmp_path)
-    spec = FLSpec(algorithm="ftrl", clip=0.5, momentum=0.0, server_lr=1.0, bf16=False)
+    spec = FLSpec(algorithm="ftrl", clip=0.5, momentum=0.0, server_lr=1.0, bf16=False,
+                  assignment="blocks")
     prev, thetas, members = None, [], []
     for t in range(1, 7):
         out = tmp_path / "fl" / f"round{t}"
@@ -106,6 +108,62 @@ def test_epoch_wise_participation_and_one_tree_per_epoch(tiny_lm, tmp_path, monk
     assert len(dedupe(entries)) == 2 == len(entries)
     assert [e.params["tree"] for e in entries] == [0, 1]
     assert all(e.params["leaves"] == 3 and e.sample_rate == 1.0 for e in entries)
+    assert all(e.neighbouring == "zero-out one client" and e.sensitivity == 0.5
+               and e.params["assignment"] == "blocks" for e in entries)
+
+
+def test_bins_assign_each_client_independently_and_hold_under_add_remove(
+        tiny_lm, tmp_path, monkeypatch):
+    """assignment bins (the default): R = 3 public rounds an epoch; each client is in exactly
+    one round of an epoch, drawn by its own seeded draw (so adding a client moves no other);
+    the tree is recorded under add/remove one client at sensitivity C, one entry per tree."""
+    from popri.methods.dpfl import rounds as R
+    from popri.privacy import accounting as A
+    from popri.privacy.ledger import read_ledger
+    from popri.specs.fl import FLSpec
+
+    seen = _zero_updates(monkeypatch)
+    data = _data(tmp_path)
+    spec = FLSpec(algorithm="ftrl", clip=0.5, bf16=False, epoch_rounds=3)
+    prev, who = None, []
+    for t in range(1, 7):
+        out = tmp_path / "fl" / f"round{t}"
+        s = R.run_round(str(data), str(out), spec, round_=t, noise_multiplier=2.0,
+                        model=tiny_lm, init=prev, seed=3)
+        assert s["ftrl"]["assignment"] == "bins" and s["ftrl"]["leaves"] == 3
+        assert s["neighbouring"] == "add/remove one client" and s["sensitivity"] == 0.5
+        who.append(s["private_diagnostics"]["participants"])
+        prev = str(out)
+    assert sum(who[:3]) == 6 and sum(who[3:]) == 6 == len(seen[:6]) + len(seen[6:]) - 6
+    for e in range(2):  # every client in exactly one leaf of the epoch
+        bins = R.epoch_bins(6, 3, 3, e, False)
+        assert bins.shape == (6,) and set(bins.tolist()) <= {0, 1, 2}
+    # one more client gets its own draw: nobody else moves (the add/remove argument)
+    more = np.random.default_rng([3, 0, 0x42494E53]).integers(0, 3, 7)
+    np.testing.assert_array_equal(more[:6], R.epoch_bins(6, 3, 3, 0, False))
+    entries = read_ledger(tmp_path / "fl" / "ledger.jsonl")
+    assert len(entries) == 2 and all(e.neighbouring == "add/remove one client"
+                                     and e.params["assignment"] == "bins" for e in entries)
+    assert A.compose(entries, 3e-6).neighbouring == "add/remove one client"
+    with pytest.raises(Exception, match="--clients-per-round is for"):
+        FLSpec(algorithm="ftrl", clients_per_round=2)
+
+
+def test_blocks_trees_under_add_remove_from_an_old_ledger_are_refused():
+    """popri <= 0.3 recorded block trees under add/remove: no proven accounting (an added
+    client takes a slot); the papers' convention totals them, labelled NOT a DP guarantee."""
+    from popri.privacy import accounting as A
+    from popri.privacy.ledger import LedgerEntry
+
+    old = LedgerEntry(stage="fl", mechanism="tree_aggregation", noise_multiplier=4.0,
+                      sample_rate=1.0, steps=1, delta=D, sensitivity=0.1,
+                      params={"leaves": 10, "restart": "epoch", "tree": 0}, release_id="t0")
+    with pytest.raises(A.ParameterError, match="zero-out"):
+        A.compose([old], D)
+    c = A.compose([old], D, convention="papers")
+    assert not c.guarantee
+    zero = LedgerEntry(**{**old.to_dict(), "neighbouring": "zero-out one client"})
+    assert A.compose([zero], D).epsilon == pytest.approx(c.epsilon)
 
 
 def test_release_mode_epoch_keeps_its_secret_state_and_never_re_releases_a_leaf(
@@ -117,7 +175,7 @@ def test_release_mode_epoch_keeps_its_secret_state_and_never_re_releases_a_leaf(
 
     _zero_updates(monkeypatch)
     data = _data(tmp_path)
-    spec = FLSpec(algorithm="ftrl", clip=0.5, bf16=False, release=True)
+    spec = FLSpec(algorithm="ftrl", clip=0.5, bf16=False, release=True, assignment="blocks")
     kw = dict(noise_multiplier=2.0, model=tiny_lm, clients_per_round=2, seed=0, release=True)
     r1 = tmp_path / "fl" / "round1"
     R.run_round(str(data), str(r1), spec, round_=1, **kw)
@@ -136,7 +194,7 @@ def test_ftrl_epochs_refuse_poisson_sampling_and_flower():
     from popri.core.errors import ConfigError
     from popri.specs.fl import FLSpec
 
-    with pytest.raises(ConfigError, match="fixed number of clients"):
+    with pytest.raises(ConfigError, match="not a Poisson sample"):
         FLSpec(algorithm="ftrl", sample_rate=0.5)
     with pytest.raises(ConfigError, match="--restart round"):
         FLSpec(algorithm="ftrl", engine="flower")

@@ -93,8 +93,10 @@ def test_no_engine_branches_outside_the_engine():
 
 # --------------------------------------------------------------------------- conformance
 def _entry(**kw):
-    base = dict(noise_multiplier=1.5, sample_rate=0.25, sensitivity=1.0, sampling="fixed",
-                delta=1e-5, mode="research", params={"round": 1})
+    # fixed L of N: replace one client, the clipped sum's sensitivity 2C
+    base = dict(noise_multiplier=1.5, sample_rate=0.25, sensitivity=2.0, sampling="fixed",
+                neighbouring="replace one client", delta=1e-5, mode="research",
+                params={"round": 1})
     return E.gaussian("score", **(base | kw))
 
 
@@ -110,13 +112,14 @@ def test_equal_plan_and_record_conform():
 def test_every_departure_is_found(field, z, q):
     planned = [_entry(noise_multiplier=z, sample_rate=q)]
     change = {"sample_rate": dict(sample_rate=min(1.0, q * 1.5)),
-              "sensitivity": dict(sensitivity=2.0), "sampling": dict(sampling="poisson"),
+              "sensitivity": dict(sensitivity=4.0), "sampling": dict(sampling="poisson"),
               "delta": dict(delta=2e-5), "mechanism": dict(sample_rate=1.0),
               "lower_z": dict(noise_multiplier=z * 0.99),
-              "neighbouring": dict(neighbouring="replace one client")}.get(field, {})
+              "neighbouring": dict(neighbouring="zero-out one client")}.get(field, {})
     if field == "stage":
         rec = [E.gaussian("fl", **{k: getattr(planned[0], k) for k in (
-            "noise_multiplier", "sample_rate", "sensitivity", "sampling", "delta", "mode")})]
+            "noise_multiplier", "sample_rate", "sensitivity", "sampling", "neighbouring",
+            "delta", "mode")})]
     elif field == "count":
         rec = planned * 2
     else:
@@ -171,9 +174,12 @@ def _score_stage(tmp: Path, planned, q_args=("--clients-per-round", "5")):
 
 
 def _planned(q=0.5, sampling="fixed", z=1.5):
+    from popri.privacy.relations import round_relation
+
+    rel, sens = round_relation(1.0, sampling)
     return [E.round_release(EngineSpec(), "score", noise_multiplier=z, sample_rate=q,
-                            sensitivity=1.0, sampling=sampling, delta=1e-5, mode="research",
-                            params={"round": 1})]
+                            sensitivity=sens, sampling=sampling, neighbouring=rel, delta=1e-5,
+                            mode="research", params={"round": 1})]
 
 
 def test_the_runner_checks_a_dp_stage_record_against_its_plan(tmp_path):
@@ -217,6 +223,7 @@ def test_the_score_command_records_what_the_budget_plans(tmp_path, extra):
 
     priv, syn = _score_inputs(tmp_path)
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "score.clients_per_round=5",
+                        "score.sample_rate=null",
                         "privacy.epsilon=null", "privacy.noise_multiplier=1.5",
                         *(["release=true", "dpo.select_on=public"] if extra else [])])
     run = Run(cfg)

@@ -321,10 +321,18 @@ def test_ledger_composes_replace_relations_and_refuses_mixtures():
     assert rep.epsilon == pytest.approx(add.epsilon, rel=1e-12)
     assert rep.to_dict()["neighbouring"] == "replace one sample"
     assert rep.epsilon < 2 * EPS  # tighter than basic composition
-    with pytest.raises(A.ParameterError, match="different neighbouring"):
+    # samples and clients never add up (no conversion between units)
+    with pytest.raises(A.ParameterError, match="no proven conversion"):
         A.compose([e("replace one sample"), e("add/remove one client")], DELTA)
-    with pytest.raises(A.ParameterError, match="different neighbouring"):
+    with pytest.raises(A.ParameterError, match="no proven conversion"):
         A.compose([e("add/remove one sample"), e("add/remove one client")], DELTA)
+    # a q = 1 Gaussian under add/remove one sample joins replace one sample at twice its
+    # sensitivity (the triangle inequality): the same mechanism at z / 2
+    mix = A.compose([e("replace one sample"), e("add/remove one sample")], DELTA, "pld")
+    assert mix.neighbouring == "replace one sample" and "2 times" in mix.to_dict()["note"]
+    assert mix.epsilon == pytest.approx(A.compose(
+        [e("replace one sample"), {**e("replace one sample"), "noise_multiplier": CLASSIC / 2}],
+        DELTA, "pld").epsilon, rel=1e-12)
     with pytest.raises(A.ParameterError):
         A.compose([e("replace one sample", q=0.1)], DELTA)
 
@@ -380,7 +388,7 @@ def test_cli_stats_compare_and_ledger(sets, run_popri):
     assert acc["delta"] == DELTA and acc["epsilon"] < 2 * EPS
     assert acc["epsilon"] == pytest.approx(A.compose([(CLASSIC, 1.0, 2)], DELTA, "pld").epsilon)
     txt = run_popri(["account", "ledger", out.with_suffix(".json")], check=True).stdout
-    assert "neighbours: replace one sample" in txt.splitlines()[-1]
+    assert txt.splitlines()[-1].endswith("(eps, delta)-DP under replace one sample)")
 
     # compare: the near candidate ranks first; JSON and table agree
     res = json.loads(_ok(run_popri, "compare", "--stats", out, sets["far"], sets["near"],
@@ -466,7 +474,7 @@ def test_cli_user_level_composes_with_popri_rounds(sets, run_popri):
     s2 = sets["dir"] / "u" / "s2" / "stats.npz"
     _ok(run_popri, "stats", "--private", sets["priv"], "-e", EPS, "--delta", 3e-6, "--out", s2)
     p = run_popri(["account", "ledger", out.parent])
-    assert p.returncode == 2 and "different neighbouring relations" in p.stderr
+    assert p.returncode == 2 and "no proven conversion" in p.stderr
 
 
 @pytest.mark.slow  # three processes load torch + the tiny model (~30 s on a busy 2-core box)

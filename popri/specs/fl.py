@@ -61,8 +61,8 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
                 "record), which is what the ledger says.", choices=ASSIGNMENTS)
     epoch_rounds: int | None = param(
         None, "ftrl, restart epoch, assignment bins: R, the rounds of an epoch (the tree's "
-              "leaves); about N / R clients take part in each. A public setting: R = floor(N/L) "
-              "would reveal N.", lo=1)
+              "leaves); about N / R clients take part in each (default 1: every client every "
+              "round). A public setting: R = floor(N / L) would reveal N.", lo=1)
     clip: float = param(0.01, "L2 clip C of a client's model update (POPri C.1 searches "
                         "[0.01, 0.4]; on sotu at eps = 1, 10 of 100 clients per round, the C.1 "
                         "search picked 0.01 over 0.1 for both methods by validation accuracy: "
@@ -130,9 +130,6 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
                                   "--assignment bins --epoch-rounds R, or --restart round",
                                   field="sample_rate")
             if self.assignment == "bins":
-                if self.epoch_rounds is None:
-                    raise ConfigError("--assignment bins needs --epoch-rounds R (the rounds of "
-                                      "an epoch, a public setting)", field="epoch_rounds")
                 if self.clients_per_round is not None:
                     raise ConfigError("--assignment bins assigns each client to one of "
                                       "--epoch-rounds rounds; --clients-per-round is for "

@@ -311,7 +311,7 @@ def epoch_leaves(spec: FLSpec, n: int, L: int | None) -> int:
     """R, the rounds of one DP-FTRL epoch: ``--epoch-rounds`` (bins: public) or floor(N / L)
     (blocks)."""
     if spec.assignment == "bins":
-        return int(spec.epoch_rounds)
+        return int(spec.epoch_rounds or 1)
     return max(1, n // max(1, L or n))
 
 
