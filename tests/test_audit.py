@@ -216,3 +216,33 @@ def test_the_new_mechanisms_claim_their_ledger_entrys_epsilon():
     assert s["claimed_epsilon"] == pytest.approx(Acc.epsilon(1.0, 0.05, 1, s["delta"], "rdp"))
     d = A.run(_spec("ddg", 200, noise_multiplier=2.0), seed=0)
     assert d["claimed_mu"] == pytest.approx(0.5, rel=1e-6) and d["nodes"] == 4
+
+
+def test_the_displacement_pair_replays_what_fixed_size_sampling_does():
+    """--mechanism fixed (issue 36): D' adds a client at -C among N at +C; the library's sampler
+    takes it w.p. L / (N + 1) and it then displaces one, so D' is a mixture with weight
+    L / (N + 1) at a 2C shift.  Held to the entry of one round: replace one client with twice
+    the noise (popri 0.4), or with --convention papers popri 0.3's add/remove entry at the old
+    noise (labelled NOT A DP GUARANTEE).  100,000 trials a side (docs/privacy.md): the papers'
+    claim 2.929 is refuted (lower bound 3.347), the new one (3.090) is not (1.707)."""
+    from popri.privacy import accounting as Acc
+
+    N, L, z, n = 20, 19, 1.5, 4000
+    new = A.Setup("fixed", z, n, clients=N, clients_per_round=L, synthetic=50)
+    s0, s1, what, shift = A.worlds(new)
+    assert shift == pytest.approx(2.0) and "displaces" in what
+    p = L / (N + 1)
+    sd = 2 * z  # replace one client: the noise std is z 2C
+    assert abs(s0.mean()) < 4 * sd / math.sqrt(n) and s0.std() == pytest.approx(sd, rel=0.05)
+    assert s1.mean() == pytest.approx(p * 2.0, abs=4 * sd / math.sqrt(n))
+    old = A.Setup("fixed", z, n, clients=N, clients_per_round=L, synthetic=50,
+                  convention="papers")
+    o0, _, _, _ = A.worlds(old)
+    assert o0.std() == pytest.approx(z, rel=0.05)  # popri <= 0.3's noise: z C
+    _, claim_new, how_new = A.entry_claim(new, delta=1e-5, accountant="rdp")
+    _, claim_old, how_old = A.entry_claim(old, delta=1e-5, accountant="rdp")
+    assert claim_new == pytest.approx(Acc.epsilon(z, L / N, 1, 1e-5, sampling="fixed"))
+    assert claim_old == pytest.approx(Acc.epsilon(z, L / N, 1, 1e-5))  # Poisson at q = L/N
+    assert "replace one client" in how_new and "NOT A DP GUARANTEE" in how_old
+    with pytest.raises(Exception, match="clients-per-round|must be <"):
+        _spec("fixed", 200, noise_multiplier=1.0, clients=5, clients_per_round=5)

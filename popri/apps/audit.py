@@ -308,6 +308,8 @@ class Setup:
     brk: str | None = None
     dataset: str = "random"  # or "adversarial": every other record mirrors the canary
     sample_rate: float = 0.1  # subsampled
+    clients_per_round: int = 10  # fixed
+    convention: str | None = None  # fixed: "papers" replays popri <= 0.3's noise and claim
     leaves: int = 8  # tree
     nodes: int = 4  # ddg
     notes: list = field(default_factory=list)
@@ -620,10 +622,62 @@ def _subsampled_worlds(s: Setup):
     return s0, s1, what, shift
 
 
+def fixed_round(s: Setup) -> tuple[str, float]:
+    """The relation and the sum's sensitivity a cosine round on L of N clients is recorded with
+    (the stage's own rule, :func:`popri.privacy.relations.round_relation`)."""
+    from popri.privacy.relations import round_relation
+
+    return round_relation(float(s.clip), "fixed", s.convention)
+
+
+def _fixed_worlds(s: Setup):
+    """The displacement pair of fixed-size sampling (issue 36): D holds N clients whose
+    embeddings equal synthetic sample 0 (each one's clipped vector is +u, |u| = C); D' adds a
+    canary whose embedding is its opposite (-u).  Each trial draws L of the world's clients with
+    the library's sampler (:func:`~popri.federated.participation.sample_clients`, without
+    replacement) and releases the noisy cosine sum (:func:`popri.feedback.cosine.cosine_round`)
+    with the noise the stage adds for that sampling (z times the sum's sensitivity under its
+    relation, :func:`fixed_round`).  In D' the canary is sampled w.p. L / (N + 1) and then
+    displaces one of the +u clients: the sum moves by 2C, not C."""
+    from popri.federated import participation
+    from popri.feedback import cosine
+    from popri.privacy.noise import make_rng
+
+    rng = make_rng(s.seed, stream="audit-data")
+    n, d, C, L, N = s.synthetic, s.dim, float(s.clip), int(s.clients_per_round), s.n_clients
+    syn = rng.standard_normal((n, d))
+    base = np.repeat(syn[:1], N, axis=0)
+    ids = [f"client-{k:05d}" for k in range(N)]
+    worlds = [(base, ids), (np.concatenate([base, -syn[:1]]), ids + ["canary"])]
+    _, sens = fixed_round(s)
+    z = run_z(s.z, s.brk)
+
+    def release(world, seed):
+        e, who = worlds[world]
+        codes, clients = participation.factorize(who)
+        part = participation.sample_clients(len(clients), make_rng(int(seed), stream="sampling"),
+                                            clients_per_round=L)
+        return cosine.cosine_round(np.asarray(e, dtype=np.float32), codes, part, syn,
+                                   noise_multiplier=z, clip=C, standardize=True,
+                                   noise_rng=make_rng(int(seed), stream="noise"),
+                                   factor=sens / C)
+
+    u = _client_vectors(syn[:1], ["x"], syn, C)[0]
+    with broken("cosine", s.brk):
+        outs = [np.stack([np.asarray(release(w, t), dtype=np.float64).reshape(-1)
+                          for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
+    s0, s1, shift = _projection(outs[0], outs[1], L * u, (L - 2) * u)
+    what = (f"1 more client at -C among {N} at +C (C = {C:g}), {L} sampled without replacement "
+            f"per round: sampled (w.p. {L}/{N + 1}) it displaces one, moving the sum by 2C"
+            + ("; replayed as popri <= 0.3 (--convention papers)" if s.convention else ""))
+    return s0, s1, what, shift
+
+
 def worlds(s: Setup):
     """(statistics on D, statistics on D', canary description, |mu_1 - mu_0|)."""
     return {"fred": _fred_worlds, "ddg": _ddg_worlds, "tree": _tree_worlds,
-            "subsampled": _subsampled_worlds}.get(s.mechanism, _score_worlds)(s)
+            "subsampled": _subsampled_worlds, "fixed": _fixed_worlds}.get(
+        s.mechanism, _score_worlds)(s)
 
 
 # --------------------------------------------------------------------------- claim and verdict
@@ -682,6 +736,22 @@ def entry_claim(s: Setup, *, delta: float, accountant: str) -> tuple[float, floa
         z = s.z
         e = E.tree_aggregation("audit", noise_multiplier=z, leaves=int(s.leaves), **common)
         how = f"{accountant}, tree_aggregation ({s.leaves} leaves)"
+    elif s.mechanism == "fixed":
+        # the entry `popri score --clients-per-round L` records for this round (the same entry
+        # function and relation rule), totalled as `popri account ledger` would
+        from popri.specs.feedback import ScoreSpec
+
+        z = s.z
+        rel, sens = fixed_round(s)
+        e = E.round_release(ScoreSpec(clients_per_round=s.clients_per_round, clip=s.clip,
+                                      convention=s.convention),
+                            "audit", noise_multiplier=z,
+                            sample_rate=s.clients_per_round / s.n_clients, sensitivity=sens,
+                            sampling="fixed", neighbouring=rel, delta=delta, mode="research",
+                            release_id="audit")
+        c = A.compose([e], delta, accountant, convention=s.convention)
+        return float(z), c.epsilon, (f"{accountant}, subsampled_gaussian on {s.clients_per_round}"
+                                     f" of {s.n_clients} ({c.label})")
     else:
         z = s.z
         e = E.gaussian("audit", noise_multiplier=z, sample_rate=float(s.sample_rate),
@@ -710,7 +780,7 @@ def audit(s: Setup, *, claimed: float, delta: float, confidence: float = 0.95,
     s0, s1, what, shift = worlds(s)
     st = audit_statistics(s0, s1, delta=delta, confidence=confidence)
     claimed_mu = 1.0 / s.z
-    if s.mechanism in ("ddg", "tree", "subsampled"):
+    if s.mechanism in ("ddg", "tree", "subsampled", "fixed"):
         z_led, claimed, claim_from = entry_claim(s, delta=delta, accountant=claim_from)
         if s.mechanism == "tree":
             from popri.privacy.tree import depth
@@ -728,7 +798,7 @@ def audit(s: Setup, *, claimed: float, delta: float, confidence: float = 0.95,
         "claimed_mu": claimed_mu, "canary": what, "canary_shift": shift,
         "clients": s.n_clients, "dim": s.dim, "dataset": s.dataset, "seed": s.seed,
     }
-    if s.mechanism in ("cosine", "nn-histogram", "ddg", "subsampled"):
+    if s.mechanism in ("cosine", "nn-histogram", "ddg", "subsampled", "fixed"):
         res["synthetic"] = s.synthetic
     if s.mechanism == "ddg":
         res.update(clip=s.clip, nodes=s.nodes)
@@ -736,6 +806,11 @@ def audit(s: Setup, *, claimed: float, delta: float, confidence: float = 0.95,
         res.update(clip=s.clip, leaves=s.leaves)
     elif s.mechanism == "subsampled":
         res.update(clip=s.clip, sample_rate=s.sample_rate)
+    elif s.mechanism == "fixed":
+        rel, sens = fixed_round(s)
+        res.update(clip=s.clip, clients_per_round=s.clients_per_round, convention=s.convention,
+                   relation=rel, noise_std=run_z(s.z, s.brk) * sens,
+                   claim_scope="one round (the ledger entry of one release)")
     elif s.mechanism == "cosine":
         res["clip"] = s.clip
         res["max_samples_per_client"] = s.max_samples_per_client
@@ -762,7 +837,7 @@ def run(spec: AuditSpec, *, seed: int = 0) -> dict:
                                       accountant=spec.accountant,
                                       noise_multiplier=spec.noise_multiplier,
                                       epsilon=spec.epsilon, calibration=spec.calibration)
-    if spec.mechanism in ("ddg", "tree", "subsampled"):
+    if spec.mechanism in ("ddg", "tree", "subsampled", "fixed"):
         how = spec.accountant  # audit() claims the ledger entry's epsilon with this accountant
     fred = spec.mechanism == "fred"
     setup = Setup(spec.mechanism, z, spec.trials, seed=seed, clients=spec.clients,
@@ -771,7 +846,8 @@ def run(spec: AuditSpec, *, seed: int = 0) -> dict:
                   max_samples_per_client=spec.max_samples_per_client,
                   relation=spec.relation if fred else "replace-one",
                   level=spec.level if fred else "sample", brk=spec.brk, dataset=spec.dataset,
-                  sample_rate=spec.sample_rate, leaves=spec.leaves, nodes=spec.nodes)
+                  sample_rate=spec.sample_rate, leaves=spec.leaves, nodes=spec.nodes,
+                  clients_per_round=spec.clients_per_round, convention=spec.convention)
     t0 = time.perf_counter()
     r = audit(setup, claimed=claimed, delta=spec.delta, confidence=spec.confidence,
               claim_from=how)

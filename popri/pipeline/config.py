@@ -86,6 +86,7 @@ class ScoreConfig(EngineSpec):
     # sample_rate: null) is accounted under replace-one-client (docs/privacy.md)
     clients_per_round: int | None = same(ScoreSpec, "clients_per_round")
     sample_rate: float | None = same(ScoreSpec, "sample_rate", 0.5)
+    public_clients: int | None = same(ScoreSpec, "public_clients")
     max_samples_per_client: int = same(ScoreSpec, "max_samples_per_client",
                                        HISTOGRAM_MAX_SAMPLES)   # nn-histogram only (PrE-Text)
     threshold: float = same(ScoreSpec, "threshold", HISTOGRAM_THRESHOLD)  # nn-histogram only
@@ -173,6 +174,7 @@ class FLConfig(EngineSpec):
     # fixed L (clients_per_round, with sample_rate: null) is accounted under replace one client
     clients_per_round: int | None = same(FLSpec, "clients_per_round")
     sample_rate: float | None = same(FLSpec, "sample_rate", 0.1)
+    public_clients: int | None = same(FLSpec, "public_clients")
     clip: float = same(FLSpec, "clip")
     client_lr: float = same(FLSpec, "client_lr")
     local_epochs: int = same(FLSpec, "local_epochs")

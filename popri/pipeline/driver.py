@@ -175,6 +175,7 @@ class Run(Budget):
         own |= EngineSpec.of(sc).engine_settings()
         a = step_argv(ScoreSpec, mode=mode, noise_multiplier=z, delta=self.cfg.privacy.delta,
                       clients_per_round=sc.clients_per_round, sample_rate=sc.sample_rate,
+                      public_clients=sc.public_clients,
                       convention=self.cfg.privacy.convention, release=self.release, **own)
         if z is None:
             a += ["--noise-multiplier", Z_LATER]
@@ -544,8 +545,32 @@ class Run(Budget):
             out["released"] = str(model if model is not None else self.paths.synthetic)
         else:
             self._evaluation_results(out)
+            out["research_reads"] = self.research_reads()
         out["stage_seconds"] = self.runner.stage_seconds()
         return out
+
+    def research_reads(self) -> list[str]:
+        """What a research-mode run read of the private splits OUTSIDE the ledger (exact
+        statistics, not covered by epsilon; release mode plans none of them): results.json's
+        ``research_reads``, one line of the results table and the report."""
+        E, reads = self.paths.eval, []
+        if (E / f"{self.cfg.method}.json").exists():
+            extra = [what for f, what in (("epsinf.json", "the eps = 0 / eps = inf rows"),
+                                          ("control.json", "the T = 0 control"))
+                     if (E / f).exists()]
+            draws = len(list(E.glob("control-d*.json")))
+            if draws:
+                extra.append(f"{draws} more draws of both sets")
+            reads.append("the evaluation on the private test split (accuracy per test client"
+                         + "".join(f", {x}" for x in extra) + ")")
+        if (E / "fid.json").exists():
+            reads.append("the FID to the private validation split")
+        if (self.run / "probe").is_dir() and any((self.run / "probe").glob("round*.json")):
+            reads.append("the per-round probe (the private validation split)")
+        if self.select == "private":
+            reads.append("checkpoint selection on the exact private validation split "
+                         "(POPri B.1)")
+        return reads
 
     def _evaluation_results(self, out: dict) -> None:
         """results.json's evaluation (research mode): the control and its draws, accuracy per
@@ -713,6 +738,9 @@ def results_table(r: dict) -> str:
     sel = r.get("checkpoint_selection")
     if sel:
         lines.append(sel.get("note") or selection_note(sel.get("on", "private")))
+    if r.get("research_reads"):
+        lines.append("NOT covered by epsilon (research reads of the private splits, outside the "
+                     "ledger): " + "; ".join(r["research_reads"]))
     if r.get("recovery_rate_note"):
         lines.append(f"recovery rate: {r['recovery_rate_note']}")
     return "\n".join(lines)

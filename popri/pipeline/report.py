@@ -743,7 +743,10 @@ def _fig_epsilon(run: _Run, report: _Report, section: str):
                   else "release (ledger order)")
     ax.set_ylabel(f"epsilon at delta = {d['delta']:g} ({d['accountant']})")
     n = d["entries"]
-    ax.set_title(f"{run.label}: privacy spent ({n} ledger entr{'y' if n == 1 else 'ies'})")
+    from popri.pipeline.driver import epsilon_words
+
+    ax.set_title(f"{run.label}: privacy spent ({n} ledger entr{'y' if n == 1 else 'ies'}; "
+                 f"{epsilon_words(run.results or {})})")
     ax.legend(loc="upper left")
     return fig
 

@@ -110,6 +110,8 @@ def summary(run: LoadedRun) -> dict:
     ident = r.get("run") or {}
     return {"run_dir": str(run.path), "method": r.get("method") or c.get("method"),
             "finished": run.finished, "epsilon": r.get("epsilon"),
+            "neighbouring": r.get("neighbouring"),
+            "dp_guarantee": r.get("dp_guarantee", True) if r else None,
             "budget": ((r.get("budget") or {}).get("epsilon")
                        if r else (c.get("privacy") or {}).get("epsilon")),
             "mode": r.get("mode"), "rounds": r.get("rounds") or c.get("rounds"),

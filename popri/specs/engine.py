@@ -113,3 +113,10 @@ class EngineSpec(Spec):
             raise ConfigError("release mode on Flower needs the distributed discrete Gaussian "
                               "(--secagg-mechanism ddg): the float path quantises with numpy's "
                               "global generator", field="secagg_mechanism")
+        if (release and getattr(self, "federation", None) is None
+                and getattr(self, "clients_per_round", None) is None
+                and getattr(self, "public_clients", "absent") is None):
+            raise ConfigError("release mode sizes the secure aggregation plan from a PUBLIC "
+                              "upper bound on a round's participants (their count is private): "
+                              "give --public-clients N, the enrolled clients you declare public, "
+                              "or --clients-per-round L", field="public_clients")

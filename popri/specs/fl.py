@@ -92,6 +92,10 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
     clients_per_round: int | None = same(ScoreSpec, "clients_per_round")
     sample_rate: float | None = same(ScoreSpec, "sample_rate")
     convention: str | None = same(ScoreSpec, "convention")
+    public_clients: int | None = param(
+        None, "Release mode on Flower with the distributed discrete Gaussian: the enrolled "
+              "clients, declared PUBLIC, an upper bound on a round's participants that sizes the "
+              "secure aggregation plan (their realised count is private).", lo=1)
     delta: float = same(ScoreSpec, "delta")
     release: bool = same(ScoreSpec, "release")
 

@@ -45,7 +45,7 @@ DEFAULT_USER_CAP = 8
 #: what `popri fred stats` releases: both (mean + covariance, FreD Algorithm 1) or the mean alone
 STATISTICS = ("both", "mean")
 #: what popri audit release replays, how it can be broken, on what data
-AUDIT_MECHANISMS = ("cosine", "nn-histogram", "fred", "ddg", "tree", "subsampled")
+AUDIT_MECHANISMS = ("cosine", "nn-histogram", "fred", "ddg", "tree", "subsampled", "fixed")
 AUDIT_BREAKS = ("no-clip", "half-noise", "two-leaves", "public-sample")
 #: the breaks that only one mechanism has: tree (the canary in two leaves of a tree: the
 #: epoch-wise participation dropped) and subsampled (the canary always in the "random" sample:
@@ -54,7 +54,7 @@ AUDIT_BREAK_ONLY = {"two-leaves": "tree", "public-sample": "subsampled"}
 AUDIT_DATASETS = ("random", "adversarial")
 #: the number of base records in an audit's D, per mechanism (fred is replayed once per trial)
 AUDIT_CLIENTS = {"cosine": 20, "nn-histogram": 20, "fred": 3, "ddg": 11, "tree": 0,
-                 "subsampled": 5}
+                 "subsampled": 5, "fixed": 20}
 #: the smallest claimed z an audit takes: at most 10^7 trials per world (half measure), a test
 #: with no error at all certifies at most mu ~ 9.6 (eps ~ 14), so a claim of z < 0.1 (mu = 1/z >
 #: 10, rdp eps ~ 100 and up) can never be refuted; z = 1e-300 printed 1/z with 300 digits
@@ -285,9 +285,17 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
     mechanism: str | None = param(
         None, "cosine (popri score), nn-histogram (popri score --mode nn-histogram), fred "
               "(popri fred stats), ddg (a cosine round's distributed discrete Gaussian through "
-              "the Flower nodes' encoding), tree (a DP-FTRL tree: every prefix sum released) or "
-              "subsampled (a cosine round on a Poisson sample at --sample-rate).", short="-m",
-              choices=AUDIT_MECHANISMS)
+              "the Flower nodes' encoding), tree (a DP-FTRL tree: every prefix sum released), "
+              "subsampled (a cosine round on a Poisson sample at --sample-rate) or fixed (a "
+              "cosine round on --clients-per-round L of the N clients: the displacement pair, an "
+              "added client at -C among N at +C).", short="-m", choices=AUDIT_MECHANISMS)
+    clients_per_round: int = param(
+        10, "fixed: L, the clients sampled per round (without replacement) of --clients N.",
+        short="-L", lo=1, hi=10_000)
+    convention: str | None = param(
+        None, "fixed: papers replays the round as popri <= 0.3 did (noise z C, the ledger entry "
+              "Poisson at q = L/N under add/remove): the claim that accounting makes, NOT a DP "
+              "guarantee.", choices=CONVENTIONS)
     sample_rate: float = param(0.01, "subsampled: the Poisson rate q of the claim.", lo=0,
                                lo_open=True, hi=1, hi_open=True)
     leaves: int = param(8, "tree: rounds (leaves) of the tree; every prefix is released.",
@@ -362,8 +370,14 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
         only = AUDIT_BREAK_ONLY.get(self.brk or "")
         if only is not None and only != self.mechanism:
             raise ConfigError(f"applies to --mechanism {only} only", field="brk")
-        if self.dataset == "adversarial" and self.mechanism in ("ddg", "tree", "subsampled"):
+        if self.dataset == "adversarial" and self.mechanism in ("ddg", "tree", "subsampled",
+                                                                "fixed"):
             raise ConfigError("applies to cosine, nn-histogram and fred", field="dataset")
+        if self.mechanism == "fixed" and not self.clients_per_round < self.n_clients:
+            raise ConfigError(f"must be < --clients ({self.n_clients}): with every client "
+                              "sampled nothing is displaced", field="clients_per_round")
+        if self.convention is not None and self.mechanism != "fixed":
+            raise ConfigError("applies to --mechanism fixed only", field="convention")
 
     @property
     def n_clients(self) -> int:

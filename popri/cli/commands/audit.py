@@ -32,7 +32,9 @@ Replays the library's own mechanism (cosine: scoring.cosine_round + finish; nn-h
 scoring.histogram_round + finish; fred: fred.release, release 1; ddg: a cosine round through the
 Flower nodes' encoding, node.upload + ddg.decode, on --nodes SuperNodes; tree: a DP-FTRL tree of
 --leaves rounds, every prefix sum; subsampled: a cosine round on a Poisson sample at
---sample-rate) --trials times on a small
+--sample-rate; fixed: a cosine round on --clients-per-round L of --clients N, the displacement
+pair of issue 36: N clients at +C and, in D', one more at -C that displaces a sampled one)
+--trials times on a small
 seeded random private set D (--clients, --dim, --synthetic; everyone takes part, q = 1) and as
 many times on D' = D + one worst-case canary record (a client whose contribution before the
 clip / cap is 10x the sensitivity), with research-mode seeded noise (one seed per trial).  The
@@ -51,14 +53,17 @@ steps=1, --delta, --accountant) for cosine / nn-histogram (the ledger entry's wo
 noise multiplier halved while z is still claimed); two-leaves (tree: the canary in two leaves of
 one tree, what epoch-wise participation forbids) and public-sample (subsampled: the canary always
 in the sample while the claim keeps q) break the participation instead; the library is
-untouched.  ddg, tree and subsampled are held to the epsilon of the ledger entry they would
-record (distributed_discrete_gaussian, tree_aggregation, subsampled_gaussian); the GDP bound
+untouched.  ddg, tree, subsampled and fixed are held to the epsilon of the ledger entry they
+would record (distributed_discrete_gaussian, tree_aggregation, subsampled_gaussian; fixed: the
+entry of ONE round, under replace one client, or with --convention papers the add/remove entry
+popri <= 0.3 recorded, labelled NOT A DP GUARANTEE); the GDP bound
 judges only the claims that are a Gaussian's (not the DDG's concentrated-DP bound, not a
 subsampled Gaussian).  When a lower bound
 exceeds the claim a line 'VIOLATION: empirical lower bound X > claimed eps Y' is printed and the
 exit status is 1.  Writes nothing (no release happens, no ledger)."""
 
 OPTION = {"noise_multiplier": "--noise-multiplier", "epsilon": "--epsilon", "delta": "--delta",
+          "clients_per_round": "--clients-per-round", "convention": "--convention",
           "accountant": "--accountant", "calibration": "--calibration", "clip": "--clip",
           "relation": "--relation", "level": "--level",
           "max_samples_per_client": "--max-samples-per-client"}

@@ -138,10 +138,48 @@ def plan_ddg(mode: str, z: float, sensitivity: float, dim: int, clients: int, n_
                           rotation_seed=rotation_seed, fixed_grid=release)
 
 
+def public_participants(spec, *, deployed: bool) -> int:
+    """Release mode: a PUBLIC upper bound on a round's participants, which sizes the secure
+    aggregation plan (the realised count is private under add/remove one client): every
+    SuperNode of a deployment, ``--clients-per-round`` L, else ``--public-clients`` N (the
+    enrolled clients, declared public); an InputError when none is given."""
+    if deployed:
+        return int(spec.supernodes)
+    for k in ("clients_per_round", "public_clients"):
+        v = getattr(spec, k, None)
+        if v is not None:
+            return int(v)
+    raise InputError("release mode sizes the secure aggregation plan from a PUBLIC upper bound "
+                     "on the participants (their count is private): give --public-clients N, "
+                     "the enrolled clients you declare public (or --clients-per-round L)",
+                     field="--public-clients")
+
+
+def planned_sizes(spec, L: int, nodes: int, unit: float, *, release: bool,
+                  deployed: bool = False) -> tuple[int, list[float]]:
+    """(the participants a round's plan is sized for, each node's upload bound before noise):
+    the realised ones in research mode (participant i on node i mod ``nodes``, ``unit`` = C or
+    M each); in release mode the public bound B of :func:`public_participants` and
+    ceil(B / nodes) participants on every node, so that nothing the plan decides (modulus,
+    grid, value bound, whether it fits) or prints follows the private count.  More
+    participants than B: an InputError that does not print the count."""
+    if not release:
+        return max(int(L), 1), [len(g) * float(unit) for g in assign(L, nodes)]
+    B = public_participants(spec, deployed=deployed)
+    if L > B:
+        raise InputError(f"more clients took part than the public bound {B} the plan is sized "
+                         "for (their count is private in release mode): raise --public-clients",
+                         field="--public-clients")
+    return B, [math.ceil(B / nodes) * float(unit)] * nodes
+
+
 def plans(*, mode: str, L: int, nodes: int, per_node: list[float], dim: int, z: float,
-          sensitivity: float, spec, release: bool, rotation_seed: int = 0):
+          sensitivity: float, spec, release: bool, rotation_seed: int = 0,
+          clients: int | None = None):
     """(SecAgg+ plan, discrete Gaussian plan or None) of a round whose ``nodes`` SuperNodes
-    hold ``L`` participants and upload at most ``per_node[k]`` (L2 / votes) before noise."""
+    hold ``L`` participants and upload at most ``per_node[k]`` (L2 / votes) before noise; the
+    DDG plan is sized for ``clients`` participants (:func:`planned_sizes`: the public bound in
+    release mode; default ``L``)."""
     if nodes < 3:
         # release mode: the realised participant count is private; say only that it fell short
         has = ("fewer than 3 participating clients (the count is private in release mode)"
@@ -160,7 +198,8 @@ def plans(*, mode: str, L: int, nodes: int, per_node: list[float], dim: int, z: 
     try:
         if mech == "ddg":
             n_min = secagg.min_survivors(nodes, spec.max_dropout)
-            ddg_plan = plan_ddg(mode, z, float(sensitivity), dim, max(L, 1), n_min,
+            ddg_plan = plan_ddg(mode, z, float(sensitivity), dim,
+                                max(int(clients if clients is not None else L), 1), n_min,
                                 uploaders=nodes, rotation_seed=rotation_seed,
                                 release=release)
             plan = secagg.plan(nodes=nodes, max_dropout=spec.max_dropout, dim=dim,
@@ -271,14 +310,12 @@ def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.
     # a deployment: every SuperNode takes part, one client each (their data stay there)
     nodes = L if deployed else node_count(spec.supernodes, L, release)
     groups = assign(L, nodes)
-    if mode == "nn-histogram":
-        per_node = [int(len(g)) * spec.max_samples_per_client for g in groups]
-    else:
-        per_node = [int(len(g)) * float(spec.clip) for g in groups]
+    unit = spec.max_samples_per_client if mode == "nn-histogram" else float(spec.clip)
+    sized, per_node = planned_sizes(spec, L, nodes, unit, release=release, deployed=deployed)
     z = float(noise_multiplier)
     plan, ddg_plan = plans(mode=mode, L=L, nodes=nodes, per_node=per_node, dim=n, z=z,
                            sensitivity=sensitivity, spec=spec, release=release,
-                           rotation_seed=rotation_seed(seed, round_, release))
+                           rotation_seed=rotation_seed(seed, round_, release), clients=sized)
 
     # ---- the job directory
     job.mkdir(mode=0o700, parents=True, exist_ok=True)  # normally job_dir's, already there

@@ -31,7 +31,7 @@ from popri.specs.fl import FLSpec
 #: FLSpec fields that come from the run config's fl section
 _FROM_CONFIG = ("clip", "client_lr", "local_epochs", "client_batch_size", "server_lr",
                 "momentum", "lora_r", "lora_alpha", "max_samples_per_client", "max_length",
-                "bf16", "clients_per_round", "sample_rate")
+                "bf16", "clients_per_round", "sample_rate", "public_clients")
 
 
 def algorithm(cfg) -> str:

@@ -373,13 +373,12 @@ def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLS
     L = len(members)
     nodes = E.node_count(spec.supernodes, L, release)
     groups = E.assign(L, nodes)
-    plan, ddg_plan = E.plans(mode="fl", L=L, nodes=nodes,
-                             per_node=[len(g) * float(spec.clip) for g in groups],
+    sized, per_node = E.planned_sizes(spec, L, nodes, float(spec.clip), release=release)
+    plan, ddg_plan = E.plans(mode="fl", L=L, nodes=nodes, per_node=per_node,
                              dim=int(theta.size), z=z,
                              sensitivity=float(spec.clip if sensitivity is None else sensitivity),
-                             spec=spec,
-                             release=release, rotation_seed=E.rotation_seed(seed, round_,
-                                                                             release))
+                             spec=spec, release=release,
+                             rotation_seed=E.rotation_seed(seed, round_, release), clients=sized)
     with E.job_dir(where) as job:
         for k, g in enumerate(groups):
             rows = [{"client_id": members[i], "text": t} for i in g for t in texts_of[members[i]]]

@@ -129,6 +129,8 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
         C.stage_files(tmp, new, state, m, tok)
         summary = {"round": round_, "method": spec.mode, "beta": spec.beta_value(),
                    "weights": weights, "noise_multiplier": z, "clip": spec.clip,
+                   "neighbouring": relation if private else None,
+                   "sensitivity": sens if private else None,
                    "privacy": "client-level DP (popri extension), see the ledger" if private
                    else NO_DP, "mode": rel.mode, "release_id": rid, "base_model": str(base)}
         diag = {"private": False, "note": NOT_PRIVATE, "clients": K, "clients_total": N,

@@ -19,16 +19,22 @@ from popri.pipeline.stages import Stage, final_seed, round_seed, step_argv
 
 
 def threshold(run, z: float | None) -> float | str:
-    """H (PrE-Text D.2: the noise std z * M unless pe.threshold); a placeholder while z is
-    unknown (dry run before the fetch)."""
+    """H (PrE-Text D.2: the noise std on the vote histogram, z * M -- z sqrt(2) M for a fixed
+    L of N, whose sensitivity is the replace-one one -- unless pe.threshold); a placeholder
+    while z is unknown (dry run before the fetch)."""
     from popri.methods.pe.draw import default_threshold
+    from popri.privacy.relations import round_relation
 
     pe = run.cfg.pe
     if pe.threshold is not None:
         return float(pe.threshold)
     if z is None:
         return "<H = z * M: set after the fetch>"
-    return default_threshold(z, run.cfg.score.max_samples_per_client)
+    q = run.noise.get("sample_rate")
+    sampling = run.sampling(q) if q is not None else "poisson"
+    _, sens = round_relation(float(run.cfg.score.max_samples_per_client), sampling,
+                             run.cfg.privacy.convention, nonnegative=True)
+    return default_threshold(z, sens)
 
 
 def vary_args(run) -> list[str]:
