@@ -56,8 +56,11 @@ CONFIG = HERE.parent / "examples" / "learning.yaml"
 ORACLE = ["privacy.epsilon=null", "privacy.noise_multiplier=1e-9",
           "score.clients_per_round=null", "score.sample_rate=null"]
 #: private shakespeare (roles as clients), public sotu: a public set out of the private domain
+#: each client joins a round independently at q = 50 / N (Poisson: add/remove one client, the
+#: accounting is proven), about the 50 a round the study drew as a fixed count before issue 36
+#: (which was accounted as Poisson at that q: not a DP guarantee); N = 1,051 train roles
 OOD = ["data.source=shakespeare", "data.date_from=null", "data.max_samples_per_client=16",
-       "data.public_source=sotu", "data.public_date_to=1899-12-31"]
+       "data.public_source=sotu", "data.public_date_to=1899-12-31", "score.sample_rate=0.0476"]
 
 #: the reverse pair: private sotu (the in-domain study's clients), public shakespeare roles
 OOD2 = ["data.public_source=shakespeare", "data.public_date_to=null"]
@@ -65,7 +68,8 @@ OOD2 = ["data.public_source=shakespeare", "data.public_date_to=null"]
 #: a second private corpus with many clients: Debian package descriptions (one client per
 #: maintainer, ~1,700 train clients: the apt indexes, `apt-get update -o Acquire::Languages=en`),
 #: public sotu before 1900 as in the default
-DEB = ["data.source=debian", "data.date_from=null", "data.max_samples_per_client=16"]
+DEB = ["data.source=debian", "data.date_from=null", "data.max_samples_per_client=16",
+       "score.sample_rate=0.0296"]  # q = 50 / 1,691 train maintainers (see OOD)
 
 #: eps = 1 with RPO (the chosen sample's NLL, alpha = 1): the setting every DP row builds on
 EPS1_RPO = ["privacy.epsilon=1", "dpo.sft_weight=1.0"]
