@@ -28,21 +28,26 @@ def score(private: str, synthetic: str, spec: Any = None, *, out: str | None = N
                           **settings)
 
 
-def account(*paths: str, delta: float | None = None, accountant: str = "rdp"):
+def account(*paths: str, delta: float | None = None, accountant: str = "rdp",
+            convention: str | None = None):
     """``popri account ledger``: the total (epsilon, delta) of every ledger entry in ``paths``
     (ledger files, directories -- every ledger.jsonl below --, or score sidecars); a release
-    recorded twice counts once.  Returns :class:`popri.privacy.accounting.Composition`."""
+    recorded twice counts once.  Returns :class:`popri.privacy.accounting.Composition`, whose
+    ``neighbouring`` names the relation it holds under and ``label`` says it in words
+    (``convention="papers"``: NOT a DP guarantee)."""
     from popri.privacy.ledger import total
 
-    return total(paths, delta=delta, accountant=accountant).composition
+    return total(paths, delta=delta, accountant=accountant, convention=convention).composition
 
 
 def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-            accountant: str = "rdp") -> float:
-    """``popri account epsilon``: epsilon of ``steps`` (subsampled) Gaussian releases."""
+            accountant: str = "rdp", sampling: str = "poisson") -> float:
+    """``popri account epsilon``: epsilon of ``steps`` subsampled Gaussian releases: Poisson
+    sampling at ``sample_rate`` under add/remove one client, or ``sampling="fixed"`` (L of N,
+    sample_rate = L/N) under replace one client, z relative to that relation's sensitivity."""
     from popri.privacy import accounting as A
 
-    return A.compose([(noise_multiplier, sample_rate, steps)], delta, accountant).epsilon
+    return A.epsilon(noise_multiplier, sample_rate, steps, delta, accountant, sampling=sampling)
 
 
 def load_config(path: str | None = None, overrides: Iterable[str] = ()):

@@ -32,10 +32,16 @@ def _trees(z: float, leaves: int, trees: int = 20) -> float:
     from popri.privacy import accounting as A
     from popri.privacy.ledger import LedgerEntry
 
+    # Table 3's trees are blocks of a permutation: accounted under zero-out one client (what
+    # popri records for fl.assignment: blocks, and the relation of dp-accounting's trees)
     es = [LedgerEntry(stage="fl", mechanism="tree_aggregation", noise_multiplier=z,
                       sample_rate=1.0, steps=1, delta=D, sensitivity=0.1,
-                      params={"leaves": leaves}, release_id=f"tree{k}") for k in range(trees)]
-    return A.compose(es, D, "rdp").epsilon
+                      neighbouring="zero-out one client",
+                      params={"leaves": leaves, "restart": "epoch", "assignment": "blocks"},
+                      release_id=f"tree{k}") for k in range(trees)]
+    c = A.compose(es, D, "rdp")
+    assert c.neighbouring == "zero-out one client" and c.guarantee
+    return c.epsilon
 
 
 @pytest.mark.parametrize("N,L,s7,s1", TABLE3_FTRL)

@@ -56,7 +56,10 @@ LEDGER = {"stage", "mechanism", "noise_multiplier", "sample_rate", "steps", "del
           "popri_version"}
 SCORE_PARAMS = {"mode", "round", "noise_multiplier", "clip", "standardize", "sample_rate",
                 "clients_per_round", "sampling", "max_samples_per_client", "threshold",
-                "release", "delta", "reduce", "public_clients", "embedding_model"}
+                "release", "delta", "reduce", "public_clients", "embedding_model",
+                # the relation the round is accounted under and the sum's sensitivity under it:
+                # public (functions of the settings), issue 36
+                "neighbouring", "sensitivity", "convention"}
 FLOWER_ENGINE = {"engine", "engine.engine", "engine.supernodes_requested",
                  "engine.secagg_mechanism"}
 #: the distributed discrete Gaussian's accounting record (its parameters are the plan's)
@@ -81,18 +84,20 @@ FL_SPEC = {"lora_r", "lora_alpha", "target_modules", "bf16", "max_length", "coun
            "bos_token", "eos_token", "algorithm", "restart", "clip", "client_lr", "local_epochs",
            "client_batch_size", "server_lr", "momentum", "lora", "max_samples_per_client",
            "noise_multiplier", "clients_per_round", "sample_rate", "delta", "release",
-           "engine", "supernodes", "secagg_mechanism", "max_dropout", "flower_timeout"}
+           "engine", "supernodes", "secagg_mechanism", "max_dropout", "flower_timeout",
+           "assignment", "epoch_rounds", "convention", "public_clients"}
 FL_ROUND = ({"round", "model", "base_model", "spec", "algorithm", "sampling", "dim",
              "noise_multiplier", "noise_multiplier_guaranteed", "noise_std", "momentum",
              "server_lr", "mode", "release_id", "source", "engine", "sample_rate",
              "clients_per_round", "flower", "flower.supernodes_requested",
-             "flower.secagg_mechanism"} | {f"spec.{k}" for k in FL_SPEC})
+             "flower.secagg_mechanism", "neighbouring", "sensitivity"}
+            | {f"spec.{k}" for k in FL_SPEC})
 FL_MODEL_METRICS = {"model", "base_model", "lora", "trainable_parameters", "bos_token",
                     "eos_token", "fl_round", "algorithm"}
 WEIGHTS_STATE = {"kind", "round", "client", "base_model", "lora", "lora.lora_r",
                  "lora.lora_alpha", "lora.target_modules", "mode", "seed"}
 FFP_ROUND = {"round", "method", "beta", "weights", "noise_multiplier", "clip", "privacy",
-             "mode", "release_id", "base_model"}
+             "mode", "release_id", "base_model", "neighbouring", "sensitivity"}
 FFP_MODEL_METRICS = {"model", "base_model", "lora", "trainable_parameters", "method", "round"}
 MARKER = {"format", "kind", "popri_version"}
 
@@ -110,13 +115,14 @@ ALLOW = {
          "nominal_noise_multiplier"}),
         "f/stats.json": {"kind", "private", "dim", "privacy_mode", "n", "n_public",
                          "embedding_model", "normalize", "source", "split", "neighbouring",
-                         "params", "ledger"} | {f"params.{k}" for k in (
+                         "statistics", "params", "ledger"} | {f"params.{k}" for k in (
                              "epsilon", "delta", "clip", "relation", "level",
                              "max_samples_per_client", "calibration", "seed", "release",
                              "noise_multiplier", "mean_sensitivity", "cov_sensitivity",
                              "noise_std_sum1", "noise_std_sum2", "tau1", "tau2",
                              "count_public", "count_weight", "count_noise_std", "count_clamped",
                              "covariance", "noise_edge", "noise", "effective_noise_multiplier",
+                             "statistics",
                              "effective_noise_multiplier.mean",
                              "effective_noise_multiplier.covariance")}
         | {f"ledger[].{k}" for k in _ledger_keys(
