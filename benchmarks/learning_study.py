@@ -287,6 +287,13 @@ def collect(runs: Path) -> list[dict]:
             "acc_t0": (m.get("t0") or {}).get("accuracy"),
             "diff": ctl.get("acc_minus_control"), "diff_se": ctl.get("acc_minus_control_se"),
             "gap": (r.get("gap_closed") or {}).get("gap_closed"),
+            # what the epsilon holds under (issue 36): the total's relation (runs before popri
+            # 0.4 recorded none: they claimed add/remove, and with a fixed count per round that
+            # claim was the papers' convention, not a DP guarantee), q, and what checkpoint
+            # selection read
+            "relation": r.get("neighbouring"), "dp_guarantee": r.get("dp_guarantee"),
+            "q": r.get("sample_rate"),
+            "selection": (r.get("checkpoint_selection") or {}).get("on"),
         })
     return rows
 
@@ -305,17 +312,22 @@ def _eps(x) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| setting | seed | eps | T | cos r0 -> rT (change +- SE) | MMD^2 change +- SE | "
-            "distinct-2 r0 -> rT | ppl r0 -> rT | held-out margin / acc | acc | acc T=0 | "
-            "minus T=0 +- SE | beats T=0 | minutes |")
+    head = ("| setting | seed | eps (relation; selection) | T | cos r0 -> rT (change +- SE) | "
+            "MMD^2 change +- SE | distinct-2 r0 -> rT | ppl r0 -> rT | held-out margin / acc | "
+            "acc | acc T=0 | minus T=0 +- SE | beats T=0 | minutes |")
     out = [head, "|" + "---|" * 14]
     for r in rows:
         # paired over the run's test clients (dozens to hundreds): t with clients - 1 degrees
         # of freedom is ~ the normal's 1.645 one-sided; 2 SEs is stricter
         win = (r["diff"] is not None and r["diff_se"] is not None and r["diff_se"] > 0
                and r["diff"] > 2 * r["diff_se"])
+        rel = r.get("relation") or "add/remove claimed (before popri 0.4)"
+        if r.get("dp_guarantee") is False:
+            rel = "NOT a DP guarantee (papers' convention)"
+        acct = f"{_eps(r['epsilon'])} ({rel}; q = {_f(r.get('q'), 4)}; selection: " \
+               f"{r.get('selection') or '-'})"
         out.append(
-            f"| {r['setting']} | {r['seed']} | {_eps(r['epsilon'])} | {r['rounds']} | "
+            f"| {r['setting']} | {r['seed']} | {acct} | {r['rounds']} | "
             f"{_f(r['cos0'])} -> {_f(r['cosT'])} ({_f(r['dcos'])} +- {_f(r['dcos_se'])}) | "
             f"{_f(r['dmmd'], 5)} +- {_f(r['dmmd_se'], 5)} | {_f(r['d2_0'], 3)} -> "
             f"{_f(r['d2_T'], 3)} | {_f(r['ppl0'], 1)} -> {_f(r['pplT'], 1)} | "
@@ -354,6 +366,8 @@ def main() -> None:
     ap.add_argument("--draw-gen", nargs="+", default=None, metavar="FLAG=VALUE",
                     help="With --draws: draw the final set and its control with these `popri gen` "
                          "options instead (e.g. top-p=0.9); draw 0 is then not the run's own.")
+    ap.add_argument("--name", default="learning_study",
+                    help="benchmarks/results/NAME.md and .json (default learning_study).")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--table", action="store_true", help="Only tabulate what ran.")
     a = ap.parse_args()
@@ -388,8 +402,8 @@ def main() -> None:
     print(md)
     res = HERE / "results"
     res.mkdir(exist_ok=True)
-    (res / "learning_study.md").write_text(md + "\n")
-    (res / "learning_study.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (res / f"{a.name}.md").write_text(md + "\n")
+    (res / f"{a.name}.json").write_text(json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":

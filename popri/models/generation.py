@@ -317,7 +317,7 @@ class TransformersBackend:
             tokenizer_obj = tokenizer_obj or tok
             if loop and adapter and hasattr(model_obj, "merge_and_unload"):
                 model_obj = model_obj.merge_and_unload()  # in memory, once per load
-            if loop and bf16 and not self.device.startswith("cuda"):
+            if loop and llm.use_bf16(bf16, self.device) and not self.device.startswith("cuda"):
                 model_obj = model_obj.to(self.torch.bfloat16)  # cast once, not every step
         else:
             self.device = str(getattr(model_obj, "device", device or "cpu"))
@@ -329,7 +329,7 @@ class TransformersBackend:
         # autocast where the weights are fp32 (a CPU model not loaded here, or the generate
         # path); bf16 weights need none
         weights = next(iter(self.model.parameters())).dtype
-        self.autocast = bf16 and weights == self.torch.float32
+        self.autocast = llm.use_bf16(bf16, self.device) and weights == self.torch.float32
         self.batch_size, self.seed, self.marker, self.params = batch_size, seed, marker, params
         from transformers import GenerationConfig
 

@@ -115,13 +115,11 @@ def load_base(model: str, spec, adapter: str | None = None):
 
 # --------------------------------------------------------------------------- the trainer
 def use_bf16(bf16: bool) -> bool:
-    """``bf16`` unless this GPU lacks it (then a warning and fp32)."""
-    import torch
+    """``bf16`` where the training device computes it natively (a GPU with bf16, a CPU with
+    AVX512-BF16 / AMX: :func:`popri.models.llm.use_bf16`), else fp32 with a warning."""
+    from popri.models import llm
 
-    if bf16 and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
-        log.warn("this GPU has no bf16: training in fp32")
-        return False
-    return bool(bf16)
+    return llm.use_bf16(bf16, llm.default_device())
 
 
 def training_args(spec, *, out_dir, seed: int = 0, logging_steps: int = 1) -> dict:

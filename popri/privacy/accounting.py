@@ -381,6 +381,8 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
             groups[gkey] = {"stage": d["stage"], "mechanism": mech.name, **mech.describe(k),
                             "steps": 0, "sampling": d["sampling"], "neighbouring": rel,
                             "entries": 0}
+            if mech.unproven(d) is not None:  # only under the papers' convention
+                groups[gkey]["proof"] = "none: the papers' convention, NOT a DP guarantee"
             history.append((mech, k, 0))
         g = groups[gkey]
         g["steps"] += int(d["steps"])

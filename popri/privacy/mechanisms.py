@@ -188,8 +188,14 @@ class Mechanism:
         raise NotImplementedError
 
     def describe(self, key: tuple) -> dict:
-        """The group's columns for ``popri account ledger`` (after stage and mechanism)."""
-        return {"noise_multiplier": key[0], "sample_rate": key[1] if len(key) > 1 else 1.0}
+        """The group's columns for ``popri account ledger`` (after stage and mechanism), with
+        ``proof``: the theorem or library event its epsilon rests on."""
+        return {"noise_multiplier": key[0], "sample_rate": key[1] if len(key) > 1 else 1.0,
+                "proof": self.proof(key)}
+
+    def proof(self, key: tuple) -> str:
+        """The theorem or library event this key's accounting rests on (for the totals)."""
+        return ""
 
     def noise_multiplier(self, key: tuple) -> float:
         """For messages: the noise multiplier of a group."""
@@ -292,6 +298,16 @@ class GaussianMechanism(Mechanism):
 
     def relation_free(self, d: dict) -> bool:
         return True
+
+    def proof(self, key: tuple) -> str:
+        q = key[1] if len(key) > 1 else 1.0
+        if len(key) > 2 and key[2] == WOR:
+            return ("sampling without replacement, replace one client: dp-accounting "
+                    "SampledWithoutReplacementDpEvent (Wang, Balle, Kasiviswanathan 2019, Thm 27)")
+        if q < 1:
+            return ("Poisson subsampled Gaussian, add/remove: opacus compute_rdp (Mironov, "
+                    "Talwar, Zhang 2019) / dp-accounting PoissonSampledDpEvent")
+        return "Gaussian mechanism: RDP alpha/(2 z^2) (Mironov 2017); PLD GaussianDpEvent"
 
     def infinite(self, key: tuple) -> bool:
         return key[0] == 0
@@ -446,7 +462,9 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
         from popri.privacy import ddg
 
         e = ddg.cdp_epsilon(key[5], key[4], key[3], key[2])
-        return {"noise_multiplier": key[0], "sample_rate": key[1], "dim": key[2],
+        return {"proof": "distributed discrete Gaussian: Kairouz, Liu, Steinke 2021, Thm 1 "
+                         "(concentrated DP); q < 1: Zhu & Wang 2019's subsampling bound",
+                "noise_multiplier": key[0], "sample_rate": key[1], "dim": key[2],
                 "noisy": key[3], "local_sigma": key[4], "delta2": key[5],
                 "epsilon_cdp": e if math.isfinite(e) else None}
 
@@ -511,7 +529,10 @@ class TreeAggregationMechanism(GaussianMechanism):
         return (float(d["noise_multiplier"]), 1.0, int(d["params"]["leaves"]))
 
     def describe(self, key: tuple) -> dict:
-        return {"noise_multiplier": key[0], "sample_rate": key[1], "leaves": key[2]}
+        return {"noise_multiplier": key[0], "sample_rate": key[1], "leaves": key[2],
+                "proof": ("tree aggregation, a client in one leaf: the Gaussian at z / "
+                          "sqrt(depth) (Kairouz et al. 2021; dp-accounting "
+                          "SingleEpochTreeAggregationDpEvent under REPLACE_SPECIAL)")}
 
     @staticmethod
     def _gauss(key: tuple) -> tuple:
