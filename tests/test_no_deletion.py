@@ -163,7 +163,7 @@ def dir_argv(cmd: str, inp: dict, out, lm: str, st: str) -> list:
         return ["run", *(f"--set={kv}" for kv in (
             f"run_dir={out}", f"data.dir={inp['data']}", f"data.public_source={main}",
             f"generator.model={lm}", f"embedder={st}", "generator.bf16=false", "rounds=1",
-            "score.clients_per_round=null"))]
+            "score.sample_rate=null"))]
     return {
         "dpo": ["dpo", "--pairs", main, "--model", lm, "--out", out, "--max-steps", "1",
                 "--batch-size", "2", "--no-bf16"],

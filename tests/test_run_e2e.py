@@ -45,7 +45,7 @@ def tiny_inputs(tmp_path, run_popri):
 def tiny_overrides(run_dir, data, pub, lm, st, method="popri"):
     return [f"run_dir={run_dir}", f"method={method}", f"data.dir={data}", f"data.public_source={pub}",
             f"embedder={st}", f"generator.model={lm}", "generator.max_new_tokens=16",
-            "generator.bf16=false", "generator.batch_size=8", "rounds=2", "prompts=3", "score.clients_per_round=null",
+            "generator.bf16=false", "generator.batch_size=8", "rounds=2", "prompts=3", "score.sample_rate=null",
             "samples_per_prompt=5", "num_synthetic=12", "dpo.rejected_rank=5", "dpo.epochs=1",
             "dpo.select_samples=4", f"downstream.model={lm}", "downstream.epochs=1",
             "downstream.eval_max_samples=24", "downstream.bootstrap=50", "downstream.lr=0.003",

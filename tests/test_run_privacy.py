@@ -132,7 +132,10 @@ def test_combinations_are_checked_and_yaml_errors_name_the_file(tmp_path):
     with pytest.raises(ConfigError, match="privacy.epsilon"):
         C.load(None, ["privacy.epsilon=null"])
     with pytest.raises(ConfigError, match="select_checkpoint"):
-        C.load(None, ["dpo.select_checkpoint=false", "dpo.select_on=dp"])
+        C.load(None, ["dpo.select_checkpoint=false", "dpo.select_on=public"])
+    # a fixed count replaces the default Poisson rate (no "both" error): replace one client
+    cfg = C.load(None, ["score.clients_per_round=5"])
+    assert (cfg.score.clients_per_round, cfg.score.sample_rate) == (5, None)
     y = tmp_path / "bad.yaml"
     y.write_text("privacy:\n  epsilon: -1\n")
     with pytest.raises(ConfigError) as e:
@@ -182,16 +185,18 @@ def test_dry_run_plan_is_right_goes_to_stdout_and_writes_nothing(tmp_path, datas
     stderr, commands.sh and config.resolved.json written, commands.sh appended on every call."""
     run = tmp_path / "run"
     args = ["run", "--dry-run", "--set", f"run_dir={run}", "--set", f"data.dir={dataset}",
-            "--set", "score.clients_per_round=12", "--set", "rounds=2"]
+            "--set", "score.clients_per_round=12", "--set", "rounds=2",
+            "--set", "dpo.select_on=none"]
     p = run_popri(args)
     assert p.returncode == 0, p.stderr
     N = _train_clients(dataset)
-    z = calibration.noise_multiplier(1.0, 12 / N, 2, 3e-6, "rdp")
+    # 12 of N a round: sampling without replacement under replace one client
+    z = calibration.noise_multiplier(1.0, 12 / N, 2, 3e-6, "rdp", sampling="fixed")
     assert _score_z(p.stdout) == [repr(z)] * 2
     assert f"z={z:.4f}" in p.stdout and f"q={12 / N:.4g}" in p.stdout
     assert "run: [" not in p.stderr and not run.exists()
     assert run_popri(args).stdout == p.stdout and not run.exists()  # no state, same plan
-    # the embedded default (q = 50 / N, N unknown before the fetch): z is not made up
+    # a fixed 50 of N (N unknown before the fetch): z is not made up
     run2 = tmp_path / "run2"
     p = run_popri(["run", "--dry-run", "--set", f"run_dir={run2}",
                    "--set", "score.clients_per_round=50"])
@@ -241,7 +246,7 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
     was epsilon = inf; the run's own total read a hard-coded list of round ledgers."""
     rng = np.random.default_rng(0)
     run = tmp_path / "run"
-    cfg = C.load(None, ["score.clients_per_round=null", "rounds=2",
+    cfg = C.load(None, ["score.sample_rate=null", "rounds=2", "dpo.select_on=none",
                         f"run_dir={run}", f"data.dir={dataset}", "rounds=2", "embedder=m",
                         "privacy.epsilon=1", "score.recovery_rate=true"])
     r = Run(cfg)
@@ -276,7 +281,7 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
 
 # --------------------------------------------------------------------------- release mode
 def _plan(run_popri, run, *sets, flags=()):
-    sets = ("rounds=2", "score.clients_per_round=null", *sets)  # T = 2, q = 1
+    sets = ("rounds=2", "score.sample_rate=null", *sets)  # T = 2, q = 1
     p = run_popri(["run", "--dry-run", *flags, "--set", f"run_dir={run}",
                    *[a for s in sets for a in ("--set", s)]])
     assert p.returncode == 0, p.stderr
@@ -316,22 +321,28 @@ def test_release_run_ends_at_its_release_and_refuses_unnoised_reads(tmp_path, ru
     research = _plan(run_popri, tmp_path / "b", "draws=2")
     assert [x for x in research.splitlines() if x.startswith("popri eval accuracy")]
     for extra, field in ((["probe.enabled=true", "dpo.select_on=none"], "probe.enabled"),
-                         ([], "dpo.select_on")):
+                         (["dpo.select_on=private"], "dpo.select_on")):
         with pytest.raises(ConfigError) as e:
             C.load(None, [f"run_dir={tmp_path / 'c'}", "release=true", *extra])
         assert e.value.field == field and "release mode" in str(e.value)
     C.load(None, [f"run_dir={tmp_path / 'c'}", "release=true", "method=pe"])  # PE selects none
+    C.load(None, [f"run_dir={tmp_path / 'c'}", "release=true"])  # the default selection is DP
 
 
 @pytest.mark.parametrize("release,select,notes", [
     (False, "private", ["research mode: noise is seeded and reproducible from the sidecars; "
                         "not for release",
-                        "checkpoint selection: private validation split, not covered by "
-                        "epsilon (as POPri B.1)"]),
+                        "checkpoint selection: the EXACT private validation split, NOT "
+                        "covered by epsilon",
+                        # every research read of the private splits is named as such
+                        "NOT covered by epsilon (research reads of the private splits",
+                        "the evaluation on the private test split",
+                        "checkpoint selection on the exact private validation split"]),
     (True, "public", ["release mode: OS CSPRNG, discretised Gaussian",
                       "checkpoint selection: public Omega embeddings",
                       "recovery rate: not computed in release mode"]),
-    (False, "dp", ["checkpoint selection: DP mean + covariance", "included in the total epsilon"]),
+    (False, "dp", ["checkpoint selection: DP mean of the private validation split",
+                   "included in the total epsilon"]),
     (False, "none", ["checkpoint selection: none (the last epoch's adapter)"]),
 ])
 def test_results_state_the_mode_and_what_checkpoint_selection_reads(tmp_path, release, select,
@@ -340,7 +351,7 @@ def test_results_state_the_mode_and_what_checkpoint_selection_reads(tmp_path, re
     run.mkdir()
     (run / "privacy.json").write_text(json.dumps({"epsilon": 0.999, "delta": 3e-6,
                                                   "accountant": "rdp"}))
-    cfg = C.load(None, ["score.clients_per_round=null", "rounds=2",
+    cfg = C.load(None, ["score.sample_rate=null", "rounds=2",
                         f"run_dir={run}", f"release={str(release).lower()}",
                         f"dpo.select_on={select}"])
     (run / "eval").mkdir()  # an evaluation left by an earlier research run in the directory
@@ -363,7 +374,7 @@ def test_a_plan_over_budget_is_refused_before_anything(tmp_path, dataset, run_po
     run = tmp_path / "run"
     base = ["run", "--set", f"run_dir={run}", "--set", f"data.dir={dataset}",
             "--set", "privacy.noise_multiplier=0.5", "--set", "embedder=/nonexistent",
-            "--set", "score.clients_per_round=null", "--set", "rounds=2"]
+            "--set", "score.sample_rate=null", "--set", "rounds=2"]
     _one_line_error(run_popri(base), "privacy.epsilon", "budget")
     _one_line_error(run_popri([*base, "--dry-run"]), "budget")
     assert not run.exists()
@@ -384,7 +395,7 @@ def test_a_spent_release_in_the_run_dir_blocks_the_run(tmp_path, dataset, run_po
 
 def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path):
     run = tmp_path / "run"
-    cfg = C.load(None, ["score.clients_per_round=null", "rounds=2",
+    cfg = C.load(None, ["score.sample_rate=null", "rounds=2", "dpo.select_on=none",
                         f"run_dir={run}", "rounds=2", "privacy.epsilon=1"])
     r = Run(cfg)
     r.noise = r.calibrate()                       # q = 1: no client count needed
@@ -405,7 +416,7 @@ def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path
     assert len(read_ledger(own)) == 2
     with pytest.raises(BudgetError, match="stage round1-score would take the run"):
         before("k2")                              # other inputs: a new release on top of a, b
-    rel = Run(C.load(None, ["score.clients_per_round=null", "rounds=2",
+    rel = Run(C.load(None, ["score.sample_rate=null", "rounds=2",
                         f"run_dir={run}", "rounds=2", "release=true", "dpo.select_on=none"]))
     rel.noise = rel.calibrate()
     with pytest.raises(BudgetError):              # release mode: every run is a new release
@@ -438,7 +449,8 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
     r, dpo = plan("none")
     assert dpo and not any("--select-on" in c for c in dpo)
     z_private = Run(C.load(None, [f"run_dir={tmp_path}/p", f"data.dir={dataset}",
-                                       "score.clients_per_round=12", "rounds=2"])).calibrate()
+                                  "score.clients_per_round=12", "rounds=2",
+                                  "dpo.select_on=private"])).calibrate()
     r, dpo = plan("dp")
     fred = [c for c in r.runner.commands if c.startswith("popri fred stats ")]
     assert len(fred) == 1
@@ -446,17 +458,23 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
                  f"--private {r.paths.emb_val}", "--epsilon 0.1"):
         assert flag in fred[0]
     assert all("--select-on " + str(r.paths.select_stats) in c for c in dpo)
+    assert "--statistics mean" in fred[0]  # mean-cosine reads the mean alone: one release
     # the selection release is part of privacy.epsilon: more noise on the scores, and the whole
-    # plan (2 FreD releases + T score rounds) composes to the budget
+    # plan (the FreD mean + T score rounds) composes to the budget -- under replace one client,
+    # the relation of the fixed 12 clients a round, the selection at twice its sensitivity
     assert r.noise["noise_multiplier"] > z_private["noise_multiplier"]
     planned = [e for _, entries, _, _ in r.dp_stages() for e in entries]
-    assert len(planned) == 4
-    eps = A.compose(planned, 3e-6, "rdp").epsilon
-    assert 0.999 <= eps <= 1.0 + 1e-6
+    assert len(planned) == 3
+    c = A.compose(planned, 3e-6, "rdp")
+    assert 0.999 <= c.epsilon <= 1.0 + 1e-6 and c.neighbouring == "replace one client"
+    # select_by fid reads mean and covariance: two releases
+    cfg = C.load(None, [f"run_dir={tmp_path / 'fid'}", f"data.dir={dataset}", "rounds=2",
+                        "dpo.select_on=dp", "dpo.select_by=fid", "score.clients_per_round=12"])
+    assert len(Run(cfg).select_entries()) == 2
 
 
 def test_dp_selection_that_alone_exceeds_the_budget_is_a_config_error(tmp_path):
-    r = Run(C.load(None, ["score.clients_per_round=null", "rounds=2",
+    r = Run(C.load(None, ["score.sample_rate=null", "rounds=2",
                         f"run_dir={tmp_path}/r", "dpo.select_on=dp",
                                "dpo.select_epsilon=2"]))
     with pytest.raises(ConfigError, match="selection alone spends"):
@@ -537,15 +555,16 @@ def test_slow_release_run_with_dp_selection_end_to_end(tiny_inputs, tiny_lm, tin
     assert res["epsilon"] == pytest.approx(1.0, abs=2e-3) and res["epsilon"] <= 1.0 + 1e-6
     led = {p.parent.name: read_ledger(p) for p in run.rglob("ledger.jsonl")}
     assert sorted(led) == ["round1", "selection"]
-    assert [e.stage for e in led["selection"]] == ["fred", "fred"]
+    # select_by mean-cosine (the default) reads the mean alone: one release
+    assert [(e.stage, e.params.get("release")) for e in led["selection"]] == [("fred", "mean")]
     assert all(e.mode == "release" for es in led.values() for e in es)
     assert not (run / "diagnostics").exists()
     sel = json.loads((run / "round1" / "dpo" / "selection.json").read_text())
-    assert "DP mean and covariance" in sel["criterion"]
+    assert "DP mean of the validation split" in sel["criterion"]
     p = _run(["account", "ledger", run, "--json"])
     assert json.loads(p.stdout)["epsilon"] == pytest.approx(res["epsilon"])
     assert "release mode: OS CSPRNG, discretised Gaussian" in r.stdout
-    assert "checkpoint selection: DP mean + covariance" in r.stdout
+    assert "checkpoint selection: DP mean of the private validation split" in r.stdout
     lines = (run / "commands.sh").read_text().splitlines()
     r2 = subprocess.run([*popri_cmd(ov), "--release"], capture_output=True, text=True, env=env(),
                         timeout=1200)

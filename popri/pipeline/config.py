@@ -382,6 +382,7 @@ def load(path: str | None, overrides: list[str] = (), *, base: RunConfig | None 
         path = None
     else:
         raw = load_yaml_mapping(path) if path else {}
+        _fixed_count_replaces_the_default_rate(raw, None)
     set_keys: list[str] = []
     for o in overrides:
         if "=" not in o:
@@ -393,6 +394,7 @@ def load(path: str | None, overrides: list[str] = (), *, base: RunConfig | None 
             val = v
         set_dotted(raw, k.strip(), val)
         set_keys.append(k.strip())
+    _fixed_count_replaces_the_default_rate(raw, set_keys)
     try:
         cfg = RunConfig.from_dict(raw)
     except ConfigError as e:
@@ -403,6 +405,22 @@ def load(path: str | None, overrides: list[str] = (), *, base: RunConfig | None 
         where = f"--set {src[-1]}" if src else path
         raise ConfigError(e.message, path=where, field=e.field) from None
     return cfg
+
+
+def _fixed_count_replaces_the_default_rate(raw: dict, set_keys: list[str] | None) -> None:
+    """A section that is given ``clients_per_round`` (L of N, replace one client) and no
+    ``sample_rate`` drops the DEFAULT Poisson rate (score 0.5, fl 0.1) instead of failing as
+    "both": in a YAML mapping (``set_keys`` None) or among the ``--set`` overrides.  Giving both
+    explicitly is still an error."""
+    for sec in ("score", "fl"):
+        s = raw.get(sec)
+        if not isinstance(s, dict) or s.get("clients_per_round") is None:
+            continue
+        if set_keys is None:
+            if "sample_rate" not in s:
+                s["sample_rate"] = None
+        elif f"{sec}.clients_per_round" in set_keys and f"{sec}.sample_rate" not in set_keys:
+            s["sample_rate"] = None
 
 
 SELECT_ON = ("private", "public", "dp", "none")
