@@ -25,7 +25,8 @@ TESTS=(tests/test_compat.py tests/test_dpo.py tests/test_downstream.py tests/tes
 # faults (file semantics, not library versions) and DP-FTRL's `popri run` (test_tree covers the
 # tree at these versions; DP-FedAvg's run stays): ~56 s of CPU
 SKIP=(--deselect "tests/test_dpfl.py::test_a_round_killed_between_ledger_and_commit_leaves_no_model"
-      --deselect "tests/test_dpfl.py::test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes[dp-ftrl-tree_aggregation]")
+      --deselect "tests/test_dpfl.py::test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes[dp-ftrl-bins]"
+      --deselect "tests/test_dpfl.py::test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes[dp-ftrl-blocks]")
 
 # the pins must really be what is installed (a venv someone pip-installed into is rebuilt)
 pins_installed() {

@@ -362,8 +362,20 @@ def test_entry_checks_and_infinite_cases():
     for k in ("noisy", "local_sigma"):
         c = A.compose([dict(e, params={**e["params"], k: 0})], DELTA)
         assert c.epsilon == math.inf and any("infinity" in n for n in c.notes)
-    with pytest.raises(A.ParameterError, match="neighbouring"):
-        A.compose([dict(e, neighbouring="replace one client")], DELTA)
+    # at q = 1 the DDG's bound holds under whatever relation delta2 is the sensitivity for: an
+    # entry recorded under replace-one is totalled under it, at the same epsilon
+    c = A.compose([dict(e, neighbouring="replace one client")], DELTA)
+    assert c.neighbouring == "replace one client"
+    assert c.epsilon == pytest.approx(A.compose([e], DELTA).epsilon, rel=1e-12)
+    # Zhu & Wang's subsampled bound is for Poisson sampling under add/remove only
+    with pytest.raises(A.ParameterError, match="Poisson sampling under add/remove") as err:
+        A.compose([dict(e, sample_rate=0.5, sampling="poisson",
+                        neighbouring="replace one client")], DELTA)
+    assert err.value.param == "neighbouring"
+    # and on a fixed-size sample it has no analysis at all
+    with pytest.raises(A.ParameterError, match="fixed-size sample"):
+        A.compose([dict(e, sample_rate=0.5, sampling="fixed", neighbouring="replace one client")],
+                  DELTA)
 
 
 def test_account_ledger_cli_totals_a_ddg_entry(run_popri, tmp_path):

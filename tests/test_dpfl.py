@@ -136,7 +136,9 @@ def test_round_writes_the_ledger_and_a_model_eval_accuracy_reads(tiny_lm, tmp_pa
     assert p.stdout.strip() == str(out)  # stdout: data only
     (e,) = read_ledger(tmp_path / "r" / "ledger.jsonl")
     assert (e.stage, e.mechanism, e.noise_multiplier, e.sample_rate, e.sensitivity, e.sampling) \
-        == ("fl", "subsampled_gaussian", 1.5, 0.5, 0.01, "fixed")
+        == ("fl", "subsampled_gaussian", 1.5, 0.5, 0.02, "fixed")
+    # 3 of 6 without replacement: replace one client, sensitivity 2C (popri.privacy.relations)
+    assert e.neighbouring == "replace one client"
     assert e.params["round"] == 1 and e.params["dim"] == np.load(out / R.THETA).size
     r = json.loads((out / R.ROUND).read_text())["private_diagnostics"]
     assert r["participants"] == 3 and r["update_norm_mean"] > 0
@@ -150,7 +152,8 @@ def test_round_writes_the_ledger_and_a_model_eval_accuracy_reads(tiny_lm, tmp_pa
     # DP-FTRL, round 2 from round 1's directory: one tree_aggregation entry
     with pytest.raises(AssertionError, match="was made with algorithm"):
         run_popri(["fl", "round", "--data", data, "--round", "2", "--init", out, "-z", "1.5",
-                   "-L", "3", "--out", tmp_path / "r" / "round2", "--algorithm", "ftrl"],
+                   "-L", "3", "--out", tmp_path / "r" / "round2", "--algorithm", "ftrl",
+                   "--assignment", "blocks"],
                   check=True)
     # eval accuracy reads the model directory
     test = write_jsonl(tmp_path / "test.jsonl", [{"client_id": "t", "text": "the lazy dog"}])
@@ -195,14 +198,22 @@ def _run_args(run, dataset, tiny_lm, method, *more):
             "--set", "downstream.eval_max_samples=16", "--set", "baselines=false", *more]
 
 
-@pytest.mark.parametrize("method,mechanism", [("dp-fedavg", "subsampled_gaussian"),
-                                              ("dp-ftrl", "tree_aggregation")])
+@pytest.mark.parametrize("method,assignment", [("dp-fedavg", None), ("dp-ftrl", "bins"),
+                                               ("dp-ftrl", "blocks")])
 def test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes(tmp_path, dataset, tiny_lm,
-                                                               run_popri, method, mechanism):
+                                                               run_popri, method, assignment):
+    """DP-FedAvg with a fixed 6 clients a round (replace one client, 2C); DP-FTRL's default
+    bins (each client to one of fl.epoch_rounds = 2 rounds: one tree of 2 leaves, add/remove one
+    client) and the paper's blocks (floor(N / 6) rounds an epoch: zero-out one client)."""
     from popri.privacy.ledger import read_ledger
 
-    run = tmp_path / method
-    p = run_popri(_run_args(run, dataset, tiny_lm, method), check=True)
+    run = tmp_path / f"{method}-{assignment}"
+    more = []
+    if assignment == "bins":
+        more = ["--set", "fl.clients_per_round=null", "--set", "fl.epoch_rounds=2"]
+    elif assignment == "blocks":
+        more = ["--set", "fl.assignment=blocks"]
+    p = run_popri(_run_args(run, dataset, tiny_lm, method, *more), check=True)
     res = json.loads((run / "results.json").read_text())
     assert res["method"] == method and 0 <= res["methods"][method]["accuracy"] <= 1
     # fedavg: two releases; ftrl: the epoch's one tree, planned and recorded by round 1 (round 2
@@ -212,12 +223,18 @@ def test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes(tmp_path, dataset
     assert not (run / "embeddings").exists() and not (run / "data" / "public").exists()
     entries = read_ledger(run / "fl" / "ledger.jsonl")
     n = json.loads((dataset / "manifest.json").read_text())["counts"]["train"]["clients"]
+    leaves = {"bins": 2, "blocks": n // 6}.get(assignment)
+    relation = {None: "replace one client", "bins": "add/remove one client",
+                "blocks": "zero-out one client"}[assignment]
+    assert {e.neighbouring for e in entries} == {relation} and res["neighbouring"] == relation
     if method == "dp-fedavg":
-        assert [e.mechanism for e in entries] == [mechanism] * 2
+        assert [e.mechanism for e in entries] == ["subsampled_gaussian"] * 2
         assert [e.params["round"] for e in entries] == [1, 2]
-    else:  # both rounds are leaves of one epoch's tree (R = N // 6 rounds): one release
-        assert [e.mechanism for e in entries] == [mechanism]
-        assert entries[0].params["leaves"] == n // 6 and entries[0].sample_rate == 1.0
+        assert {(e.sampling, e.sensitivity) for e in entries} == {("fixed", 0.02)}  # 2C
+    else:  # both rounds are leaves of one epoch's tree: one release
+        assert [e.mechanism for e in entries] == ["tree_aggregation"]
+        assert entries[0].params["leaves"] == leaves and entries[0].sample_rate == 1.0
+        assert entries[0].params["assignment"] == assignment and entries[0].sensitivity == 0.01
         r2 = json.loads((run / "fl" / "round2" / R.ROUND).read_text())["ftrl"]
         assert r2["tree_release_id"] == entries[0].release_id and r2["leaf"] == 2
     # the ledger total is the budget (calibrated to it), never above
@@ -227,10 +244,10 @@ def test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes(tmp_path, dataset
         from popri.privacy.tree import depth
 
         assert res["noise_multiplier"] == pytest.approx(
-            noise_multiplier(1.0, 1.0, 1, 3e-6) * math.sqrt(depth(n // 6)), rel=2e-3)
+            noise_multiplier(1.0, 1.0, 1, 3e-6) * math.sqrt(depth(leaves)), rel=2e-3)
     assert "DP-" in (run / "results.md").read_text()
     # a second run resumes: every stage cached, no new ledger entry
-    p = run_popri(_run_args(run, dataset, tiny_lm, method), check=True)
+    p = run_popri(_run_args(run, dataset, tiny_lm, method, *more), check=True)
     assert " fl-round1 up to date, skipped" in p.stderr
     assert " fl-round2 up to date, skipped" in p.stderr
     assert len(read_ledger(run / "fl" / "ledger.jsonl")) == len(entries)

@@ -138,7 +138,9 @@ def test_extension_clips_and_ledgers_the_noise(tiny_lm, tmp_path, run_popri):
                "--lora-r", "8", "--lora-alpha", "16"], check=True)
     (e,) = read_ledger(tmp_path / "ledger.jsonl")
     assert e.mechanism == "subsampled_gaussian" and e.noise_multiplier == 2
-    assert e.sample_rate == pytest.approx(0.2) and e.sensitivity == 0.5
+    # 2 of 10 clients drawn without replacement: replace one client, the clipped sum moves by 2C
+    assert e.sample_rate == pytest.approx(0.2) and e.sampling == "fixed"
+    assert e.neighbouring == "replace one client" and e.sensitivity == 1.0
     # an unclipped upload is refused by a clipping server
     p = run_popri(["fewfedpit", "aggregate", tmp_path / "l0", "--round", "1", "--init",
                    tmp_path / "r0", "--clip", "0.5", "-z", "2", "--out", tmp_path / "bad",

@@ -112,8 +112,9 @@ def test_run_plan_draws_later_rounds_and_the_final_set_from_the_pool(tmp_path):
     t0 = next(c for c in cmds if c.startswith("popri gen") and "synthetic_t0.jsonl" in c)
     assert "pool.jsonl" not in t0
     assert any(c.startswith("popri prefs pool") and "--pool chosen" in c for c in cmds)
-    # the pool is post-processing: the DP releases are the score rounds alone
-    assert [n for n, *_ in r.dp_stages()] == ["round1-score", "round2-score"]
+    # the pool is post-processing: the DP releases are the score rounds and the checkpoint
+    # selection's DP statistic (dpo.select_on: dp, the default), nothing for the pool
+    assert [n for n, *_ in r.dp_stages()] == ["select-stats", "round1-score", "round2-score"]
     with pytest.raises(ConfigError, match="evolving pool"):
         C.load(None, [f"run_dir={tmp_path / 'p'}", "method=pe", "pool=union"])
     with pytest.raises(ConfigError):

@@ -364,6 +364,8 @@ def test_rr11_popri_run_dp_fl_release_writes_no_exact_statistic(tmp_path, datase
 CLIENT_SIDE = {"fetch-private", "embed-train", "embed-val"}
 #: what the driver itself writes (not a stage's output)
 RESULTS = {"accountant", "budget", "budget.accountant", "budget.delta", "budget.epsilon",
+           # the relation the total holds under and whether it is a DP guarantee (issue 36)
+           "budget.convention", "dp_guarantee", "guarantee", "neighbouring",
            "checkpoint_selection", "checkpoint_selection.note", "checkpoint_selection.on",
            "checkpoint_selection.epsilon", "checkpoint_selection.delta", "delta", "downstream",
            "epsilon", "generator", "ledger_check", "ledger_check.agree", "ledger_check.stages",
@@ -378,7 +380,8 @@ RESULTS = {"accountant", "budget", "budget.accountant", "budget.delta", "budget.
            # DP-FL: its settings and the rounds that ran (nothing else per round: rr11)
            "fl", "fl.algorithm", "fl.client_lr", "fl.clients_per_round", "fl.clip",
            "fl.local_epochs", "fl.lora", "fl.model", "fl.momentum", "fl.rounds",
-           "fl.rounds[].round", "fl.sample_rate", "fl.server_lr",
+           "fl.rounds[].round", "fl.sample_rate", "fl.server_lr", "fl.restart", "fl.assignment",
+           "fl.epoch_rounds",  # public settings (DP-FTRL epochs, issue 36)
            # PE: its settings, the threshold H and the seed set's size (the DP votes' survivors)
            "pe", "pe.lookahead", "pe.num_syn", "pe.seed_set", "pe.threshold", "pe.variation"}
 #: RUN/metrics.jsonl in release mode: post-processing of the released scores and of the
@@ -394,7 +397,10 @@ IDENTITY = set(k[4:] for k in RESULTS if k.startswith("run.")) - {"invocations"}
 PRIVACY = {"accountant", "delta", "entries", "epsilon", "groups", "groups[].entries",
            "groups[].epsilon_alone", "groups[].mechanism", "groups[].noise_multiplier",
            "groups[].sample_rate", "groups[].sampling", "groups[].stage", "groups[].steps",
-           "modes", "modes.release", "modes.research", "neighbouring", "order"}
+           "modes", "modes.release", "modes.research", "neighbouring", "order",
+           # public labels of the total (issue 36): the relation and the proof each group's
+           # epsilon stands on, and whether the total is a DP guarantee at all
+           "dp_guarantee", "guarantee", "groups[].neighbouring", "groups[].proof"}
 #: the DP stages' own outputs, by file name: the released vector, its sidecar and the ledger
 DP_OUTPUTS = {"scores.npy": None, "scores.json": _score_side(), "hist.npy": None, "hist.json": _score_side(),
               "ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise", "nominal_noise_multiplier"}),

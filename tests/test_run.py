@@ -121,8 +121,11 @@ def test_method_and_modes_are_checked():
 
 
 def test_draws_redraw_both_sets_with_the_next_seeds_and_pair_them(tmp_path):
-    """``draws: 3`` (issue 24): the final set and its T = 0 control drawn twice more (gen seed
-    + k, the same prompts and adapter), each trained with seed + k and evaluated, and paired."""
+    """``draws: 3`` (issue 24): the final set and its T = 0 control drawn twice more (the draw's
+    own seed stream, ``draw_seed(seed, k)``; the same prompts and adapter), each trained with
+    ``draw_seed(run seed, k)`` and evaluated, and paired."""
+    from popri.pipeline.stages import draw_seed
+
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=1", "draws=3", "seed=2",
                         "privacy.noise_multiplier=1.5", "privacy.epsilon=null"])
     run = Run(cfg, dry_run=True)
@@ -133,15 +136,17 @@ def test_draws_redraw_both_sets_with_the_next_seeds_and_pair_them(tmp_path):
     own, t0 = syn[0], next(c for c in syn if "/synthetic_t0.jsonl" in c)
     for k in (1, 2):
         d = [c for c in syn if f"/draws/d{k}/" in c]
-        assert len(d) == 2 and all(f"--seed {2999 + k}" in c for c in d)
+        sk = draw_seed(2999, k)
+        # a stream of its own: not the next run seed's (draw k of seed s was round k - 1 of s + 1)
+        assert sk not in (2999, 2999 + k, 3999, 3999 + k, 1999 + k)
+        assert len(d) == 2 and all(f"--seed {sk}" in c for c in d)
         tuned = next(c for c in d if " --adapter " in c)
         # the same command as the run's own set but for its seed and outputs
-        assert tuned.replace(f"draws/d{k}/", "").replace(f"--seed {2999 + k}", "--seed 2999") \
-            == own
+        assert tuned.replace(f"draws/d{k}/", "").replace(f"--seed {sk}", "--seed 2999") == own
         untuned = next(c for c in d if " --adapter " not in c)
-        assert untuned.replace(f"draws/d{k}/", "").replace(f"--seed {2999 + k}", "--seed 2999") \
-            == t0
-        assert any(f"downstream/popri-d{k} " in c and f"--seed {2 + k} " in c for c in cmds)
+        assert untuned.replace(f"draws/d{k}/", "").replace(f"--seed {sk}", "--seed 2999") == t0
+        assert any(f"downstream/popri-d{k} " in c and f"--seed {draw_seed(2, k)} " in c
+                   for c in cmds)
         assert any(" eval diff " in c and f"eval/popri-d{k}.clients.jsonl" in c
                    and f"eval/t0-d{k}.clients.jsonl" in c and f"control-d{k}.json" in c
                    for c in cmds)

@@ -100,7 +100,7 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     assert "| POPri |" in r.stdout and "gap closed" in r.stdout, r.stdout
     assert "| POPri, T = 0 (untuned generator) |" in r.stdout and "learning: POPri minus" in r.stdout
     res = json.loads((run / "results.json").read_text())
-    assert_plan_equals_record(run, {"round1-score"})
+    assert_plan_equals_record(run, {"select-stats", "round1-score"})  # DP selection (default)
     assert set(res["methods"]) == {"popri", "t0", "eps0", "epsinf"}
     assert res["control"]["acc_minus_control"] == pytest.approx(
         res["methods"]["popri"]["accuracy"] - res["methods"]["t0"]["accuracy"], abs=1e-9)
