@@ -372,10 +372,14 @@ def test_entry_checks_and_infinite_cases():
         A.compose([dict(e, sample_rate=0.5, sampling="poisson",
                         neighbouring="replace one client")], DELTA)
     assert err.value.param == "neighbouring"
-    # and on a fixed-size sample it has no analysis at all
-    with pytest.raises(A.ParameterError, match="fixed-size sample"):
-        A.compose([dict(e, sample_rate=0.5, sampling="fixed", neighbouring="replace one client")],
+    # a fixed-size sample: under replace one client it is accounted at q = 1 (no amplification,
+    # the mechanism's own note), under add/remove not at all (the displacement pair)
+    c = A.compose([dict(e, sample_rate=0.5, sampling="fixed", neighbouring="replace one client")],
                   DELTA)
+    assert c.epsilon == pytest.approx(A.compose([e], DELTA).epsilon, rel=1e-12)
+    assert c.groups[0]["sample_rate"] == 1.0 and any("no amplification" in n for n in c.notes)
+    with pytest.raises(A.ParameterError, match="displaces"):
+        A.compose([dict(e, sample_rate=0.5, sampling="fixed")], DELTA)
 
 
 def test_account_ledger_cli_totals_a_ddg_entry(run_popri, tmp_path):

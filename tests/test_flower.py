@@ -175,7 +175,8 @@ def test_flower_round_at_z0_equals_in_process_within_the_quantisation_bound(fed,
 
 @needs_flower
 def test_flower_round_noise_on_the_sum_has_std_z_times_c(fed):
-    """Gaussian path, no dropout planned: the sum's noise std is z C (statistical, 400 values)."""
+    """Gaussian path, no dropout planned: 12 of the clients a round is a fixed-size sample,
+    replace one client, so the sum's noise std is z 2C (statistical, 400 values)."""
     base = ["-z", "0", "--clients-per-round", "12", "--standardize"]
     exact, side, _ = score(fed, "exact.npy", *base)
     noisy, side_n, _ = score(fed, "noisy.npy", "-z", "2", "--clients-per-round", "12",
@@ -184,9 +185,11 @@ def test_flower_round_noise_on_the_sum_has_std_z_times_c(fed):
     L = side["params"]["denominator"]
     resid = (noisy - exact) * L  # back to the sum
     # std of 400 normals: relative standard error ~ 1/sqrt(800) = 3.5%; 5 se
-    assert np.std(resid) == pytest.approx(2.0, rel=0.18)
-    assert abs(np.mean(resid)) < 5 * 2.0 / np.sqrt(400)
-    assert side_n["ledger"][0]["noise_multiplier"] == pytest.approx(2.0)
+    assert np.std(resid) == pytest.approx(4.0, rel=0.18)
+    assert abs(np.mean(resid)) < 5 * 4.0 / np.sqrt(400)
+    led = side_n["ledger"][0]
+    assert led["noise_multiplier"] == pytest.approx(2.0) and led["sensitivity"] == 2.0
+    assert led["neighbouring"] == "replace one client"
 
 
 @needs_flower

@@ -57,8 +57,14 @@ def test_totals_refuse_unproven_pairs_and_mixtures_with_one_line():
     ddg = dict(mechanism="distributed_discrete_gaussian", sampling="fixed",
                neighbouring=REL.REPLACE,
                params={"dim": 4, "noisy": 3, "local_sigma": 10.0, "delta2": 5.0})
-    with pytest.raises(A.ParameterError, match="fixed-size sample"):
-        A.compose([_e(**ddg)], D)
+    # the DDG on a fixed-size sample: replace one client at q = 1 (no amplification claimed),
+    # the same epsilon as every client; under add/remove it is the displacement pair, refused
+    assert A.compose([_e(**ddg)], D).epsilon == pytest.approx(
+        A.compose([_e(**ddg | {"sampling": "none", "sample_rate": 1.0})], D).epsilon, rel=1e-12)
+    with pytest.raises(A.ParameterError, match="displaces"):
+        A.compose([_e(**ddg | {"neighbouring": REL.ADD_REMOVE})], D)
+    with pytest.raises(A.ParameterError, match="Zhu & Wang"):
+        A.compose([_e(**ddg | {"sampling": "poisson"})], D)
     zero = LedgerEntry(stage="fl", mechanism="tree_aggregation", noise_multiplier=2.0,
                        sample_rate=1.0, steps=1, delta=D, sensitivity=1.0,
                        neighbouring=REL.ZERO_OUT, params={"leaves": 4})

@@ -64,7 +64,9 @@ FLOWER_ENGINE = {"engine", "engine.engine", "engine.supernodes_requested",
                  "engine.secagg_mechanism"}
 #: the distributed discrete Gaussian's accounting record (its parameters are the plan's)
 DDG_LEDGER = {"clip", "gamma", "bits", "dim", "min_noisy", "local_sigma", "beta", "delta2", "modulus",
-              "noisy", "epsilon_cdp", "uploaders", "padded_dim", "rotation_seed", "vector_dim"}
+              "noisy", "epsilon_cdp", "uploaders", "padded_dim", "rotation_seed", "vector_dim",
+              # the relation's factor on the rounded bound and that bound (public: the plan)
+              "sens_factor", "rounding_delta2"}
 
 
 def _ledger_keys(params: set[str]) -> set[str]:
@@ -294,7 +296,8 @@ def test_fw03_fw02_score_on_flower_release_writes_only_public_fields(emb, tmp_pa
     out = tmp_path / "o"
     p = run_popri(["score", "--engine", "flower", "--supernodes", "3", "--private",
                    emb / "priv.npy", "--synthetic", emb / "syn.npy", "-z", "1", "--sample-rate",
-                   "0.8", "--release", "--out", out / "fw" / "scores.npy"],
+                   "0.8", "--release", "--public-clients", str(N_CLIENTS),
+                   "--out", out / "fw" / "scores.npy"],
                   env={"POPRI_THREADS": "2"}, check=True)
     check_files(out, ALLOW["score-flower"])
     check_stderr(p.stderr)
@@ -306,7 +309,8 @@ def test_fl_round_on_flower_release_writes_only_public_fields(tiny_lm, tmp_path,
     out = tmp_path / "o"
     p = run_popri(["fl", "round", "--data", data, "--model", tiny_lm, "--round", "1", "-z", "1",
                    "--sample-rate", "0.8", "--engine", "flower", "--supernodes", "3",
-                   "--release", "--no-bf16", "--out", out / "FR" / "r1"],
+                   "--release", "--public-clients", str(N_CLIENTS), "--no-bf16",
+                   "--out", out / "FR" / "r1"],
                   env={"POPRI_THREADS": "2"}, check=True)
     check_files(out, ALLOW["fl-flower"])
     check_stderr(p.stderr)

@@ -156,6 +156,49 @@ def test_a_score_release_never_claims_less_than_its_worst_pair(tmp_path, monkeyp
     assert entry.neighbouring == rel and entry.sampling == sampling
 
 
+@pytest.mark.parametrize("mode,N,L,z", [("cosine", 40, 12, 1.5), ("cosine", 30, 29, 0.8),
+                                         ("nn-histogram", 40, 12, 1.5)])
+def test_a_ddg_round_on_a_fixed_sample_holds_under_replace_one(mode, N, L, z):
+    """The distributed discrete Gaussian on a fixed L of N (Flower's SecAgg+): recorded under
+    replace one client at q = 1 (no amplification claimed), its noise scaled to the sum's
+    replace-one sensitivity, twice the rounded bound (sqrt 2 for votes).  The claim is checked
+    against the continuous Gaussian pair that moves the sum by that sensitivity (the DDG never
+    costs less than it) at the noise the plan really adds -- the plan's shares, not the entry."""
+    from popri.federated.flower import engine as E
+    from popri.privacy import ddg
+    from popri.privacy import relations as REL
+    from popri.privacy.entries import round_release
+    from popri.specs.feedback import ScoreSpec
+
+    spec = ScoreSpec(engine="flower", supernodes=4, secagg_mechanism="ddg", mode=mode,
+                     noise_multiplier=z, clients_per_round=L)
+    votes = mode == "nn-histogram"
+    unit = float(spec.max_samples_per_client) if votes else float(spec.clip)
+    rel, sens = REL.round_relation(unit, "fixed", nonnegative=votes)
+    assert rel == PROMISED["fixed"]
+    sized, per_node = E.planned_sizes(spec, L, 4, unit, release=False)
+    _, p = E.plans(mode=mode, L=L, nodes=4, per_node=per_node, dim=50, z=z, sensitivity=sens,
+                   spec=spec, release=False, clients=sized, unit=unit)
+    # what the code does: each client's vector bounded by Delta_2 (integer units, the node's
+    # rounding check), the shares' noise on the sum in float units
+    n = p.min_noisy
+    std = p.gamma * math.sqrt(n) * p.local_sigma
+    shift = (math.sqrt(2.0) if votes else 2.0) * p.delta2 * p.gamma
+    entry = round_release(spec, "score", noise_multiplier=ddg.effective_noise_multiplier(p, n),
+                          sample_rate=L / N, sensitivity=sens, sampling="fixed", delta=DELTA,
+                          mode="research", neighbouring=rel, ddg=ddg.ledger_params(p, n))
+    assert entry.mechanism == "distributed_discrete_gaussian" and entry.neighbouring == rel
+    assert entry.noise_multiplier == pytest.approx(z, rel=1e-9)
+    lb = epsilon_one_round(full_pair(shift), std, DELTA)
+    c = _claims(entry, 1, DELTA)["rdp"]
+    assert c.neighbouring == rel and c.guarantee and c.epsilon >= lb - 1e-9, (c.epsilon, lb)
+    # the plan without the factor (noise at one rounded bound) would claim too little
+    _, p1 = E.plans(mode=mode, L=L, nodes=4, per_node=per_node, dim=50, z=z, sensitivity=unit,
+                    spec=spec, release=False, clients=sized)
+    under = epsilon_one_round(full_pair(shift), p1.gamma * math.sqrt(n) * p1.local_sigma, DELTA)
+    assert under > c.epsilon
+
+
 def test_fixed_size_sampling_is_never_totalled_under_add_remove(tmp_path, monkeypatch):
     """The displacement pair (an added client displaces a sampled one) is what add/remove
     promises for L of N: no entry claims it; the papers' convention, asked for by name, is

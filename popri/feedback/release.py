@@ -210,11 +210,6 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     # noise std is z times it (fixed L of N: replace one client, 2C; popri.privacy.relations)
     relation, sens = round_relation(spec.sensitivity, part.sampling, spec.convention,
                                     nonnegative=spec.nonnegative)
-    if (part.sampling == "fixed" and spec.flower
-            and spec.mechanism() == "distributed_discrete_gaussian"):
-        raise InputError("the distributed discrete Gaussian has no analysis on a fixed-size "
-                         "sample: use --sample-rate (Poisson) or every client",
-                         field="--clients-per-round")
     if noise_multiplier == 0 and not diagnostic:
         log.warn("--noise-multiplier 0: NO PRIVACY. The exact aggregate is released "
                  "(recorded in the ledger with noise_multiplier 0).")

@@ -374,8 +374,8 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
                          "its sensitivity (replacing a client is removing it and adding "
                          "another: the L2 sensitivity at most doubles)")
         k = mech.key(d, who, notes)
-        if d["sampling"] == "fixed" and mech.unproven(d) is None and FIXED_NOTE not in notes:
-            notes.append(FIXED_NOTE)
+        if d["sampling"] == "fixed" and mech.unproven(d) is None and mech.fixed_note not in notes:
+            notes.append(mech.fixed_note)
         gkey = (d["stage"], mech.name, d["sampling"], k)
         if gkey not in groups:
             groups[gkey] = {"stage": d["stage"], "mechanism": mech.name, **mech.describe(k),

@@ -105,6 +105,11 @@ class DDGPlan:
     uploaders: int = 0  # U: noise shares / modular uploads summed (SuperNodes); 0 = clients
     padded_dim: int = 0  # D: the rotated vectors' length (a power of two >= d); 0 = no rotation
     rotation_seed: int = -1  # the public seed of the rotation's random signs; -1 = none
+    #: the integer sum's L2 sensitivity over Delta_2 under the release's neighbouring relation
+    #: (:attr:`sensitivity`): 1 under add/remove one client (one rounded vector more or less);
+    #: 2 under replace one client (two rounded vectors r_i - r_i', each of norm <= Delta_2:
+    #: the triangle inequality); sqrt 2 for non-negative integer votes (no rounding)
+    sens_factor: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -129,8 +134,10 @@ class DDGPlan:
                              f"{self.padded_dim} for dim {self.dim})")
         if bool(self.padded_dim) != (self.rotation_seed >= 0):
             raise ValueError("DDGPlan: a rotation has both padded_dim and rotation_seed")
-        for k in ("clip", "gamma", "local_sigma", "beta", "delta2"):
+        for k in ("clip", "gamma", "local_sigma", "beta", "delta2", "sens_factor"):
             object.__setattr__(self, k, float(getattr(self, k)))
+        if not 1.0 <= self.sens_factor <= 2.0:
+            raise ValueError(f"DDGPlan.sens_factor must be in [1, 2] (got {self.sens_factor!r})")
         if not (self.clip > 0 and self.gamma > 0 and self.delta2 > 0):
             raise ValueError("DDGPlan.clip, gamma and delta2 must be > 0")
         if self.local_sigma < 0 or not (0 <= self.beta < 1):
@@ -158,6 +165,12 @@ class DDGPlan:
     def noise_dim(self) -> int:
         """The length of the integer vectors (rounded, noised, summed): D when rotated."""
         return self.padded_dim or self.dim
+
+    @property
+    def sensitivity(self) -> float:
+        """The integer sum's L2 sensitivity under the release's relation: sens_factor *
+        Delta_2 (what the noise is scaled to and the accountant reads)."""
+        return self.sens_factor * self.delta2
 
     @property
     def noise_ratio(self) -> float:
@@ -411,7 +424,8 @@ def plan_round(*, clip: float, noise_multiplier: float, dim: int, clients: int,
                uploaders: int, min_noisy: int, integer_inputs: bool = False,
                tolerance: float = NOISE_TOLERANCE, target: float = NOISE_TARGET,
                beta: float = math.exp(-0.5), max_bits: int = 32, k_stddevs: float = 4.0,
-               rotation_seed: int = 0, fixed_grid: bool = False) -> DDGPlan:
+               rotation_seed: int = 0, fixed_grid: bool = False,
+               sens_factor: float = 1.0) -> DDGPlan:
     """The plan of a secure-aggregation round: ``clients`` vectors summed on ``uploaders``
     SuperNodes (the modulus is sized by the uploaders, Flower's constraint), the noise scaled to
     the ROUNDED sensitivity Delta_2 so the effective noise multiplier is exactly z, and gamma
@@ -428,7 +442,30 @@ def plan_round(*, clip: float, noise_multiplier: float, dim: int, clients: int,
     inflation; gamma = 2^-j, as fine as fits (research) or the coarsest whose shares are at
     least 2 integer units wide (release; tau is then negligible).  A round that cannot reach z
     within ``tolerance`` raises ValueError naming the numbers and what to change -- never a
-    degraded plan."""
+    degraded plan.
+
+    ``sens_factor`` f (:attr:`DDGPlan.sens_factor`): the sum's sensitivity is f * Delta_2 under
+    the release's relation (2 under replace one client, sqrt 2 for non-negative votes): the
+    noise is scaled to it, z * f * Delta_2 / sqrt(n_min) per share, while each client's vector
+    is still clipped and rounded to ``clip`` and Delta_2."""
+    f = _check_num("sens_factor", sens_factor, lo=1.0)
+    if f > 2.0:
+        raise ValueError(f"sens_factor must be in [1, 2] (got {f})")
+    p = _plan_round(clip=clip, noise_multiplier=_check_num("noise_multiplier", noise_multiplier)
+                    * f, dim=dim, clients=clients, uploaders=uploaders, min_noisy=min_noisy,
+                    integer_inputs=integer_inputs, tolerance=tolerance, target=target, beta=beta,
+                    max_bits=max_bits, k_stddevs=k_stddevs, rotation_seed=rotation_seed,
+                    fixed_grid=fixed_grid)
+    from dataclasses import replace
+
+    return replace(p, sens_factor=f) if f != 1.0 else p
+
+
+def _plan_round(*, clip: float, noise_multiplier: float, dim: int, clients: int,
+                uploaders: int, min_noisy: int, integer_inputs: bool, tolerance: float,
+                target: float, beta: float, max_bits: int, k_stddevs: float,
+                rotation_seed: int, fixed_grid: bool) -> DDGPlan:
+    """:func:`plan_round` at noise multiplier z relative to Delta_2 (sens_factor 1)."""
     z = _check_num("noise_multiplier", noise_multiplier)
     tol = _check_num("tolerance", tolerance, lo_open=True)
     kw = dict(clip=clip, noise_multiplier=z, dim=dim, clients=clients, uploaders=uploaders,
@@ -690,14 +727,16 @@ def cdp_epsilon(delta2: float, local_sigma: float, noisy: int, dim: int) -> floa
 
 def epsilon_cdp(p: DDGPlan, noisy: int) -> float:
     """The paper's concentrated-DP eps (the sum is (1/2) eps^2-CDP) with ``noisy`` noise shares
-    of N_Z(0, p.local_sigma^2) and L2 sensitivity p.delta2 (:func:`cdp_epsilon`)."""
-    return cdp_epsilon(p.delta2, p.local_sigma, noisy, p.noise_dim)
+    of N_Z(0, p.local_sigma^2) and L2 sensitivity :attr:`DDGPlan.sensitivity` (sens_factor *
+    Delta_2; :func:`cdp_epsilon`)."""
+    return cdp_epsilon(p.sensitivity, p.local_sigma, noisy, p.noise_dim)
 
 
 def effective_noise_multiplier(p: DDGPlan, noisy: int) -> float:
-    """sqrt(noisy) * local_sigma / delta2: the continuous Gaussian this round is compared with
-    (for messages and the ledger's ``noise_multiplier``; the DDG's eps is >= that Gaussian's)."""
-    return math.sqrt(max(int(noisy), 0)) * p.local_sigma / p.delta2
+    """sqrt(noisy) * local_sigma / sensitivity (sens_factor * Delta_2): the continuous Gaussian
+    this round is compared with (for messages and the ledger's ``noise_multiplier``; the DDG's
+    eps is >= that Gaussian's)."""
+    return math.sqrt(max(int(noisy), 0)) * p.local_sigma / p.sensitivity
 
 
 def nominal_params(z: float) -> dict:
@@ -715,8 +754,11 @@ def ledger_params(p: DDGPlan, noisy: int, release: bool = False) -> dict:
     (the round's participant count, private under add/remove-one-client neighbours; the
     accountant reads only ``dim``, ``noisy``, ``local_sigma`` and ``delta2``)."""
     e = epsilon_cdp(p, noisy)
-    # the accountant's dim is the length of the noised integer vectors (D when rotated)
+    # the accountant's dim is the length of the noised integer vectors (D when rotated), its
+    # delta2 the sum's sensitivity under the entry's relation (sens_factor * Delta_2; the
+    # rounding bound each client's vector keeps is rounding_delta2)
     d = {**p.to_dict(), "dim": p.noise_dim, "vector_dim": p.dim, "noisy": int(noisy),
+         "delta2": p.sensitivity, "rounding_delta2": p.delta2,
          "epsilon_cdp": e if math.isfinite(e) else None}
     if release:
         d.pop("clients")

@@ -166,6 +166,8 @@ class Mechanism:
     fields: tuple[str, ...] = ("noise_multiplier", "sample_rate", "steps")
     #: numbers it needs from the entry's ``params`` object
     params_fields: tuple[str, ...] = ()
+    #: what a total says of the mechanism's fixed-size (L of N) entries under replace one client
+    fixed_note: str = FIXED_NOTE
 
     # -- the entry
     def check(self, d: dict) -> None:
@@ -428,17 +430,21 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
         if not p["delta2"] > 0:
             raise ParameterError("params.delta2", f"must be > 0 (got {p['delta2']!r})")
 
+    #: a fixed L of N under replace one client: no amplification claimed (see :meth:`key`)
+    fixed_note = ("the distributed discrete Gaussian on a fixed-size sample (L of N clients) is "
+                  "accounted at q = 1, with no amplification by sampling, under replace one "
+                  "client at the sum's replace-one sensitivity (twice the rounded bound): given "
+                  "the sampled set, whose law is the same for both datasets, the release is the "
+                  "DDG of Kairouz, Liu, Steinke 2021, Thm 1, and a mixture of (eps, delta)-DP "
+                  "pairs with common weights is (eps, delta)-DP")
+
     def unproven(self, d: dict) -> str | None:
         why = super().unproven(d)
         rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
-        if why is None and d.get("sampling") != "none" and float(d["sample_rate"]) < 1:
-            if d.get("sampling") == "fixed":
-                why = ("the distributed discrete Gaussian on a fixed-size sample has no "
-                       "subsampled analysis here: use Poisson sampling (--sample-rate) or every "
-                       "client")
-            elif rel not in ADD_REMOVE:
-                why = (f"the distributed discrete Gaussian's subsampling bound (Zhu & Wang) is "
-                       f"for Poisson sampling under add/remove, not {rel!r}")
+        if (why is None and d.get("sampling") == "poisson" and float(d["sample_rate"]) < 1
+                and rel not in ADD_REMOVE):
+            why = (f"the distributed discrete Gaussian's subsampling bound (Zhu & Wang) is "
+                   f"for Poisson sampling under add/remove, not {rel!r}")
         return why
 
     def relation_free(self, d: dict) -> bool:
@@ -451,10 +457,14 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
 
     def key(self, d: dict, who: str, notes: list) -> tuple:
         p = d["params"]
-        q = 1.0 if d.get("sampling") == "none" else float(d["sample_rate"])
+        # a fixed-size sample under replace one client: q = 1 (fixed_note); under add/remove it
+        # is accounted only by the papers' convention, as Poisson at q = L/N (NOT DP)
+        fixed_q1 = (d.get("sampling") == "fixed"
+                    and REL.normalize(d.get("neighbouring", NEIGHBOURING)) not in ADD_REMOVE)
+        q = 1.0 if d.get("sampling") == "none" or fixed_q1 else float(d["sample_rate"])
         if q == 1.0 and float(d["sample_rate"]) < 1:
-            notes.append(f"{who}: {self.name} with sampling 'none' is accounted at q = 1 "
-                         f"(no amplification by sampling)")
+            notes.append(f"{who}: {self.name} with sampling {d.get('sampling')!r} is accounted "
+                         f"at q = 1 (no amplification by sampling)")
         n, s, d2 = int(p["noisy"]), float(p["local_sigma"]), float(p["delta2"])
         return (math.sqrt(n) * s / d2, q, int(p["dim"]), n, s, d2)
 
@@ -463,7 +473,8 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
 
         e = ddg.cdp_epsilon(key[5], key[4], key[3], key[2])
         return {"proof": "distributed discrete Gaussian: Kairouz, Liu, Steinke 2021, Thm 1 "
-                         "(concentrated DP); q < 1: Zhu & Wang 2019's subsampling bound",
+                         "(concentrated DP)" + ("; q < 1: Zhu & Wang 2019's Poisson "
+                                                "subsampling bound" if key[1] < 1 else ""),
                 "noise_multiplier": key[0], "sample_rate": key[1], "dim": key[2],
                 "noisy": key[3], "local_sigma": key[4], "delta2": key[5],
                 "epsilon_cdp": e if math.isfinite(e) else None}

@@ -122,20 +122,24 @@ def assign(L: int, nodes: int) -> list[np.ndarray]:
 
 
 def plan_ddg(mode: str, z: float, sensitivity: float, dim: int, clients: int, n_min: int,
-             uploaders: int | None = None, rotation_seed: int = 0, release: bool = False):
+             uploaders: int | None = None, rotation_seed: int = 0, release: bool = False,
+             sens_factor: float = 1.0):
     """The discrete Gaussian plan of a round (:func:`popri.privacy.ddg.plan_round`): the
     modulus sized by the ``uploaders`` (the SuperNodes; Flower's constraint), the noise scaled
     to the ROUNDED sensitivity so the ledger's noise multiplier is the z asked for (``popri
     run`` calibrates z with this mechanism's accounting), the grid fine enough that the noise
     on the sum is within 5% of z * C (the randomized Hadamard rotation where the modulus needs
     it), or a ValueError naming what to change.  ``release``: a grid that does not follow the
-    private participant count (:func:`~popri.privacy.ddg.plan_round`'s ``fixed_grid``)."""
+    private participant count (:func:`~popri.privacy.ddg.plan_round`'s ``fixed_grid``).
+    ``sensitivity``: one client's bound (C, or M votes); ``sens_factor``: the sum's sensitivity
+    under the round's relation over it (2 under replace one client, sqrt 2 for votes)."""
     from popri.privacy import ddg
 
     return ddg.plan_round(clip=sensitivity, noise_multiplier=z, dim=dim, clients=clients,
                           uploaders=uploaders or clients, min_noisy=n_min,
                           integer_inputs=(mode == "nn-histogram"),
-                          rotation_seed=rotation_seed, fixed_grid=release)
+                          rotation_seed=rotation_seed, fixed_grid=release,
+                          sens_factor=sens_factor)
 
 
 def public_participants(spec, *, deployed: bool) -> int:
@@ -175,11 +179,14 @@ def planned_sizes(spec, L: int, nodes: int, unit: float, *, release: bool,
 
 def plans(*, mode: str, L: int, nodes: int, per_node: list[float], dim: int, z: float,
           sensitivity: float, spec, release: bool, rotation_seed: int = 0,
-          clients: int | None = None):
+          clients: int | None = None, unit: float | None = None):
     """(SecAgg+ plan, discrete Gaussian plan or None) of a round whose ``nodes`` SuperNodes
     hold ``L`` participants and upload at most ``per_node[k]`` (L2 / votes) before noise; the
     DDG plan is sized for ``clients`` participants (:func:`planned_sizes`: the public bound in
-    release mode; default ``L``)."""
+    release mode; default ``L``).  ``sensitivity``: the sum's L2 sensitivity under the round's
+    relation; ``unit`` (default: the same): one client's bound (C, or M votes), which the DDG
+    clips and rounds to while its noise is scaled to ``sensitivity``
+    (:attr:`popri.privacy.ddg.DDGPlan.sens_factor`)."""
     if nodes < 3:
         # release mode: the realised participant count is private; say only that it fell short
         has = ("fewer than 3 participating clients (the count is private in release mode)"
@@ -198,10 +205,11 @@ def plans(*, mode: str, L: int, nodes: int, per_node: list[float], dim: int, z: 
     try:
         if mech == "ddg":
             n_min = secagg.min_survivors(nodes, spec.max_dropout)
-            ddg_plan = plan_ddg(mode, z, float(sensitivity), dim,
+            u = float(sensitivity if unit is None else unit)
+            ddg_plan = plan_ddg(mode, z, u, dim,
                                 max(int(clients if clients is not None else L), 1), n_min,
                                 uploaders=nodes, rotation_seed=rotation_seed,
-                                release=release)
+                                release=release, sens_factor=float(sensitivity) / u)
             plan = secagg.plan(nodes=nodes, max_dropout=spec.max_dropout, dim=dim,
                                value_bound=bound, mechanism="ddg", ddg_bits=ddg_plan.bits)
         else:
@@ -315,7 +323,8 @@ def run_round(*, mode: str, emb, codes, clients: list[str], part, keep, syn: np.
     z = float(noise_multiplier)
     plan, ddg_plan = plans(mode=mode, L=L, nodes=nodes, per_node=per_node, dim=n, z=z,
                            sensitivity=sensitivity, spec=spec, release=release,
-                           rotation_seed=rotation_seed(seed, round_, release), clients=sized)
+                           rotation_seed=rotation_seed(seed, round_, release), clients=sized,
+                           unit=unit)
 
     # ---- the job directory
     job.mkdir(mode=0o700, parents=True, exist_ok=True)  # normally job_dir's, already there

@@ -378,7 +378,8 @@ def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLS
                              dim=int(theta.size), z=z,
                              sensitivity=float(spec.clip if sensitivity is None else sensitivity),
                              spec=spec, release=release,
-                             rotation_seed=E.rotation_seed(seed, round_, release), clients=sized)
+                             rotation_seed=E.rotation_seed(seed, round_, release), clients=sized,
+                             unit=float(spec.clip))
     with E.job_dir(where) as job:
         for k, g in enumerate(groups):
             rows = [{"client_id": members[i], "text": t} for i in g for t in texts_of[members[i]]]
@@ -574,11 +575,6 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         flower = None
         norms, losses = [], []
         if spec.flower:
-            if part.sampling == "fixed" and spec.mechanism(
-                    tree=spec.algorithm == "ftrl") == "distributed_discrete_gaussian":
-                raise InputError("the distributed discrete Gaussian has no analysis on a "
-                                 "fixed-size sample: use --sample-rate (Poisson) or every "
-                                 "client", field="--clients-per-round")
             flower = _flower_sum(members, texts_of, theta, spec, base=base, seed=seed,
                                  round_=round_, z=float(noise_multiplier), release=release,
                                  where=out_p.parent, sensitivity=sens)
