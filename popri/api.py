@@ -13,7 +13,7 @@ step's spec fields (``popri.specs``), given as a spec or as keywords.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any
 
 
 def score(private: str, synthetic: str, spec: Any = None, *, out: str | None = None,
@@ -40,37 +40,117 @@ def account(*paths: str, delta: float | None = None, accountant: str = "rdp",
     return total(paths, delta=delta, accountant=accountant, convention=convention).composition
 
 
-def epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
-            accountant: str = "rdp", sampling: str = "poisson") -> float:
+def epsilon(noise_multiplier: float, sample_rate: float, steps: int,
+            delta: float | None = None, accountant: str = "rdp",
+            sampling: str = "poisson") -> float:
     """``popri account epsilon``: epsilon of ``steps`` subsampled Gaussian releases: Poisson
     sampling at ``sample_rate`` under add/remove one client, or ``sampling="fixed"`` (L of N,
-    sample_rate = L/N) under replace one client, z relative to that relation's sensitivity."""
+    sample_rate = L/N) under replace one client, z relative to that relation's sensitivity.
+    ``delta``: the command's default (3e-6, POPri D.1 / PrE-Text D.1) when not given."""
     from popri.privacy import accounting as A
 
+    if delta is None:
+        delta = _default_delta()
     return A.epsilon(noise_multiplier, sample_rate, steps, delta, accountant, sampling=sampling)
 
 
-def load_config(path: str | None = None, overrides: Iterable[str] = ()):
-    """``popri run``'s config: defaults < YAML < ``key=value`` overrides, validated."""
+def _default_delta() -> float:
+    """``popri account epsilon``'s default --delta (TargetDeltaSpec's, declared once)."""
+    import dataclasses
+
+    from popri.specs.privacy import TargetDeltaSpec
+
+    return next(f.default for f in dataclasses.fields(TargetDeltaSpec) if f.name == "delta")
+
+
+def load_config(path: str | None = None, overrides: Any = ()):
+    """``popri run``'s config: defaults < YAML < ``key=value`` overrides (a list of strings, a
+    single string or a mapping ``{key: value}``, as :func:`run` takes them), validated."""
+    import os
+
     from popri.pipeline.config import load
 
-    return load(path, list(overrides))
+    return load(None if path is None else os.fspath(path), _overrides(overrides))
 
 
-def run(config=None, *, overrides: Iterable[str] = (), dry_run: bool = False) -> dict | str:
+def _overrides(overrides: Any, what: str = "overrides") -> list[str]:
+    """``key=value`` strings from a single ``"key=value"`` string, a mapping ``{key: value}``
+    (nested mappings give dotted keys; values are Python objects, as YAML would give them) or
+    an iterable of ``"key=value"`` strings; a TypeError for anything else."""
+    from collections.abc import Iterable, Mapping
+
+    if overrides is None:
+        return []
+    if isinstance(overrides, str):
+        return [overrides]
+    if isinstance(overrides, Mapping):
+        import yaml
+
+        out: list[str] = []
+
+        def walk(m: Mapping, prefix: str) -> None:
+            for k, v in m.items():
+                if not isinstance(k, str):
+                    raise TypeError(f"{what}: keys must be strings, got {k!r}")
+                key = f"{prefix}{k}"
+                if isinstance(v, Mapping) and v:
+                    walk(v, key + ".")
+                    continue
+                try:
+                    text = yaml.safe_dump(v, default_flow_style=True, width=1 << 30)
+                except yaml.YAMLError:
+                    raise TypeError(f"{what}: {key}: a value YAML cannot hold "
+                                    f"({type(v).__name__})") from None
+                text = text.strip()
+                if text.endswith("\n..."):  # a scalar's end-of-document marker
+                    text = text[:-4].strip()
+                out.append(f"{key}={text}")
+
+        walk(overrides, "")
+        return out
+    if isinstance(overrides, (bytes, bytearray)) or not isinstance(overrides, Iterable):
+        raise TypeError(f"{what} must be a 'key=value' string, a mapping {{key: value}} or a "
+                        f"list of 'key=value' strings, not {type(overrides).__name__}")
+    out = list(overrides)
+    for o in out:
+        if not isinstance(o, str):
+            raise TypeError(f"{what}: each override must be a 'key=value' string, got "
+                            f"{type(o).__name__} {o!r}")
+    return out
+
+
+def run(config=None, *, overrides: Any = (), dry_run: bool = False,
+        rerun: bool = False) -> dict | str:
     """``popri run``: every stage of the configured method (cached); returns the results dict,
-    or with ``dry_run`` the plan text (nothing runs, nothing is written).  ``config``: a YAML
-    path, a :class:`~popri.pipeline.config.RunConfig` (``load_config``), or None for the
-    embedded default (examples/default.yaml); ``overrides``: ``key=value`` strings, as
-    ``popri run --set``."""
+    or with ``dry_run`` the plan text (nothing runs, nothing is written).
+
+    ``config``: a YAML path (str or ``os.PathLike``), a
+    :class:`~popri.pipeline.config.RunConfig` (``load_config``), a mapping with the YAML's
+    keys (``{"rounds": 2, "privacy": {"epsilon": 7}}``; the defaults fill the rest), or None
+    for the embedded default (examples/default.yaml).  ``overrides``, as ``popri run --set``:
+    ``"key=value"`` strings (a list, or a single string), or a mapping ``{key: value}`` (dotted
+    keys or nested mappings; Python values).  A TypeError for any other type.  ``rerun``: as
+    ``popri run --rerun``, let finished DP stages run again as new releases (counted against
+    the budget before anything runs); without it such a resume is refused with one error
+    naming them."""
+    import os
+    from collections.abc import Mapping
+
     from popri.pipeline.config import RunConfig, load
     from popri.pipeline.driver import Run
 
+    sets = _overrides(overrides)
     if isinstance(config, RunConfig):
-        cfg = load(None, list(overrides), base=config) if overrides else config
+        cfg = load(None, sets, base=config) if sets else config
+    elif isinstance(config, Mapping):
+        # the mapping's keys first, then the overrides: one validation, as a YAML file gets
+        cfg = load(None, _overrides(config, "config") + sets)
+    elif config is None or isinstance(config, (str, os.PathLike)):
+        cfg = load(None if config is None else os.fspath(config), sets)
     else:
-        cfg = load(None if config is None else str(config), list(overrides))
-    r = Run(cfg, dry_run=dry_run)
+        raise TypeError(f"config must be a YAML path, a RunConfig (popri.load_config), a "
+                        f"mapping of its keys or None, not {type(config).__name__}")
+    r = Run(cfg, dry_run=dry_run, rerun=rerun)
     res = r.execute()
     return r.plan_text() if dry_run else res
 
@@ -78,7 +158,16 @@ def run(config=None, *, overrides: Iterable[str] = (), dry_run: bool = False) ->
 def load_run(path: str):
     """A finished (or unfinished) run directory: ``.config`` (config.resolved.json),
     ``.results`` (results.json), ``.metrics`` (metrics.jsonl as a pandas DataFrame where pandas
-    is installed, else a list of dicts); :class:`popri.pipeline.runs.LoadedRun`."""
+    is installed, else a list of dicts), ``.rows`` (metrics.jsonl's rows as written) and
+    ``.notes``; :class:`popri.pipeline.runs.LoadedRun`.  A metrics.jsonl line that is not a
+    JSON object with an integer ``round`` is skipped with a warning (and a note); an
+    unreadable config.resolved.json / results.json, or one that is not a JSON object, raises
+    :class:`popri.core.errors.InputError`."""
+    import warnings
+
     from popri.pipeline.runs import load_run as _load
 
-    return _load(path)
+    run = _load(path)
+    for note in run.notes:  # metrics.jsonl lines skipped (torn, not an object, no round)
+        warnings.warn(note, stacklevel=2)
+    return run

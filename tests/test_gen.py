@@ -230,7 +230,7 @@ class FakeEngine:
 def test_regeneration_counting(monkeypatch):
     ps = g.build_prompts(OMEGA, 3, seed=0)
     eng = FakeEngine(junk_attempts=1, always_bad=[(2, 1)])
-    monkeypatch.setattr(g, "TransformersBackend", lambda *a, **k: eng)
+    monkeypatch.setattr(g.backends, "TransformersBackend", lambda *a, **k: eng)
     recs, st = g.generate(ps, model="fake", samples_per_prompt=2, round_no=4, max_retries=2)
     assert [r["id"] for r in recs] == [f"r4-p{p}-s{s}" for p in range(3) for s in range(2)]
     assert eng.calls[0][1] == [(p, s) for p in range(3) for s in range(2)]
@@ -247,7 +247,7 @@ def test_regeneration_counting(monkeypatch):
     assert sum("degenerate" in r for r in recs) == 1
     # no retries: every junk sample is kept and flagged, J per prompt unchanged
     eng2 = FakeEngine(junk_attempts=5)
-    monkeypatch.setattr(g, "TransformersBackend", lambda *a, **k: eng2)
+    monkeypatch.setattr(g.backends, "TransformersBackend", lambda *a, **k: eng2)
     recs, st = g.generate(ps, model="fake", samples_per_prompt=2, max_retries=0, num_samples=5)
     assert len(recs) == 5 and st["regenerated"] == 0 and st["kept_degenerate"] == 3
 
@@ -474,3 +474,21 @@ def test_real_smollm2_writes_text(tmp_path):
     for r in ok:
         assert len(r["text"].split()) >= 3 and "Original Text Sample" not in r["text"]
         assert not math.isnan(st["tokens_per_s"])
+
+
+def test_cli_decoder_slots_on_cpu_writes_j_samples_per_prompt_reproducibly(tmp_path, omega_file,
+                                                                           tiny_lm, run_popri):
+    """`popri gen --decoder slots` (issue 38: the CUDA default, on CPU without the graph): the
+    same K x J samples as every decoder writes, and byte-identical on a rerun."""
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"s{k}.jsonl"
+        run_popri(["gen", omega_file, "-K", "3", "-J", "2", "--model", tiny_lm, "--no-bf16",
+                   "--max-new-tokens", "8", "--min-words", "1", "--decoder", "slots",
+                   "--batch-size", "4", "--seed", "5", "--out", out], check=True)
+        outs.append(out.read_bytes())
+    rows = [json.loads(line) for line in outs[0].decode().splitlines()]
+    assert len(rows) == 6 and outs[0] == outs[1]
+    p = run_popri(["gen", omega_file, "-K", "1", "-J", "1", "--model", tiny_lm, "--backend",
+                   "transformers-generate", "--decoder", "slots", "--out", tmp_path / "x.jsonl"])
+    assert p.returncode == 2 and "--decoder" in p.stderr and not (tmp_path / "x.jsonl").exists()

@@ -149,8 +149,8 @@ def dir_inputs(cmd: str, where: Path) -> dict:
         from popri.specs.data import FetchSpec
 
         table = write_jsonl(where / "private-table.jsonl", [
-            {"user": f"u{i % 12}", "text": f"{SYN[i % len(SYN)]['text']} Note {i}."}
-            for i in range(48)])
+            {"user": f"u{i % 24}", "text": f"{SYN[i % len(SYN)]['text']} Note {i}."}
+            for i in range(96)])  # 24 users: the validation and test splits are not empty
         fetch(str(table), str(where / "data"), FetchSpec(tokenizer="whitespace"),
               client_column="user")
         return {"main": write_jsonl(where / "public.jsonl", SYN[:2]), "data": where / "data"}

@@ -124,8 +124,10 @@ def test_report_of_two_runs(two_runs, tmp_path, run_popri):
     # the results table of each run, with the intervals results.json has
     assert "| method | epsilon |" in md and "gap closed 95% interval" in md
     assert "<table>" in page
-    # figures whose data are missing are notes, not failures (no DP-FL rounds, no downstream)
-    assert any("DP-FL rounds: skipped" in n for n in res["notes"])
+    # what does not apply to the method is not drawn and not said in the report (issue 37: a
+    # POPri report no longer ends with 'DP-FL rounds: skipped'); --json lists it
+    assert any(n.endswith(": DP-FL rounds") for n in res["not_shown"])
+    assert "DP-FL" not in md and "skipped" not in md
     assert (out / ".popri-output").is_file()
 
 
@@ -161,9 +163,13 @@ def test_partial_run_is_notes_not_a_crash(tmp_path, run_popri):
     p = run_popri(["report", run, "--out", out, "--json"])
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)
-    assert "partial-probe-distance.png" in res["figures"]
+    # one probed round: its values are a table line, not a panel of single dots (issue 37)
+    assert "partial-probe-distance.png" not in res["figures"]
+    md = (out / "report.md").read_text()
+    assert "mean cosine +- SE | 0.8 (round 0)" in md
     assert any("no results.json" in n for n in res["notes"])
-    assert "skipped" in (out / "report.md").read_text()
+    assert any("1 unreadable line(s) ignored" in n for n in res["notes"])
+    assert "no results.json" in md and "no verdict" in md
 
 
 def test_not_a_run_directory_is_one_line_exit_2(tmp_path, run_popri):
@@ -174,3 +180,20 @@ def test_not_a_run_directory_is_one_line_exit_2(tmp_path, run_popri):
     assert p.stderr.strip().count("\n") == 0
     assert p.stderr.startswith("popri: error:") and "not a run directory" in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_rerun_keeps_the_users_files_and_drops_the_old_figures(two_runs, tmp_path, run_popri):
+    """The report is swapped in whole (issue 37); what the user keeps next to it stays."""
+    out = tmp_path / "r"
+    assert run_popri(["report", *two_runs, "--out", out]).returncode == 0
+    (out / "notes.txt").write_text("mine")
+    (out / "sub").mkdir()
+    (out / "sub" / "x.txt").write_text("also mine")
+    assert (out / "popri-eps4-epsilon.png").is_file()
+    p = run_popri(["report", two_runs[0], "--out", out])
+    assert p.returncode == 0, p.stderr
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "sub" / "x.txt").read_text() == "also mine"
+    assert not (out / "popri-eps4-epsilon.png").exists()  # the earlier report's own figures
+    assert (out / "popri-eps1-epsilon.png").is_file()
+    assert not list(tmp_path.glob(".r.*"))  # no staging directory left

@@ -33,9 +33,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,  # popri --install-completion bash|zsh|fish
     pretty_exceptions_enable=False,
-    # help is Rich markup on every typer version popri admits (older ones defaulted to none):
-    # popri.cli.options.escape / unwrap escape the brackets of the texts, e.g. 'popri[flower]'
-    rich_markup_mode="rich",
+    # plain help (click's formatter, as simonw/llm): options wrap to the terminal and fit 80
+    # columns, where Rich's option tables squeezed the help column into a few words a line;
+    # every command's examples come first (popri/cli/examples.py, attached in main())
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 
@@ -156,7 +157,14 @@ def main(argv: list[str] | None = None) -> None:
     from popri.cli import process
 
     process.prepare()
-    sys.exit(process.run(typer.main.get_command(app), argv))
+    sys.exit(process.run(command(), argv))
+
+
+def command():
+    """The click command tree of ``popri``, with every command's examples in its help."""
+    from popri.cli import examples
+
+    return examples.attach(typer.main.get_command(app))
 
 if __name__ == "__main__":
     main()

@@ -131,17 +131,14 @@ def spec_options(spec_cls, *, into: str = "spec", exclude: tuple[str, ...] = (),
 
 
 def escape(text: str) -> str:
-    """Help text shown as written: the app renders help with Rich markup (``rich_markup_mode``
-    in popri/cli/app.py), which would take ``[flower]`` in ``pip install 'popri[flower]'`` for a
-    style tag and drop it; this escapes every such bracket (Rich's own ``markup.escape``)."""
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(text)
+    """Help text shown as written.  The app renders plain help (``rich_markup_mode=None`` in
+    popri/cli/app.py), where ``[flower]`` in ``pip install 'popri[flower]'`` is text, not a Rich
+    style tag: nothing to escape (kept so that one place decides, should Rich return)."""
+    return text
 
 
 def unwrap(text: str) -> str:
-    """A help text written with hard line breaks as paragraphs click can re-wrap (and Rich shows
-    as written: :func:`escape`)."""
+    """A help text written with hard line breaks as paragraphs click can re-wrap."""
     return escape("\n\n".join(" ".join(p.split()) for p in text.split("\n\n")))
 
 

@@ -221,11 +221,67 @@ def _check_release_env() -> None:
                          f"(research mode), got {v!r}", field="POPRI_RELEASE")
 
 
+#: popri run's pid in a stage's environment (popri.pipeline.stages.PARENT_ENV)
+_PARENT_ENV = "POPRI_DIE_WITH"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """A stage of ``popri run`` (its pid in POPRI_DIE_WITH, and it is our parent) dies with
+    it: SIGTERM when it goes away, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``;
+    elsewhere a watchdog thread), so no orphan stage goes on writing into a run directory a
+    rerun is already using.  A stage started after its popri run died exits at once.  The
+    variable is removed: our own children are not its stages."""
+    import signal
+
+    want = os.environ.pop(_PARENT_ENV, None)
+    try:
+        want = int(want) if want else None
+    except ValueError:
+        want = None
+    if want is None:
+        return
+    if os.getppid() != want:
+        try:
+            os.kill(want, 0)
+            return  # it lives: we are not its direct child (started by one of its stages)
+        except ProcessLookupError:
+            os._exit(128 + signal.SIGTERM)  # it died before we got here
+        except OSError:
+            return
+    done = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            done = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            done = False
+    if done:
+        if os.getppid() != want:  # it died between our start and the prctl
+            os._exit(128 + signal.SIGTERM)
+        return
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != want:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="popri-parent-watchdog", daemon=True).start()
+
+
 def prepare() -> None:
     """Before the app runs: standard streams that exist, signal handlers, no carriage-return
-    progress bars of libraries in a pipe or CI log, no warnings that say nothing to a user."""
+    progress bars of libraries in a pipe or CI log, no warnings that say nothing to a user; a
+    stage of popri run dies with it."""
     _guard_std_streams()
     _install_signal_handlers()
+    _die_with_parent()
     if not sys.stderr.isatty():
         # a pipe or a CI log: no library progress bar (datasets', the hub's, tqdm's) writes
         # carriage-return lines into it; popri's own progress becomes heartbeat lines
@@ -287,6 +343,17 @@ def run(cmd, argv: list[str] | None) -> int:
             _quiet_stdout()  # anything still buffered for stdout goes nowhere (nothing partial)
             sys.stderr.write(f"popri: error: {line}\n")
             code = 2
+    except Exception as e:
+        # a library's failed write that is not an OSError (safetensors' SafetensorError, torch's
+        # RuntimeError on a full disk): one line too; anything else is a bug -> traceback
+        from popri.core.io import as_write_error
+
+        err = as_write_error(e)
+        if err is None:
+            raise
+        _quiet_stdout()
+        sys.stderr.write(f"popri: error: {_os_error_line(err)}\n")
+        code = 2
     if _SIGNALLED:
         import signal
 

@@ -93,14 +93,57 @@ def _annotate_write_error(e: BaseException, dest: str | os.PathLike) -> None:
             e.errno, e.strerror = errno.ENOSPC, os.strerror(errno.ENOSPC)
 
 
+#: what libraries that write files say instead of raising an OSError (safetensors'
+#: SafetensorError "... (os error 28)", torch's RuntimeError "PytorchStreamWriter failed
+#: writing file ...: file write failed"), mapped to the errno they stand for
+_LIBRARY_WRITE_ERRORS = (("no space left on device", "ENOSPC"), ("os error 28", "ENOSPC"),
+                         ("disk quota exceeded", "EDQUOT"), ("os error 122", "EDQUOT"),
+                         ("read-only file system", "EROFS"), ("os error 30", "EROFS"),
+                         ("file too large", "EFBIG"), ("os error 27", "EFBIG"))
+
+
+def as_write_error(e: BaseException, dest: str | os.PathLike | None = None) -> OSError | None:
+    """A library's failed write (not an OSError: safetensors' SafetensorError, torch's
+    RuntimeError on a full disk) as the OSError it stands for, naming ``dest``; None when
+    ``e`` is no such error.  torch says only "file write failed": it counts as a full disk
+    when the destination's file system has less than 1 MiB left."""
+    import errno as errno_mod
+
+    if isinstance(e, OSError) or not isinstance(e, Exception):
+        return None
+    text = str(e).lower()
+    name = next((n for pat, n in _LIBRARY_WRITE_ERRORS if pat in text), None)
+    if name is None and ("file write failed" in text or "failed writing file" in text):
+        try:
+            where = os.path.dirname(os.path.abspath(os.fspath(dest))) if dest else "."
+            st = os.statvfs(where)
+            name = "ENOSPC" if st.f_bavail * st.f_frsize < (1 << 20) else "EIO"
+        except OSError:
+            name = "EIO"
+    if name is None:
+        return None
+    code = getattr(errno_mod, name)
+    err = OSError(code, os.strerror(code))
+    if dest is not None:
+        err.filename = os.fspath(dest)
+    return err
+
+
 @contextlib.contextmanager
 def writing(dest: str | os.PathLike) -> Iterator[None]:
-    """An OSError raised inside names ``dest`` (see :func:`_annotate_write_error`)."""
+    """An OSError raised inside names ``dest`` (see :func:`_annotate_write_error`); a library's
+    failed write that is not an OSError (safetensors, torch on a full disk) becomes one
+    (:func:`as_write_error`)."""
     try:
         yield
     except OSError as e:
         _annotate_write_error(e, dest)
         raise
+    except Exception as e:
+        err = as_write_error(e, dest)
+        if err is None:
+            raise
+        raise err from None
 
 
 @contextlib.contextmanager

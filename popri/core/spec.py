@@ -68,12 +68,17 @@ def help_of(f: dataclasses.Field) -> str:
     return h
 
 
+def _num(x) -> str:
+    """A bound as written: an int exactly (4294966, not 4.29497e+06), a float with ``g``."""
+    return str(x) if isinstance(x, int) and not isinstance(x, bool) else f"{x:g}"
+
+
 def range_text(lo, hi, lo_open=False, hi_open=False) -> str:
     if hi is None:
-        return f"a finite number {'>' if lo_open else '>='} {lo:g}"
+        return f"a finite number {'>' if lo_open else '>='} {_num(lo)}"
     if lo is None:
-        return f"a finite number {'<' if hi_open else '<='} {hi:g}"
-    return f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+        return f"a finite number {'<' if hi_open else '<='} {_num(hi)}"
+    return f"in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
 
 
 def _base_type(typ: Any) -> Any:
@@ -110,7 +115,16 @@ def coerce(value: Any, typ: Any, where: str) -> Any:
                 return value
             raise ValueError
         if t is int:
-            if isinstance(value, bool) or float(value) != int(float(value)):
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, int):  # exact: no float round trip (2**53 + 1 stays itself)
+                return value
+            if isinstance(value, str):
+                try:
+                    return int(value.strip(), 0)
+                except ValueError:
+                    pass
+            if float(value) != int(float(value)):
                 raise ValueError
             return int(float(value))
         if t is float:

@@ -481,12 +481,16 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
         metrics.update(lora_r=None, lora_alpha=None, target_modules=None)
     from popri.core import outdir
 
+    from popri.core.io import writing
+
     tmp = outdir.staging_dir(out)
     try:
-        m.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False) + "\n",
-                                          encoding="utf-8")
+        # a full disk: safetensors raises its own error, not an OSError -- one line naming out
+        with writing(out):
+            m.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False)
+                                              + "\n", encoding="utf-8")
         outdir.replace(tmp, out, kind="downstream-model", legacy=_legacy_model)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

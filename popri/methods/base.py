@@ -43,6 +43,11 @@ class Method(abc.ABC):
     pairs: bool = False
     #: tunes with DPO and selects its checkpoint (dpo.select_on / select_checkpoint)
     selects: bool = False
+    #: what the method releases: "text" (a synthetic set) or "model" (DP-FL, FewFedPIT); the
+    #: report shows samples of a text method only
+    releases: str = "text"
+    #: how the clients' data reach the released text, for the report's samples page
+    feedback: str = "the DP releases recorded in its ledger"
 
     # ------------------------------------------------------------------ the method's stages
     @abc.abstractmethod

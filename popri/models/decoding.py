@@ -29,15 +29,25 @@ the batch until the longest one ends.  This loop:
   ``(seed, attempt, prompt_id, sample_idx)``, so in fp32 a row's sample does not depend on the
   batch it lands in; in bf16 the rounding of a batched matmul can (seeded reruns with the same
   batch size on one machine are byte-identical; README).
+
+This loop is the CPU default, and its samples stay byte-identical there.  On CUDA the default
+is the slot engine of :mod:`popri.models.slots` (issue 38: static cache, continuous batching,
+CUDA graphs, the counter-based sampler of :mod:`popri.models.sampling`); :class:`DecodeOptions`
+chooses either on either device, and :func:`attention_policy` keeps cuDNN's attention out of
+decoding on CUDA (the loop's too).  The samplers moved to :mod:`popri.models.sampling`; their
+names stay importable from here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+from dataclasses import dataclass, replace
 from typing import Sequence
 
-import numpy as np
+# the samplers live in popri.models.sampling (issue 38's split); these names stay importable here
+from popri.models.sampling import CounterSampler, Sampler, derive_seed  # noqa: F401
 
 
 def stop_candidates(tok, marker: str) -> list[int]:
@@ -51,36 +61,6 @@ def stop_candidates(tok, marker: str) -> list[int]:
         if enc:
             ids.add(int(enc[-1]))
     return sorted(ids)
-
-
-class Sampler:
-    """One seeded generator per row; ``draw(logits, rows)`` returns a token per row."""
-
-    def __init__(self, temperature: float, top_p: float, seeds: Sequence[int], device):
-        import torch
-
-        self.torch, self.temperature, self.top_p = torch, float(temperature), float(top_p)
-        self.gens = ([torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
-                     if self.temperature > 0 else [])
-
-    def probs(self, logits):
-        torch = self.torch
-        p = torch.softmax(logits.float() / self.temperature, dim=-1)
-        if self.top_p < 1.0:  # keep the smallest top set whose mass reaches top_p
-            sp, si = p.sort(dim=-1, descending=True)
-            drop = (sp.cumsum(dim=-1) - sp) >= self.top_p
-            sp = sp.masked_fill(drop, 0.0)
-            p = torch.zeros_like(p).scatter_(-1, si, sp)
-        return p
-
-    def draw(self, logits, rows: Sequence[int]):
-        torch = self.torch
-        if self.temperature <= 0:
-            return logits.argmax(dim=-1)
-        cdf = self.probs(logits).cumsum(dim=-1)
-        u = torch.cat([torch.rand(1, generator=self.gens[r], device=cdf.device)
-                       for r in rows]).unsqueeze(1) * cdf[:, -1:]
-        return torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[-1] - 1).squeeze(1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,6 +152,76 @@ def eos_token_ids(model, tok) -> list[int]:
     return [int(i) for i in ids + [tok.eos_token_id] if i is not None]
 
 
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from integers (stable across runs and platforms)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0] & 0x7FFFFFFF)
+# --------------------------------------------------------------------------- options
+DECODERS = ("loop", "slots")
+CAPTURES = ("none", "graph", "compile", "compile+graph")
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How the ``transformers`` backend decodes; ``"auto"`` resolves by device (:meth:`resolve`).
+
+    - ``decoder``: ``loop`` (:func:`decode_batch`: fixed batches, finished rows dropped; the CPU
+      default) or ``slots`` (:mod:`popri.models.slots`: a static KV cache of ``batch_size``
+      slots, a finished row's slot refilled by a waiting row; the CUDA default);
+    - ``sampler``: ``generator`` (:class:`~popri.models.sampling.Sampler`, one torch.Generator
+      per row; the CPU default, whose samples the CPU path keeps byte-identical) or ``counter``
+      (:func:`~popri.models.sampling.draw_counter`, Philox keyed by (row seed, step): the CUDA
+      default; the ``slots`` engine always uses it);
+    - ``capture`` (``slots`` only): ``graph`` (the decode step captured in a CUDA graph, one per
+      batch bucket; the CUDA default), ``compile`` (``torch.compile`` of the step; also on CPU),
+      ``compile+graph`` (CUDA) or ``none`` (eager; the CPU default);
+    - ``attention``: ``auto`` keeps cuDNN's SDPA out of decoding on CUDA (it rebuilds a graph
+      per call: 47 % of the host time of a batch of 512 on an H200, issue 38) and leaves CPU
+      as it is; ``default`` leaves PyTorch's choice alone.
+    """
+
+    decoder: str = "auto"
+    sampler: str = "auto"
+    capture: str = "auto"
+    attention: str = "auto"
+    refill: float = 0.125  # slots: refill once this share of the batch's slots is free
+
+    def resolve(self, device: str) -> "DecodeOptions":
+        cuda = str(device).startswith("cuda")
+        decoder = self.decoder if self.decoder != "auto" else ("slots" if cuda else "loop")
+        sampler = self.sampler if self.sampler != "auto" else ("counter" if cuda else "generator")
+        if decoder == "slots":
+            sampler = "counter"
+        capture = self.capture if self.capture != "auto" else ("graph" if cuda else "none")
+        if decoder == "loop":
+            capture = "none"
+        if "graph" in capture and not cuda:
+            raise ValueError(f"capture {capture!r} needs a CUDA device (this is {device})")
+        for name, val, ok in (("decoder", decoder, DECODERS), ("capture", capture, CAPTURES),
+                              ("sampler", sampler, ("generator", "counter")),
+                              ("attention", self.attention, ("auto", "default"))):
+            if val not in ok:
+                raise ValueError(f"decode {name} must be one of {', '.join(ok)} (not {val!r})")
+        return replace(self, decoder=decoder, sampler=sampler, capture=capture)
+
+    @classmethod
+    def parse(cls, text: str | None) -> "DecodeOptions":
+        """``"decoder=slots,capture=compile"`` (or ``"slots"``, ``"loop"``) -> options."""
+        if not text:
+            return cls()
+        kw: dict = {}
+        for part in str(text).split(","):
+            k, _, v = part.strip().partition("=")
+            if not v:
+                k, v = "decoder", k
+            kw[k.strip()] = float(v) if k.strip() == "refill" else v.strip()
+        return cls(**kw)
+
+
+def attention_policy(device: str, policy: str = "auto"):
+    """The SDPA backends decoding may use: on CUDA (``auto``) FlashAttention, memory-efficient
+    attention and the math kernel, never cuDNN's (``torch.nn.attention.sdpa_kernel``; "the
+    bare transformers forward of one decode step at batch 512 takes 66.7 ms with the default
+    attention backend and 26.8 ms without cuDNN", issue 38).  CPU: unchanged."""
+    if policy != "auto" or not str(device).startswith("cuda"):
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])

@@ -216,6 +216,18 @@ def list_checkpoints(out_dir: str | os.PathLike, complete_only: bool = True) -> 
     return [p for _, p in sorted(found)]
 
 
+def drop_incomplete(out_dir: str | os.PathLike) -> None:
+    """Remove the checkpoints a failed or interrupted save left half-written (no trainer
+    state, written last; transformers' ``tmp-checkpoint-N`` staging directories)."""
+    d = Path(out_dir)
+    if not d.is_dir():
+        return
+    for p in d.iterdir():
+        m = _CKPT.match(p.name) or re.match(r"^tmp-checkpoint-\d+$", p.name)
+        if m and p.is_dir() and not (p / "trainer_state.json").exists():
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def _legacy_run(p: Path) -> bool:
     """A training run directory written before the ownership marker: its run.json is ours
     (``kind`` dpo / sft and a ``fingerprint``)."""
@@ -273,7 +285,8 @@ def save_adapter(model, dest: str | os.PathLike, source: str | os.PathLike | Non
     tmp = outdir.staging_dir(dest)
     try:
         if source is None:
-            model.save_pretrained(str(tmp))
+            with io.writing(dest):  # safetensors' own error on a full disk: an OSError
+                model.save_pretrained(str(tmp))
         else:
             for f in Path(source).iterdir():
                 if f.name.startswith("adapter_") or f.name == "README.md":
@@ -341,7 +354,14 @@ def run_trainer(kind: str, trainer, out_dir: Path, resume_from: str | None, conf
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
     start_step = int(_CKPT.match(Path(resume_from).name).group(1)) if resume_from else 0
-    out = trainer.train(resume_from_checkpoint=resume_from)
+    try:
+        # a checkpoint that cannot be written (a full disk: safetensors and torch raise their own
+        # errors, not OSError) is one OSError naming the output directory
+        with io.writing(out_dir):
+            out = trainer.train(resume_from_checkpoint=resume_from)
+    except BaseException:
+        drop_incomplete(out_dir)  # a failed run leaves no half-written checkpoint behind
+        raise
     wall = time.perf_counter() - t0
     steps_run = trainer.state.global_step - start_step
     adapter = save_adapter(trainer.model, out_dir / ADAPTER_DIR)

@@ -252,13 +252,64 @@ class Budget:
                 "included): use a new run_dir, a larger budget, or more noise",
                 path=str(self.run), field="privacy.epsilon")
 
+    def dp_reruns(self) -> list[tuple[str, str]]:
+        """(stage, why) of every finished DP stage of the plan -- it has a marker and its
+        ledger holds its release -- that would run again (its settings, inputs or outputs
+        changed: the survey's reason), said before anything runs.  Not among them: a stage
+        whose release committed before a stop (it is kept: :meth:`StageRunner._adopt`), and a
+        stage that never finished (an attempt stopped before its outputs: research mode's
+        retry of that very attempt is the same seeded release; any other attempt is counted
+        as a new release by :meth:`check_plan`)."""
+        from popri.privacy.ledger import read_ledger
+
+        todo = dict(self.survey()[1])
+        keys = self.runner.planned_keys
+        out = []
+        for st in self.plan():
+            if st.release is None or st.name not in todo or not self.runner.marker(st):
+                continue
+            key = keys.get(st.name)
+            if key is not None and self.runner.committed(st, key):
+                continue
+            own = Path(st.release.ledger)
+            if own.is_file() and any(st.release.match(e) for e in read_ledger(own)):
+                out.append((st.name, todo[st.name]))
+        return out
+
+    def check_reruns(self) -> list[str]:
+        """Refuse (one line, exit 2, nothing run) a run that would rerun finished DP stages
+        unless ``--rerun`` was given; returns their names (each counted as a new release by
+        :meth:`check_plan`).  A dry run notes the refusal instead and shows the plan."""
+        reruns = self.dp_reruns()
+        self._refused_reruns: set[str] = set()
+        if not reruns or getattr(self, "rerun", False):
+            if reruns and not self.dry_run:
+                log.warn("run: --rerun: " + ", ".join(f"{n} ({why})" for n, why in reruns)
+                         + ": released before and run again, each a new DP release (unless "
+                           "it reproduces its release bit for bit)")
+            return [n for n, _ in reruns]
+        shown = ", ".join(f"{n} ({why})" for n, why in reruns)
+        e = ConfigError(f"{shown}: already released (its ledger under {self.run} holds it) and "
+                        f"would run again, a new DP release: nothing was run; pass --rerun to "
+                        f"spend it (checked against privacy.epsilon first), or use a new "
+                        f"run_dir", path=str(self.run), field="rerun")
+        if self.dry_run:  # the plan is still shown; the refused reruns are not counted
+            self.notes.append(f"note: a real run would stop here: {e}")
+            self._refused_reruns = {n for n, _ in reruns}
+            return []
+        raise e
+
     def check_plan(self) -> None:
         """Before the first stage: the releases already in the run's ledgers plus those the plan
-        still has to make must fit the budget.  (A stage counts as done when its cached result
-        is current -- the same settings, inputs and outputs, not just a marker -- and in
-        research mode one whose ledger already holds its entry as a seeded rerun, which is not
-        a new release: a lower bound; the guard before each DP stage is exact.)"""
+        still has to make must fit the budget.  A DP stage counts as done when its cached result
+        is current -- the same settings, inputs and outputs, not just a marker -- or its
+        release committed before a stop (it is kept), or (research mode) it retries the very
+        attempt that recorded its release, stopped before its outputs (same key and thread
+        count: the same seeded release).  A finished DP stage that would run again is refused
+        without --rerun and with it counted as a new release (:meth:`check_reruns`); so is
+        every other stage still to run.  The guard before each DP stage is exact."""
         pr = self.cfg.privacy
+        reruns = set(self.check_reruns())
         if pr.epsilon is None:
             log.warn(f"run: {self.cfg.method} has no DP guarantee: the ledger records eps = inf "
                      "and no budget is enforced" if not self.method.dp else
@@ -271,14 +322,20 @@ class Budget:
 
         add = []
         cached = set(self.survey()[0])  # current: same settings, inputs and outputs
+        keys = self.runner.planned_keys
         for st in self.plan():
             if st.release is None:
                 continue
             entries, own, match = st.release.entries, Path(st.release.ledger), st.release.match
-            if st.name in cached or self.runner.committed(st):
+            key = keys.get(st.name)
+            if st.name in cached or (key is not None and self.runner.committed(st, key)):
                 continue  # done, or committed before a stop (kept when it runs: adopted)
-            if not self.release and own.is_file() and any(match(e) for e in read_ledger(own)):
-                continue
+            if st.name in self._refused_reruns:
+                continue  # a dry run: a real run stops before it (check_reruns)
+            if (st.name not in reruns and not self.release and key is not None
+                    and self.runner.same_attempt(st.name, key) and own.is_file()
+                    and any(match(e) for e in read_ledger(own))):
+                continue  # a retry of the attempt that recorded it: the same seeded release
             add += entries
         if add:
             self._over(self.existing_entries() + add, "the plan")
@@ -294,7 +351,9 @@ class Budget:
             mine = [e for e in read_ledger(own) if match(e)] if own.is_file() else []
             prev = self.runner.attempt(name)
             if self.cfg.privacy.epsilon is not None:
-                seen = set(prev.get("before", [])) if prev.get("key") == key else None
+                # the same attempt (key and thread count): its seeded release has its id
+                seen = (set(prev.get("before", [])) if self.runner.same_attempt(name, key)
+                        else None)
                 rerun = (not self.release and seen is not None
                          and any(e.release_id not in seen for e in mine))
                 self._over(self.existing_entries() + ([] if rerun else entries),

@@ -11,6 +11,7 @@ papers give a value it is cited and the paper-scale value is in examples/biorxiv
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,10 @@ class ProbeConfig(Spec):
     perplexity: bool = param(True, "Also the public model's perplexity of the sample.")
 
 
+#: the largest run seed: its stage seeds (seed * 1000 + 999 at most) stay below 2**32
+SEED_MAX = (2 ** 32 - 1 - 999) // 1000
+
+
 @dataclass(frozen=True)
 class RunConfig(Spec):
     run_dir: str = param("runs/default", "The run directory.", nonempty=True)
@@ -277,7 +282,10 @@ class RunConfig(Spec):
                         "dp-fedavg | dp-ftrl (DP federated learning, POPri C.1 / C.2) | "
                         "fewfedpit | fedit | fedmit (FewFedPIT and its baselines: no DP "
                         "guarantee); the table of methods is popri.pipeline.recipes.METHODS.")
-    seed: int = param(0, "Seed of every stage (named rules in popri.pipeline.driver).", lo=0)
+    # every stage's seed is seed * 1000 + t (round_seed, final_seed): it must fit the 32-bit
+    # seeds of numpy's legacy seeding, which the trainers call (transformers.set_seed)
+    seed: int = param(0, "Seed of every stage (named rules in popri.pipeline.driver; stage "
+                      "seeds are seed * 1000 + t, 32-bit).", lo=0, hi=SEED_MAX)
     rounds: int = param(1, "POPri T (paper: 10 / 20).", lo=1, hi=10_000)
     prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
     samples_per_prompt: int = same(GenSpec, "samples_per_prompt", 6)   # paper J = 10
@@ -336,6 +344,9 @@ def from_dict(cls, d: dict, where: str = "") -> Any:
 
 
 def set_dotted(d: dict, dotted: str, value: Any) -> None:
+    """``d[a][b][c] = value`` for ``a.b.c``.  A mapping set on a section merges into it, key by
+    key (``--set 'data={max_clients: 5}'`` changes data.max_clients and keeps the YAML's other
+    data keys), as ``--set data.max_clients=5`` would."""
     parts = dotted.split(".")
     if not all(parts):
         raise ConfigError(f"bad key {dotted!r}", path=f"--set {dotted}")
@@ -345,7 +356,32 @@ def set_dotted(d: dict, dotted: str, value: Any) -> None:
         if not isinstance(cur, dict):
             raise ConfigError(f"cannot set '{dotted}': '{p}' is not a section",
                               path=f"--set {dotted}", field=".".join(parts[:i + 1]))
-    cur[parts[-1]] = value
+    _merge(cur, parts[-1], value)
+
+
+def _merge(d: dict, key: str, value: Any) -> None:
+    """``d[key] = value``, except that a mapping merges into a mapping already there."""
+    old = d.get(key)
+    if isinstance(value, dict) and isinstance(old, dict):
+        for k, v in value.items():
+            _merge(old, k, v)
+    else:
+        d[key] = value
+
+
+#: control characters a --set value or a path may not hold (a newline in a --set value is
+#: folded into a space by YAML: ``run_dir=./nl<LF>dir`` silently became './nl dir')
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _control_char(s: str) -> str | None:
+    """The first control character of ``s``, named (``newline``, ``U+0007``), or None."""
+    m = _CONTROL.search(s)
+    if m is None:
+        return None
+    c = m.group(0)
+    return {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}.get(
+        c, f"the control character U+{ord(c):04X}")
 
 
 def load_yaml_mapping(path: str) -> dict:
@@ -388,6 +424,11 @@ def load(path: str | None, overrides: list[str] = (), *, base: RunConfig | None 
         if "=" not in o:
             raise ConfigError(f"--set expects key=value, got {o!r}")
         k, v = o.split("=", 1)
+        bad = _control_char(v)
+        if bad is not None:
+            raise ConfigError(f"the value holds {bad}: a --set value is one line (YAML would "
+                              f"fold it into something else; a path with control characters "
+                              f"is refused)", path=f"--set {k.strip()}")
         try:
             val = yaml.safe_load(v)
         except yaml.YAMLError:
@@ -437,6 +478,12 @@ def check(cfg: RunConfig) -> None:
     """The combinations of values, before the first stage runs (each value's own range and
     choices are checked by its spec, from the field metadata)."""
     d, pr, sc, dp = cfg.data, cfg.privacy, cfg.score, cfg.dpo
+    for name in ("run_dir", "data.dir", "data.source", "data.public_source"):
+        v = get(cfg, name)
+        bad = _control_char(v) if isinstance(v, str) else None
+        if bad is not None:
+            raise ConfigError(f"holds {bad} ({v!r}): a path with control characters is refused",
+                              field=name)
     if not d.dir and not str(d.source or "").strip():
         raise ConfigError("give data.source (a bench source or a file) or data.dir",
                           field="data.source")

@@ -66,13 +66,15 @@ class Run(Budget):
     ``omega_inputs``, ``noise``, ``release`` and build stages with the shared builders here
     (:meth:`score_stage`, :meth:`exact_stage`, :meth:`gen_args` ...)."""
 
-    def __init__(self, cfg: RunConfig, *, dry_run: bool = False):
+    def __init__(self, cfg: RunConfig, *, dry_run: bool = False, rerun: bool = False):
         from popri.pipeline.recipes import get_method
 
         self.cfg = cfg
         self.method = get_method(cfg.method)
         self.run = Path(cfg.run_dir)
         self.dry_run = dry_run
+        # --rerun: finished DP stages may run again (each a new release, within the budget)
+        self.rerun = bool(rerun)
         self.release = bool(cfg.release)
         self.select = C.select_on(cfg)       # private | public | dp | none
         self.runner = StageRunner(self.run, dry_run=dry_run)
@@ -380,10 +382,14 @@ class Run(Budget):
         if self.dry_run:
             return self._execute()
         self._check_run_dir()
-        with RunLock(self.run):
+        with RunLock(self.run) as lock:
+            self.runner.lock_fd = lock.fd  # every stage holds it too, while it lives
             self._check_same_method()
             self.started = time.time()
-            return self._execute()
+            try:
+                return self._execute()
+            finally:
+                self.runner.lock_fd = None
 
     def _check_same_method(self) -> None:
         """A run directory holds one method's run: another method's config there is refused
@@ -424,6 +430,7 @@ class Run(Budget):
         early = not self.needs_clients() or self._clients() is not None
         if early:
             self._set_noise()
+            self._check_data()  # the data is already there (data.dir, an earlier fetch)
             self._write_config()
         else:
             self.runner.hold = True
@@ -436,6 +443,8 @@ class Run(Budget):
             self.stage(st)
         if not early:
             self._set_noise()
+        self._check_data()  # after the fetch: before any stage reads a split
+        if not early:
             self._write_config()
             self.runner.hold = False
             self.runner.flush()
@@ -463,6 +472,78 @@ class Run(Budget):
         with atomic_write(self.run / "results.md") as fh:
             fh.write(results_table(results) + "\n")
         return results
+
+    def _split_counts(self) -> dict | None:
+        """The private dataset's manifest counts (``{"train": {"clients", "samples"}, ...}``),
+        or None before the fetch / for a dataset without them."""
+        man = self.paths.private / "manifest.json"
+        try:
+            counts = read_json(man).get("counts")
+        except (OSError, ValueError, AttributeError, PopriError):
+            return None
+        return counts if isinstance(counts, dict) else None
+
+    def data_needs(self) -> list[tuple[str, str, int, str]]:
+        """What the planned stages need of the private splits: (split, "samples" | "clients",
+        at least, who needs it).  Read from the plan, so every method is covered: a stage that
+        reads the validation split's embeddings needs 2 samples (statistics of a set: the
+        probe's MMD, FID, the DP mean); the evaluation needs a test sample; a paired
+        comparison over test clients (the control's difference, the gap's bootstrap) needs 2
+        test clients."""
+        stages = self.all_stages()
+        val = str(self.paths.emb_val)
+        needs = []
+        if any(val in st.inputs for st in stages):
+            readers = sorted({st.name.rstrip("0123456789") if st.name.startswith("probe")
+                              else st.name for st in stages if val in st.inputs})
+            needs.append(("val", "samples", 2, ", ".join(readers)))
+        names = {st.name for st in stages}
+        if any(n.startswith("eval-") for n in names):
+            needs.append(("test", "samples", 1, "the evaluation on the test split"))
+        paired = [w for n, w in (("control-diff", "the control's paired difference"),
+                                 ("gap-closed", "the gap's paired bootstrap")) if n in names]
+        if paired:
+            needs.append(("test", "clients", 2, " and ".join(paired)))
+        return needs
+
+    def _check_data(self) -> None:
+        """Before any stage reads the private splits: each split holds what the planned stages
+        need of it (a split drawn per client can come out empty: sotu at data.max_clients 12
+        and seed 3 put no client in the validation split, and the run died at the probe with a
+        traceback; one test client left the control's paired difference undefined after every
+        stage had run).  Checked when the data is there: before the first stage for data.dir
+        or an earlier fetch, else right after the fetch.  A dry run notes it; a real run stops
+        with one line naming the split."""
+        counts = self._split_counts()
+        if counts is None:
+            return
+        for split, what, least, who in self.data_needs():
+            try:
+                have = int((counts.get(split) or {}).get(what, 0))
+            except (TypeError, ValueError):
+                continue
+            if have >= least:
+                continue
+            fix = ("set data.dir to a dataset whose split holds more" if self.cfg.data.dir else
+                   "raise data.max_clients (the splits are drawn per client) or use another "
+                   "seed")
+            optional = all(r.startswith(("probe", "select-stats")) or r.endswith("-dpo")
+                           for r in who.split(", "))
+            off = {"val": "; or turn off what reads it (probe.enabled: false, dpo.select_on: "
+                          "none)" if optional else "",
+                   "test": "; or set control: false and baselines: false" if what == "clients"
+                   else ""}[split]
+            e = ConfigError(f"the {split} split has {have} {what[:-1] if have == 1 else what}; "
+                            f"{who} need"
+                            f"{'s' if ' and ' not in who and ', ' not in who else ''} at least "
+                            f"{least}: {fix}{off}",
+                            path=str(self.paths.private / f"{split}.jsonl"), field="data")
+            if self.dry_run:
+                note = f"note: a real run would stop here: {e}"
+                if note not in self.notes:
+                    self.notes.append(note)
+                return
+            raise e
 
     def _write_config(self) -> None:
         """RUN/config.resolved.json, written only once the budget and plan checks passed (a

@@ -7,10 +7,11 @@ inside the run directory.  Its *key* is the sha256 of
 
 - popri's version (a new release re-runs everything: its code may compute differently),
 - the command line,
-- the values of the ``POPRI_*`` settings that can change a result (:data:`KEYED_ENV`); every
-  other ``POPRI_*`` variable is removed from the stage's environment (:data:`PASSED_ENV` are
-  passed and do not change results), so an ambient ``POPRI_RELEASE`` or ``POPRI_CONFIG`` can
-  neither change a stage behind its key nor leak into it,
+- the values of the ``POPRI_*`` settings that define a result (:data:`KEYED_ENV`: none today;
+  the thread count is not one, see :meth:`StageRunner.key`); every other ``POPRI_*`` variable
+  is removed from the stage's environment (:data:`PASSED_ENV` are passed and do not change
+  results), so an ambient ``POPRI_RELEASE`` or ``POPRI_CONFIG`` can neither change a stage
+  behind its key nor leak into it,
 - the content hash of each input: a file's sha256, a directory's sha256 over its files' names
   and bytes (:func:`popri.core.artifacts.path_digest`; never mtimes), or -- for an output of an
   earlier stage of this run -- the hash recorded when that stage finished.
@@ -46,10 +47,39 @@ from popri.core.io import atomic_write
 from popri.core.runtime import fault_point
 from popri.core.spec import to_argv
 
-#: POPRI_* settings a stage inherits that can change its outputs: their values are in its key
-KEYED_ENV = ("POPRI_THREADS",)
-#: POPRI_* settings a stage inherits that change no output (logging, caches, test hooks)
-PASSED_ENV = ("POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "POPRI_FAULT")
+#: POPRI_* settings a stage inherits that define its outputs: their values are in its key.
+#: None today: POPRI_THREADS is an execution setting (see :meth:`StageRunner.key`)
+KEYED_ENV: tuple[str, ...] = ()
+#: POPRI_* settings a stage inherits that define no output (threads, logging, caches, test hooks)
+PASSED_ENV = ("POPRI_THREADS", "POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "POPRI_FAULT")
+#: recorded in each stage's marker and attempt (what it ran with), never in its key
+RECORDED_ENV = ("POPRI_THREADS",)
+#: set in a stage's environment to popri run's pid: the stage dies with it (popri.cli.process)
+PARENT_ENV = "POPRI_DIE_WITH"
+
+
+def child_argv(args: list[str]) -> list[str]:
+    """``python -m popri ARGS`` without the current directory on sys.path (``-P``, Python >=
+    3.11; before, a bootstrap that drops it): a directory named ``popri`` where the user stands
+    -- ``popri run --run-dir popri`` makes one -- would otherwise shadow the package (its
+    ``data/`` became ``popri.data``)."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "popri", *args]
+    boot = ("import runpy, sys; del sys.path[0]; "
+            "runpy.run_module('popri', run_name='__main__', alter_sys=True)")
+    return [sys.executable, "-c", boot, *args]
+
+
+class StageFailed(PopriError):
+    """A stage's command failed (exit 1: the run stopped after it started), except where the
+    stage's own one-line error says what the user must fix outside popri: a disk that cannot
+    be written (full, read-only, over quota: exit 2, as every popri command) or a missing model
+    (exit 3)."""
+
+    def __init__(self, message: str, code: int = 1, said: str | None = None):
+        super().__init__(message)
+        self.exit_code = 3 if code == 3 else 2 if (code == 2 and said
+                                                   and "cannot write: " in said) else 1
 
 
 def stage_env(base: dict, extra: dict | None = None) -> dict:
@@ -74,10 +104,18 @@ class Stage:
     # a DP stage declares the ledger entries it will record (the driver's budget guard and
     # plan check compose them with every release already under the run directory)
     release: "DPRelease | None" = None
+    # options that make the command start over in its output directory (dpo / sft:
+    # --no-resume), added when the runner runs it with a key no earlier attempt there had: the
+    # checkpoints of another attempt are stale, and the stage owns its directory.  Not part of
+    # the key or of commands.sh (a replay by hand resumes, as the command does by default)
+    fresh: list[str] = field(default_factory=list)
 
     def shown(self) -> str:
-        """The command line as a user would type it (commands.sh, the dry-run plan)."""
-        s = "popri " + " ".join(shlex.quote(a) for a in self.args)
+        """The command line as a user would type it (commands.sh, the dry-run plan, the log),
+        with any URL password hidden (``--base-url http://user:***@host``)."""
+        from popri.core.urls import redact_arg
+
+        s = "popri " + " ".join(shlex.quote(redact_arg(a)) for a in self.args)
         return s + (f" > {shlex.quote(self.stdout_to)}" if self.stdout_to else "")
 
 
@@ -120,7 +158,13 @@ class RunLock:
     """An exclusive lock on a run directory (``fcntl.flock`` on the directory itself: nothing
     is written) held by one ``popri run`` from its budget check to its last stage marker, so
     two runs can never both pass the budget guard on one ledger.  A second run is refused at
-    once (exit 2), not queued; the lock dies with its process (a SIGKILLed run leaves none)."""
+    once (exit 2), not queued, after a short grace; the lock dies with its process (a SIGKILLed
+    run leaves none).  Every stage inherits the locked descriptor (:meth:`StageRunner._child`),
+    so the directory stays locked while a stage of the run still lives: a stage outliving its
+    popri run (it is told to die with it, :data:`PARENT_ENV`) cannot race a rerun."""
+
+    #: seconds a busy lock is waited for before the run is refused
+    GRACE = 5.0
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir)
@@ -135,13 +179,21 @@ class RunLock:
         self.created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            self._cleanup()
-            raise InputError("is in use by another popri run: wait for it to finish, or use "
-                             "another run_dir", path=str(self.path), field="run_dir") from None
+        deadline = time.time() + self.GRACE
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() < deadline:  # a stopped run's stage may still be exiting
+                    time.sleep(0.2)
+                    continue
+                os.close(fd)
+                self._cleanup()
+                raise InputError("is in use by another popri run (or by a stage of a stopped "
+                                 "one that is still exiting): wait for it to finish, or use "
+                                 "another run_dir", path=str(self.path),
+                                 field="run_dir") from None
         self.fd = fd
         return self
 
@@ -248,6 +300,10 @@ class StageRunner:
         self.log_path = self.run_dir / "commands.sh"
         self.accountant = "rdp"            # the run's accountant (the plan-vs-record check)
         self.convention = None             # and its privacy.convention (None, or "papers")
+        self.lock_fd: int | None = None    # the run directory's lock, inherited by stages
+        self._log_error: OSError | None = None  # a stage log that could not be kept
+        self.stage_error: str | None = None     # the last stage's own one-line error
+        self.planned_keys: dict[str, str] = {}  # stage name -> its key in the last survey
 
     # ------------------------------------------------------------------ keys
     def _input_key(self, path: str) -> str:
@@ -261,6 +317,28 @@ class StageRunner:
         return self._digests[path]
 
     def key(self, stage: Stage) -> str:
+        """The stage's key: popri's version, its command line, :data:`KEYED_ENV` and its
+        inputs' content hashes.
+
+        **The thread count (POPRI_THREADS) is in no stage's key**, decided per kind of stage:
+
+        - pure Python / numpy stages (``bench fetch``, ``prefs build|pool``, ``pe draw|seeds``,
+          ``account``, ``eval gap|diff``): their outputs do not depend on it at all;
+        - the DP releases (``score``, ``fred stats``, ``fl round``): the noise comes from seeded
+          streams and the sum is numpy's, but the sum's inputs (the synthetic set embedded in
+          the stage) come from torch; the release id covers those inputs' bits, so a rerun
+          whose bits moved is a new release (:meth:`_conform`);
+        - the torch stages (``embed``, ``gen``, ``dpo``, ``sft``, ``train-downstream``, ``eval
+          accuracy|probe|fid``, ``vary``, ``expand``): intra-op reductions split by thread, so
+          the last bits of a float (rarely a sampled token) can change with the count.  An
+          output computed with one count is no less the result of its command and inputs than
+          one computed with another.
+
+        So the count is an execution setting, like the machine: a run resumed with another
+        count reuses every finished stage (were it keyed, a finished ``embed`` would rerun, and
+        with it every DP stage after it as a new release, over the budget); stages still to run
+        use the new count, and may differ in the last bits from an uninterrupted run, as on
+        another machine.  The count each stage ran with is recorded in its marker (``env``)."""
         h = hashlib.sha256()
         h.update(f"popri {__version__}\n".encode())
         h.update(json.dumps(stage.args).encode())
@@ -273,6 +351,14 @@ class StageRunner:
     # ------------------------------------------------------------------ running
     def _marker(self, stage: Stage) -> Path:
         return self.marker_dir / f"{stage.name}.json"
+
+    def marker(self, stage: Stage) -> dict:
+        """The stage's marker ({} when it never finished or the marker is unreadable)."""
+        try:
+            rec = json.loads(self._marker(stage).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return rec if isinstance(rec, dict) else {}
 
     def done(self, stage: Stage, key: str) -> dict | None:
         """The outputs' hashes when the stage's cached result is current: the marker has this
@@ -317,31 +403,43 @@ class StageRunner:
             return False
         if stage.before is not None:
             stage.before(key)
-        cmd = [sys.executable, "-m", "popri", *stage.args]
-        log.info(f"run: {self._where()} {stage.name}: {shown}")
+        args = list(stage.args)
+        if stage.fresh and self.attempt(stage.name).get("key") != key:
+            # another attempt's (or an older run's) checkpoints there are stale: start over
+            args += stage.fresh
+        cmd = child_argv(args)
+        log.info(f"run: {self._where()} {stage.name}: {shown}"
+                 + (f" {' '.join(stage.fresh)}" if len(args) > len(stage.args) else ""))
         self._record(shown)
         t0 = time.time()
         before = self._ledger_snapshot(stage)
+        earlier = self.marker(stage) if stage.release is not None else {}
         self._pending(stage, key, before)
 
-        def failed(rc: int) -> PopriError:
-            return PopriError(f"stage {stage.name} failed (exit {rc}): {shown} (its log: "
-                              f"{self._log_path(stage)})")
+        def failed(rc: int, said: str | None) -> PopriError:
+            where = self._log_path(stage)
+            logged = f" (its log: {where})" if where.is_file() and not self._log_error else ""
+            if said:  # the stage's own one-line error, as ours (its command is in the log)
+                return StageFailed(f"stage {stage.name} failed (exit {rc}): {said}{logged}", rc,
+                                   said)
+            return StageFailed(f"stage {stage.name} failed (exit {rc}): {shown}{logged}")
 
         if stage.stdout_to:
             with atomic_write(stage.stdout_to) as out:
                 rc = self._child(stage, cmd, out)
                 if rc != 0:
-                    raise failed(rc)  # inside: the half-written stdout is discarded
+                    raise failed(rc, self.stage_error)  # inside: the half-written stdout is discarded
         else:
             # a stage's own stdout (data, e.g. an adapter path) must not mix into ours
             rc = self._child(stage, cmd, None)
             if rc != 0:
-                raise failed(rc)
+                raise failed(rc, self.stage_error)
+        if self._log_error is not None:  # the stage ran, but its log could not be kept
+            raise self._log_error
         missing = [o for o in stage.outputs if not Path(o).exists()]
         if missing:
             raise PopriError(f"stage {stage.name} finished but did not write {missing}")
-        check = self._conform(stage, before)
+        check = self._conform(stage, before, earlier)
         fault_point(f"before-marker:{stage.name}")  # tests: a stop between commit and marker
         self.timings[stage.name] = time.time() - t0
         log.info(f"run: {self._where()} {stage.name} done in {self.timings[stage.name]:.0f} s")
@@ -356,7 +454,7 @@ class StageRunner:
         hashes = {o: path_digest(o) for o in stage.outputs}
         with atomic_write(self._marker(stage)) as fh:
             json.dump({"key": key, "popri": __version__, "args": stage.args,
-                       "env": {k: self.env.get(k) for k in KEYED_ENV},
+                       "env": {k: self.env.get(k) for k in (*KEYED_ENV, *RECORDED_ENV)},
                        "outputs": stage.outputs, "hashes": hashes,
                        "seconds": None if seconds is None else round(seconds, 2),
                        **({"ledger_check": check} if check is not None else {})}, fh, indent=2)
@@ -372,49 +470,95 @@ class StageRunner:
         mine = self._mine(stage)
         return len(mine), [e.release_id for e in mine]
 
-    def _conform(self, stage: Stage, before: tuple[int, list[str]] | None) -> dict | None:
+    def _conform(self, stage: Stage, before: tuple[int, list[str]] | None,
+                 earlier: dict | None = None) -> dict | None:
         """After a DP stage ran: do the entries it recorded equal the ones the budget guard
         composed for it (``stage.release.entries``)?  A stage whose entries all repeat release
         ids already in the ledger (a research-mode rerun of the same seeded release, a DP-FTRL
-        tree's later round) released nothing new, and its plan is empty for that reason too.
-        A difference stops the run: the guard was computed on the wrong entries."""
+        tree's later round) released nothing new, and its plan is empty for that reason too
+        -- unless it reran a release that had finished (``earlier``: its old marker) and its
+        outputs are not bit for bit the ones that release wrote: then it is a new release
+        under an old id, and is ledgered as one (:meth:`_ledger_rerun`).  A difference from
+        the plan stops the run: the guard was computed on the wrong entries."""
         if before is None:
             return None
-        from popri.privacy.entries import conformance
-
         n, ids = before[0], set(before[1])
-        appended = self._mine(stage)[n:]
+        mine = self._mine(stage)
+        appended = mine[n:]
         new = [e for e in appended if e.release_id not in ids]
-        planned = list(stage.release.entries)
         if not new:
             # the ledger already held the release (it dedupes by release id): its outputs
             # record an id that was there before the stage ran
             outs = set().union(*(recorded_release_ids(o) for o in stage.outputs))
             if appended or (outs and outs <= ids):
-                return {"planned": len(planned), "recorded": 0, "agree": True,
+                old = (earlier or {}).get("hashes")
+                if isinstance(old, dict) and old and outs:
+                    now = {o: path_digest(o) for o in stage.outputs}
+                    if any(old.get(o) != now[o] for o in stage.outputs):
+                        return self._ledger_rerun(stage, [e for e in mine
+                                                          if e.release_id in outs], now)
+                    return {"planned": len(stage.release.entries), "recorded": 0,
+                            "agree": True, "note": "reran and reproduced its earlier release "
+                            "bit for bit (hash-checked): the same release"}
+                return {"planned": len(stage.release.entries), "recorded": 0, "agree": True,
                         "note": "no new release: the ledger already held its release ids"}
-        problems = conformance(planned, new, accountant=self.accountant,
+        return self._check(stage, new)
+
+    def _check(self, stage: Stage, recorded: list) -> dict:
+        """The plan-vs-record check of a DP stage's new entries (a PopriError when they
+        differ: the budget guard was computed on the wrong entries)."""
+        from popri.privacy.entries import conformance
+
+        planned = list(stage.release.entries)
+        problems = conformance(planned, recorded, accountant=self.accountant,
                                convention=self.convention)
         if problems:
             raise PopriError(f"stage {stage.name}: the ledger entries it recorded differ from "
                              f"the ones the budget guard planned: {'; '.join(problems)}. This is "
                              "a popri bug (the recorded entries are in the ledger, and `popri "
                              "account` totals them); please report it")
-        return {"planned": len(planned), "recorded": len(new), "agree": True}
+        return {"planned": len(planned), "recorded": len(recorded), "agree": True}
+
+    def _ledger_rerun(self, stage: Stage, old: list, now: dict) -> dict:
+        """A rerun of a finished DP release that recorded its old release id but wrote other
+        bytes (floating-point sums can differ, e.g. with the thread count): a second release
+        the ledger would count once.  Its entries are appended again under a derived id (the
+        old id + the new outputs' hash) -- the budget guard counted this rerun as a new release
+        before it ran -- and checked against the plan."""
+        import dataclasses as dc
+
+        from popri.core.artifacts import digest
+        from popri.privacy.ledger import LockedLedgers
+
+        tag = digest(sorted(now.items()))[:12]
+        entries = [dc.replace(e, release_id=f"{e.release_id}+rerun-{tag}",
+                              params={**e.params, "rerun_of": e.release_id})
+                   for e in {e.release_id: e for e in old}.values()]
+        check = self._check(stage, entries)
+        with LockedLedgers([Path(stage.release.ledger)]) as lk:
+            lk.append(entries)
+        log.warn(f"run: [{stage.name}] reran its finished release, which wrote other bytes than "
+                 "before under the same release id: ledgered as a new release")
+        return {**check, "note": "rerun of a finished release with other outputs: a new "
+                                 "release (ledgered under a derived id)"}
 
     def ledger_checks(self, stages: list[Stage]) -> dict:
         """``{stage name: its plan-vs-record check}`` for the DP stages among ``stages`` (from
-        their markers: a resumed run reports the stages an earlier invocation ran)."""
+        their markers: a resumed run reports the stages an earlier invocation ran).  A finished
+        DP stage whose marker holds no check (written by a popri that did not check) is
+        reported as not checked (``agree`` None), never as agreeing."""
         out = {}
         for st in stages:
             if st.release is None:
                 continue
-            try:
-                rec = json.loads(self._marker(st).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
+            rec = self.marker(st)
+            if not rec:
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("ledger_check"), dict):
+            if isinstance(rec.get("ledger_check"), dict):
                 out[st.name] = rec["ledger_check"]
+            else:
+                out[st.name] = {"agree": None, "note": "not checked: its marker holds no "
+                                                      "plan-vs-record check"}
         return out
 
     # ------------------------------------------------------------------ DP stages: adoption
@@ -428,27 +572,41 @@ class StageRunner:
         return [e for e in read_ledger(led) if stage.release.match(e)] if led.is_file() else []
 
     def attempt(self, name: str) -> dict:
-        """``{"key", "before"}`` of stage ``name``'s first unfinished attempt ({} if none)."""
+        """``{"key", "before", "env"}`` of stage ``name``'s first unfinished attempt with its
+        key ({} if none)."""
         try:
             rec = json.loads(self._pending_path(name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return {}
         return rec if isinstance(rec, dict) else {}
 
+    def threads_env(self) -> dict:
+        """The recorded execution settings (:data:`RECORDED_ENV`) of this runner's stages."""
+        return {k: self.env.get(k) for k in RECORDED_ENV}
+
+    def same_attempt(self, name: str, key: str) -> bool:
+        """Would a run of stage ``name`` now repeat its unfinished attempt exactly: the same key
+        and the same recorded execution settings (a research-mode DP stage then reproduces the
+        same seeded release, under the same release id)?"""
+        rec = self.attempt(name)
+        return rec.get("key") == key and rec.get("env", self.threads_env()) == self.threads_env()
+
     def note_attempt(self, name: str, key: str, before: list[str]) -> None:
-        """Before a DP stage runs: its key and the release ids its ledger already holds
-        (``before``), so a rerun can tell a release an attempt with this key committed from
-        the earlier ones.  The first attempt's record is kept until the stage finishes."""
-        if self.attempt(name).get("key") != key:
+        """Before a stage runs: its key, its thread count and (a DP stage) the release ids its
+        ledger already holds (``before``), so a rerun can tell a release an attempt with this
+        key committed from the earlier ones, and a training stage can resume only its own
+        attempt's checkpoints.  The first attempt's record is kept until the stage finishes."""
+        if not self.same_attempt(name, key):
+            self.marker_dir.mkdir(parents=True, exist_ok=True)
             with atomic_write(self._pending_path(name)) as fh:
-                json.dump({"key": key, "before": list(before)}, fh)
+                json.dump({"key": key, "before": list(before), "env": self.threads_env()}, fh)
 
     def _pending(self, stage: Stage, key: str,
                  before: tuple[int, list[str]] | None) -> None:
-        """A DP stage's first attempt with ``key``: the release ids its ledger held before it
-        (``before``, :meth:`_ledger_snapshot`)."""
-        if before is not None and self.attempt(stage.name).get("key") != key:
-            self.note_attempt(stage.name, key, before[1])
+        """The stage's attempt with ``key``: for a DP stage, the release ids its ledger held
+        before it (``before``, :meth:`_ledger_snapshot`)."""
+        if not self.same_attempt(stage.name, key):
+            self.note_attempt(stage.name, key, before[1] if before is not None else [])
 
     def committed(self, stage: Stage, key: str | None = None) -> bool:
         """The DP stage's last attempt (with ``key``; any key when None) committed its release:
@@ -465,13 +623,22 @@ class StageRunner:
         but before its marker: the outputs are the release's -- they record a release id that
         this very attempt (same key) added to the ledger -- so the marker is written now and
         nothing is released again.  In release mode that release could never be reproduced,
-        and a rerun would spend the budget twice."""
+        and a rerun would spend the budget twice.  The entries that attempt recorded are
+        checked against the plan now, as if it had finished (a stop, or a failed check, before
+        the marker must not leave the release unchecked)."""
         if not self.committed(stage, key):
             return False
+        rec = self.attempt(stage.name)
+        outs = set().union(*(recorded_release_ids(o) for o in stage.outputs))
+        seen = set(rec.get("before") or [])
+        new = list({e.release_id: e for e in self._mine(stage)
+                    if e.release_id not in seen and e.release_id in outs}.values())
+        check = self._check(stage, new)
         log.info(f"run: [{stage.name}] its release was committed (ledger and outputs) before "
                  "the run was stopped: kept as it is, not released again")
         self._record(shown + "  # committed before the stop, kept")
-        self._finish(stage, key, None)
+        self._finish(stage, key, None, {**check, "note": "committed before a stop; checked "
+                                                         "when kept"})
         self.skipped.append(stage.name)
         return True
 
@@ -484,27 +651,70 @@ class StageRunner:
     def _log_path(self, stage: Stage) -> Path:
         return self.run_dir / "logs" / f"{stage.name}.log"
 
+    #: how a stage's own one-line error starts (popri.cli.process)
+    ERROR_PREFIX = b"popri: error: "
+
     def _child(self, stage: Stage, cmd: list[str], out) -> int:
         """Run a stage's command: its stderr forwarded line by line to ours and kept in
         RUN/logs/STAGE.log, carriage returns (a library's progress bar) turned into line ends;
         when the stage prints nothing for HEARTBEAT seconds, a heartbeat line.  Returns the
-        exit status.  ``out``: the file its stdout goes to (None: our stderr)."""
+        exit status; the stage's own one-line error (``popri: error: ...``, kept out of our
+        stderr when it failed: the caller reports it as its own) is :attr:`stage_error`.
+
+        The stage dies with this process (:data:`PARENT_ENV`: a SIGKILLed popri run leaves no
+        stage running on) and inherits the run directory's lock (:class:`RunLock`).  A log
+        that cannot be written (a full disk) stops being written; the stage runs on, and the
+        error names the log (:attr:`_log_error`)."""
         import threading
 
-        logf = self._log_path(stage)
-        logf.parent.mkdir(parents=True, exist_ok=True)
-        last = [time.time()]
-        t0 = time.time()
-        with open(logf, "wb") as fh:
-            p = subprocess.Popen(cmd, stdout=out if out is not None else sys.stderr.fileno(),
-                                 stderr=subprocess.PIPE, env=self.env)
+        from popri.core.io import _annotate_write_error
 
-            def emit(ln: bytes) -> None:
-                if ln.strip():
-                    fh.write(ln + b"\n")
+        logf = self._log_path(stage)
+        self._log_error = None
+        last = [time.time()]
+        said: list[bytes] = []
+        t0 = time.time()
+        fh = None
+        try:
+            logf.parent.mkdir(parents=True, exist_ok=True)
+            fh = open(logf, "wb", buffering=0)
+        except OSError as e:
+            _annotate_write_error(e, logf)
+            self._log_error = e
+        env = dict(self.env, **{PARENT_ENV: str(os.getpid())})
+        fds = (self.lock_fd,) if self.lock_fd is not None else ()
+
+        def keep(ln: bytes) -> None:
+            nonlocal fh
+            if fh is None:
+                return
+            try:
+                fh.write(ln + b"\n")
+            except OSError as e:  # the log is a side file: the stage runs on without it
+                _annotate_write_error(e, logf)
+                self._log_error = e
+                try:
+                    fh.close()
+                except OSError:
+                    pass
+                fh = None
+
+        def emit(ln: bytes) -> None:
+            if ln.strip():
+                keep(ln)
+                if ln.startswith(self.ERROR_PREFIX):
+                    said.append(ln[len(self.ERROR_PREFIX):])
+                    return
+                try:
                     sys.stderr.buffer.write(ln + b"\n")
                     sys.stderr.flush()
-                    last[0] = time.time()
+                except (OSError, ValueError):
+                    pass
+                last[0] = time.time()
+
+        try:
+            p = subprocess.Popen(cmd, stdout=out if out is not None else sys.stderr.fileno(),
+                                 stderr=subprocess.PIPE, env=env, pass_fds=fds)
 
             def pump():
                 buf = b""
@@ -533,6 +743,20 @@ class StageRunner:
                 raise
             finally:
                 th.join(timeout=10)
+        finally:
+            if fh is not None:
+                try:
+                    fh.close()
+                except OSError:
+                    pass
+        if rc == 0 and said:  # an error line from a stage that succeeded: shown as it was
+            for ln in said:
+                try:
+                    sys.stderr.buffer.write(self.ERROR_PREFIX + ln + b"\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+        self.stage_error = said[-1].decode("utf-8", "replace").strip() if said else None
         return rc
 
     def stage_seconds(self) -> dict[str, float]:
@@ -559,12 +783,21 @@ class StageRunner:
         probe = StageRunner(self.run_dir, dry_run=True)
         probe.env, probe.keys, probe._digests = self.env, dict(self.keys), self._digests
         cached, todo = [], []
+        writer: dict[str, str] = {}  # output -> the stage that will write it again
         for st in stages:
             key = probe.key(st)
+            self.planned_keys[st.name] = key
             if probe.done(st, key) is not None:
                 cached.append(st.name)
             else:
-                todo.append((st.name, self._why(st, key)))
+                why = self._why(st, key)
+                if why == "inputs changed":  # name the stages upstream that run again
+                    up = list(dict.fromkeys(writer[i] for i in st.inputs if i in writer))
+                    if up:
+                        why = f"inputs changed: {', '.join(up)} runs again"
+                todo.append((st.name, why))
+                for o in st.outputs:
+                    writer[o] = st.name
             probe.run(st)
         return cached, todo
 

@@ -39,6 +39,8 @@ from popri.core.spec import Spec, param, same
 
 #: the generation backends (``--backend``)
 BACKENDS = ("transformers", "transformers-generate", "vllm", "openai")
+#: popri's decoders (popri.models.decoding.DecodeOptions.decoder), besides "auto" = unset
+DECODERS = ("loop", "slots")
 #: the OpenAI-compatible endpoints the ``openai`` backend can call (``--api``)
 APIS = ("completions", "chat")
 #: how a vllm backend serves a LoRA adapter (``--adapter-mode``)
@@ -122,12 +124,22 @@ class GeneratorSpec(SamplingSpec):
                             choices=APIS)
     concurrency: int | None = param(None, "openai: requests in flight at once (default 8); "
                                     "429 / 5xx answers are retried with backoff.", lo=1)
+    decoder: str | None = param(None, "transformers: how popri's loop decodes. loop: fixed "
+                                "batches, finished rows dropped, one torch.Generator per row "
+                                "(the CPU default). slots: a static KV cache of --batch-size "
+                                "slots, a finished row's slot refilled by a waiting row, the "
+                                "decode step in a CUDA graph, a counter-based sampler keyed by "
+                                "(row seed, step) (the CUDA default; on CPU without the graph). "
+                                "Unset: by device (docs/gpu.md).", choices=DECODERS)
 
     def check(self) -> None:
         remote = (self.base_url, self.api_key_env, self.api, self.concurrency)
         if self.backend == "openai" and not self.base_url:
             raise ConfigError("the openai backend needs the server's URL (--base-url, e.g. "
                               "http://127.0.0.1:8000/v1)", field="base_url")
+        if self.decoder is not None and self.backend != "transformers":
+            raise ConfigError(f"applies to the transformers backend (popri's loop); the backend "
+                              f"is {self.backend!r}", field="decoder")
         if self.backend != "openai" and any(v is not None for v in remote):
             raise ConfigError(f"is an openai-backend setting; the backend is {self.backend!r}",
                               field=next(n for n, v in zip(

@@ -84,7 +84,7 @@ def epsilon_cmd(
     noise_multiplier: float = _required(EpsilonSpec, "noise_multiplier", "--noise-multiplier",
                                         "-z"),
     sample_rate: float = _required(EpsilonSpec, "sample_rate", "--sample-rate", "-q"),
-    steps: int = _required(EpsilonSpec, "steps", "--steps", "-T"),
+    steps: int = _required(EpsilonSpec, "steps", "--steps", "--rounds", "-T"),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
     *, spec: EpsilonSpec,
 ) -> None:
@@ -125,7 +125,7 @@ def epsilon_cmd(
 def sigma_cmd(
     epsilon: float = _required(SigmaSpec, "epsilon", "--epsilon", "-e"),
     sample_rate: float = _required(SigmaSpec, "sample_rate", "--sample-rate", "-q"),
-    steps: int = _required(SigmaSpec, "steps", "--steps", "-T"),
+    steps: int = _required(SigmaSpec, "steps", "--steps", "--rounds", "-T"),
     as_json: bool = typer.Option(False, "--json", help=H_JSON),
     *, spec: SigmaSpec,
 ) -> None:

@@ -45,7 +45,9 @@ in-process backends; --backend openai asks the server for a prompt's J samples w
 (per-row seeds when the server ignores n); a server's own batching decides whether it repeats.
 
 Backends: transformers (default; popri's decoding loop: bf16 weights, each prompt encoded once
-for its J samples, finished rows leave the batch), transformers-generate (model.generate, the
+for its J samples, finished rows leave the batch; on CUDA the slot engine of --decoder slots:
+a static KV cache whose finished rows are replaced by waiting ones, the decode step in a CUDA
+graph, a counter-based sampler per row; docs/gpu.md), transformers-generate (model.generate, the
 older and slower path), vllm (GPU, in-process), openai (an OpenAI-compatible server at
 --base-url: vLLM, SGLang, transformers serve, llama.cpp; docs/serving.md)."""
 

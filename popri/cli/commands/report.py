@@ -11,20 +11,24 @@ from typing import List
 
 import typer
 
-_HELP = """Tables and figures of run directories ('popri run' outputs) as Markdown and one
-self-contained HTML file.
+_HELP = """A report of run directories ('popri run' outputs) as Markdown and one self-contained
+HTML file.
 
-Each run's results table (accuracy
-with SEs, gap closed, the T = 0 control), per-round curves from RUN/metrics.jsonl (probe
-mean-embedding cosine and MMD^2 with SEs, distinct-2, perplexity, DPO/SFT loss, held-out margin
-and accuracy, released chosen / rejected scores, recovery rate), or from the stages' own files
-where a run has none (DPO loss per step, DP-FL rounds, downstream accuracy per epoch), a
-chosen-vs-rejected score histogram, a PCA of the synthetic set's embeddings against the private
-validation split's (only when both exist on disk: no model is loaded), epsilon spent per round
-from the run's ledgers; across runs, accuracy against epsilon and a method comparison with 95%
-intervals.  A figure whose data are missing is skipped with a note.  Writes report.md,
-report.html (self-contained: figures embedded) and the PNG figures into --out; stdout: the
-HTML file's path, or the JSON result with --json."""
+It opens with a verdict per run: the method, its epsilon and the relation it holds under (or
+NOT A DP GUARANTEE under the papers' convention), the paired difference to its untuned
+generator (T = 0) and to eps = 0 with 95% intervals, one sentence in words and a figure of the
+paired differences (a release-mode run: what it released and at which epsilon).  Then a page of
+samples of the synthetic text (the final set's first samples, a few chosen / rejected pairs with
+their released scores), accuracy of each model and privacy-utility across runs, and per run its
+results table, per-round curves from RUN/metrics.jsonl or the stages' own files (probe
+distance, diversity and fluency, DPO/SFT loss and held-out margin, released scores, recovery
+rate, DP-FL rounds, downstream training), a chosen-vs-rejected score histogram, a PCA of the
+synthetic set against the private validation split (only from embeddings on disk) and epsilon
+spent per round from the run's ledgers.  One colour and one label per method in every figure;
+what does not apply to a run is not drawn (a one-round run's values are a table).  Writes
+report.md, report.html (figures embedded) and the PNG figures into --out, built aside and
+swapped into place in one step (an interrupted report leaves the earlier one); stdout: the HTML
+file's path, or the JSON result with --json."""
 
 
 def report(
@@ -32,17 +36,20 @@ def report(
                                          "(each holds results.json, metrics.jsonl or, while "
                                          "running, config.resolved.json)."),
     out: str = typer.Option(..., "--out", "-o", help="Output directory (created; an earlier "
-                            "report there is replaced)."),
-    json_out: bool = typer.Option(False, "--json", help="Print {figures, notes, html, md} as "
-                                  "JSON instead of the HTML path."),
+                            "report there is replaced, the user's other files in it kept)."),
+    json_out: bool = typer.Option(False, "--json", help="Print {figures, notes, not_shown, "
+                                  "verdicts, epsilon, palette, html, md} as JSON instead of "
+                                  "the HTML path."),
 ) -> None:
     from pathlib import Path
 
-    from popri.core import log, outdir
+    from popri.core import log
     from popri.core.errors import InputError, MissingResourceError
     from popri.core.io import dumps
-    from popri.pipeline.report import RUN_FILES, is_run_dir
+    from popri.pipeline.report import RUN_FILES, check_out, is_run_dir
 
+    if out in ("", "-"):
+        check_out(out, [])  # one line: --out must be a directory
     for d in run_dirs:
         p = Path(d)
         if not p.exists():
@@ -56,33 +63,15 @@ def report(
     except ImportError:
         raise MissingResourceError("popri report needs matplotlib: pip install matplotlib") \
             from None
-    dest = outdir.check(out, inputs=run_dirs)
-    if dest.is_dir() and any(dest.iterdir()):
-        kind = _kind(dest / outdir.MARKER)
-        if kind != "report":  # another output of popri's (a model, a round): not ours to mix
-            raise InputError(f"holds popri's {kind or 'unmarked'} output, not a report; choose "
-                             "another --out", path=out)
-        for f in [*dest.glob("*.png"), dest / "report.md", dest / "report.html"]:
-            if f.is_file():  # an earlier report: its files go first
-                f.unlink()
+    check_out(out, list(run_dirs))  # before any figure is drawn
     from popri.pipeline.report import build_report
 
     log.info(f"report: {len(run_dirs)} run(s) -> {out}")
     res = build_report(list(run_dirs), out)
-    outdir.mark(dest, "report")
     for n in res["notes"]:
         log.info(f"report: {n}")
     log.info(f"report: {len(res['figures'])} figure(s), {res['md']}")
     typer.echo(dumps(res) if json_out else res["html"])
-
-
-def _kind(marker) -> str | None:
-    import json
-
-    try:
-        return json.loads(marker.read_text(encoding="utf-8")).get("kind")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def register(app: typer.Typer) -> None:

@@ -29,6 +29,13 @@ def run(
         False, "--show-config", help="Print the resolved config (the embedded default or the "
         "YAML, with every --set applied and every default filled in) as YAML on stdout, and "
         "exit: nothing runs."),
+    rerun: bool = typer.Option(
+        False, "--rerun",
+        help="Let finished DP stages run again: a resume whose config or inputs changed so "
+             "that a stage that already released (its ledger holds it) would run again is "
+             "refused before anything runs, naming the stages and why; with --rerun each such "
+             "rerun is a new DP release, counted against privacy.epsilon before the first stage "
+             "runs (a rerun that reproduces its release bit for bit is the same release)."),
     release: bool = typer.Option(
         False, "--release", envvar="POPRI_RELEASE",
         help="Release mode (shortcut for --set release=true): every DP stage and every stage "
@@ -41,10 +48,9 @@ def run(
 ) -> None:
     """Run POPri end to end (T rounds of gen, score, prefs, dpo; then synthetic data, downstream training, evaluation against the eps=0 / eps=inf baselines, and the ledger totalled).
 
-    method: popri (default) | pe (PrE-Text: T rounds of nn-histogram votes, survivor draws and
-    variations, then expand the DP seed set; examples/pe.yaml) | pe-sft (POPri's PE+SFT baseline:
-    SFT on the top-scored samples instead of DPO; examples/pe-sft.yaml).  score.mode
-    nn-histogram with method popri is POPri's scoring ablation.
+    {methods}
+
+    score.mode nn-histogram with method popri is POPri's scoring ablation.
 
     Every stage's output goes into the run directory; a stage whose inputs and parameters are
     unchanged is skipped, so a killed run continues from the last finished stage.  The noise
@@ -57,7 +63,9 @@ def run(
     would exceed it is refused before it starts (exit 2), and so is a plan that would.  Config
     errors (unknown keys, values out of range, inf/nan) exit 2 before anything runs.  The table
     states the mode (research/release) and what DPO checkpoint selection reads (dpo.select_on:
-    private, the paper's, not covered by epsilon | public | dp | none).
+    dp, the default, a DP statistic of the validation split inside the budget | public | none |
+    private, the paper's, NOT covered by epsilon).  A resume that would run a finished DP stage
+    again (its config or inputs changed) is refused before anything runs unless --rerun.
     """
     from popri.pipeline import config as C
     from popri.pipeline.driver import Run, results_table
@@ -68,7 +76,8 @@ def run(
     if show_config:
         import yaml
 
-        typer.echo(yaml.safe_dump(C.to_dict(cfg), sort_keys=False).rstrip())
+        # readable UTF-8 ('模型🙂', not "\u6A21\u578B\U0001F642"); it loads back the same
+        typer.echo(yaml.safe_dump(C.to_dict(cfg), sort_keys=False, allow_unicode=True).rstrip())
         return
     from pathlib import Path
 
@@ -79,7 +88,7 @@ def run(
     R = Path(cfg.run_dir)
     check_outputs([R, R / "results.json", R / "results.md", R / "commands.sh"],
                   [config, cfg.data.dir])
-    pipeline = Run(cfg, dry_run=dry_run)
+    pipeline = Run(cfg, dry_run=dry_run, rerun=rerun)
     results = pipeline.execute()
     if dry_run:
         typer.echo(pipeline.plan_text())
@@ -92,4 +101,22 @@ def register(app: typer.Typer) -> None:
 
     from popri.cli.options import unwrap
 
-    app.command("run", help=unwrap(inspect.cleandoc(run.__doc__)))(run)
+    app.command("run", help=unwrap(inspect.cleandoc(run.__doc__)).replace(
+        "{methods}", methods_help()))(run)
+
+
+def methods_help() -> str:
+    """Every method ``popri run`` knows, one per line with its summary, from the registry
+    (popri.pipeline.recipes.METHODS); a paragraph click keeps as written (``\\b``), each
+    line within 76 columns."""
+    import textwrap
+
+    from popri.pipeline.recipes import METHODS
+
+    width = max(map(len, METHODS)) + 2
+    lines = ["\b", "method (the config's 'method'; default popri):"]
+    for name, m in METHODS.items():
+        body = textwrap.wrap(m.summary, 74 - width)
+        lines.append(f"  {name.ljust(width)}{body[0]}")
+        lines += [" " * (2 + width) + b for b in body[1:]]
+    return "\n".join(lines)

@@ -2,6 +2,9 @@
 
     popri runs list runs/
     popri runs show runs/demo
+    popri runs diff runs/e1 runs/e7                 # settings that differ, headline metrics
+    popri runs diff runs/e1 runs/e7 --all           # every setting and metric
+    popri runs diff runs/e1 runs/e7 --keys 'gap_closed*' --keys probe
     popri runs diff runs/e1 runs/e7 --json
 """
 
@@ -17,104 +20,247 @@ app = typer.Typer(help="Finished runs: list them, show one, diff two (results.js
                        "config.resolved.json, metrics.jsonl).", no_args_is_help=True)
 
 
+def _notes(run) -> None:
+    """A run's notes (metrics.jsonl lines skipped, ...) on stderr."""
+    from popri.core import log
+
+    for n in run.notes:
+        log.warn(n)
+
+
+def _table(lines: list, indent: str = "") -> None:
+    """Aligned columns; a str among the rows is printed as is (an ellipsis line)."""
+    rows = [x for x in lines if not isinstance(x, str)]
+    width = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
+    for x in lines:
+        typer.echo(indent + (x if isinstance(x, str) else
+                             "  ".join(v.ljust(w) for v, w in zip(x, width)).rstrip()))
+
+
 def list_cmd(
     dirs: List[str] = typer.Argument(None, metavar="DIRS...", help="Run directories or folders "
                                      "holding them (default: runs)."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON list on stdout."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON list on stdout (NaN and "
+                                 "Infinity as null; a run that could not be read has "
+                                 "\"error\")."),
 ) -> None:
     """One line per run directory found in DIRS (and below): method, epsilon spent of the
     budget, accuracy, gap closed, the method minus its T = 0 row, seed, popri version, when it
-    ended."""
+    ended. A run whose results.json or config.resolved.json cannot be read is listed as
+    '(unreadable)', with the reason on stderr; the other runs are listed as usual."""
+    from popri.core import log
+    from popri.core.errors import InputError
     from popri.core.io import dumps
     from popri.pipeline import runs as R
 
-    rows = [R.summary(R.load_run(d)) for d in R.find_runs(dirs or ["runs"])]
+    rows = []
+    for d in R.find_runs(dirs or ["runs"]):
+        try:
+            run = R.load_run(d)
+        except InputError as e:
+            log.warn(f"{e.format()}; listed as unreadable")
+            rows.append(R.error_summary(d, e.format()))
+            continue
+        _notes(run)
+        rows.append(R.summary(run))
     if as_json:
-        typer.echo(dumps(rows))
+        typer.echo(dumps(R.jsonable(rows)))
         return
     head = ("run", "method", "eps / budget", "accuracy", "gap closed", "minus T=0", "seed",
             "popri", "ended")
     lines = [head]
+
     for r in rows:
-        pm = lambda v, s: R.fmt(v) + (f" +- {R.fmt(s)}" if s is not None else "")  # noqa: E731
-        lines.append((r["run_dir"], str(r["method"]),
+        if r.get("error"):
+            lines.append((R.fmt(r["run_dir"], width=None), "-", "(unreadable)", *("-",) * 6))
+            continue
+        lines.append((R.fmt(r["run_dir"], width=None), R.fmt(r["method"]),
                       f"{R.fmt(r['epsilon'])} / {R.fmt(r['budget'])}"
                       if r["finished"] else "(unfinished)",
-                      pm(r["accuracy"], r["accuracy_se"]), pm(r["gap_closed"], r["gap_closed_se"]),
-                      pm(r["minus_t0"], r["minus_t0_se"]), R.fmt(r["seed"]),
+                      R.fmt_se(r["accuracy"], r["accuracy_se"]),
+                      R.fmt_se(r["gap_closed"], r["gap_closed_se"]),
+                      R.fmt_se(r["minus_t0"], r["minus_t0_se"]), R.fmt(r["seed"]),
                       R.fmt(r["popri_version"]), R.fmt(r["ended"])))
-    width = [max(len(x[i]) for x in lines) for i in range(len(head))]
-    for x in lines:
-        typer.echo("  ".join(v.ljust(w) for v, w in zip(x, width)).rstrip())
+    _table(lines)
+
+
+def _results_table(run) -> str:
+    from popri.pipeline import runs as R
+    from popri.pipeline.driver import results_table
+
+    try:
+        return results_table(run.results)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError, ZeroDivisionError,
+            OverflowError):  # a results.json of another popri version, or edited by hand
+        return (f"{run.path}: method {R.fmt(run.results.get('method'))}, epsilon "
+                f"{R.fmt(run.results.get('epsilon'))}; results.json lacks fields this popri's "
+                f"table needs, or holds them with other types (see --json)")
 
 
 def show_cmd(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR"),
-    as_json: bool = typer.Option(False, "--json", help="config, results and metrics as one "
-                                 "JSON object."),
+    as_json: bool = typer.Option(False, "--json", help="run_dir, config, results, metrics "
+                                 "(metrics.jsonl's rows, as written) and notes as one JSON "
+                                 "object (NaN and Infinity as null)."),
+    every: bool = typer.Option(False, "--all", help="Every round in the per-round table "
+                               "(default: the first and last five when there are more than "
+                               "eleven, the middle as '...')."),
 ) -> None:
     """One run: its results table (as 'popri run' printed it), its identity (popri version,
     git commit, command line, config hash, start and end), the stages' seconds and its
-    per-round metrics."""
+    per-round table: one row per round with the per-round metrics metrics.jsonl holds (the
+    released scores' mean, the recovery rate, the training loss, the held-out preference
+    accuracy, the probe's cosine, MMD^2 and distinct-2; --json has every field), the first and
+    last rounds only when there are many (--all: every round). metrics.jsonl lines that are not
+    a JSON object with an integer round are skipped, with a note on stderr."""
+    from popri.core import log
     from popri.core.io import dumps
     from popri.pipeline import runs as R
 
     run = R.load_run(run_dir)
-    rows = run.metrics.to_dict("records") if hasattr(run.metrics, "to_dict") else run.metrics
+    _notes(run)
     if as_json:
-        typer.echo(dumps({"run_dir": str(run.path), "config": run.config,
-                          "results": run.results, "metrics": rows}))
+        typer.echo(dumps(R.jsonable({"run_dir": str(run.path), "config": run.config,
+                                     "results": run.results, "metrics": run.rows,
+                                     "notes": run.notes})))
         return
     if not run.finished:
         typer.echo(f"{run.path}: not finished (no results.json); method "
-                   f"{run.config.get('method')}")
-        return
-    from popri.pipeline.driver import results_table
+                   f"{R.fmt(run.config.get('method'))}")
+    else:
+        typer.echo(_results_table(run))
+        ident = run.results.get("run")
+        if isinstance(ident, dict) and ident:
+            typer.echo("")
+            for k in ("popri_version", "git_commit", "command", "config_hash", "started",
+                      "ended", "invocations"):
+                typer.echo(f"{k}: {R.fmt(ident.get(k), width=None)}")
+        elif ident is not None and not isinstance(ident, dict):
+            log.warn(f"{run.path}/results.json: field 'run' is not an object; no identity "
+                     f"shown")
+        total, n, bad = R.stage_seconds(run.results)
+        if bad:
+            log.warn(f"{run.path}/results.json: field 'stage_seconds': {bad} value(s) not a "
+                     f"number of seconds, not counted")
+        if n:
+            typer.echo(f"stages: {n}, {total / 60:.1f} minutes of work")
+    _round_table(run, every)
+    _samples(run)
 
-    try:
-        typer.echo(results_table(run.results))
-    except (KeyError, TypeError, AttributeError):  # a results.json of another popri version
-        typer.echo(f"{run.path}: method {run.results.get('method')}, epsilon "
-                   f"{R.fmt(run.results.get('epsilon'))}; results.json lacks fields this popri's "
-                   f"table needs (see --json)")
-    ident = run.results.get("run") or {}
-    if ident:
-        typer.echo("")
-        for k in ("popri_version", "git_commit", "command", "config_hash", "started", "ended",
-                  "invocations"):
-            typer.echo(f"{k}: {R.fmt(ident.get(k))}")
-    secs = run.results.get("stage_seconds") or {}
-    if secs:
-        typer.echo(f"stages: {len(secs)}, {sum(secs.values()) / 60:.1f} minutes of work")
-    if rows:
-        typer.echo(f"metrics.jsonl: {len(rows)} rows over rounds "
-                   f"{sorted({r.get('round') for r in rows})}")
+
+def _round_table(run, every: bool) -> None:
+    """The per-round table of ``popri runs show``."""
+    from popri.pipeline import runs as R
+
+    rows = run.rows
+    if not rows:
+        if (run.path / "metrics.jsonl").is_file():
+            typer.echo("metrics.jsonl: no rows")
+        return
+    head, table = R.round_table(rows)
+    typer.echo("")
+    typer.echo(f"metrics.jsonl: {len(rows)} rows over {len(table)} round(s): "
+               f"{R.round_ranges(t[0] for t in table)}")
+    if len(head) == 1:
+        return
+    lines: list = [tuple(head)]
+    for t in (table if every else R.compact_rows(table)):
+        lines.append(f"... ({len(table) - 2 * R.EDGE} rounds not shown: --all shows them)"
+                     if t is None else (str(t[0]), *(R.fmt(v) for v in t[1:])))
+    _table(lines, "  ")
+
+
+#: how much of each sample ``popri runs show`` prints (the report shows more)
+SHOW_SAMPLES, SHOW_CHARS = 3, 160
+
+
+def _samples(run) -> None:
+    """The first samples of the run's synthetic set and one chosen / rejected pair with its
+    released scores, as the report's samples page (popri.pipeline.report_samples), shortened."""
+    from popri.core import log
+    from popri.pipeline.report_samples import samples
+
+    notes: list[str] = []
+    s = samples(run.path, run.results if run.finished else None, notes)
+    for n in notes:
+        log.warn(n)
+    if not s:
+        return
+
+    def short(t: str) -> str:
+        t = " ".join(t.split())
+        return t if len(t) <= SHOW_CHARS else t[:SHOW_CHARS - 3].rstrip() + "..."
+
+    typer.echo("")
+    typer.echo(f"samples: {s['note']}")
+    if s["set"]:
+        typer.echo(f"  {s['set_file']}, the first {min(SHOW_SAMPLES, len(s['set']))}:")
+        for x in s["set"][:SHOW_SAMPLES]:
+            typer.echo(f"    {x['id']}: {short(x['text'])}")
+    if s["pairs"]:
+        p = s["pairs"][0]
+        typer.echo(f"  a preference pair ({s['pairs_file']}, prompt {p['prompt_id']}; released "
+                   f"scores {R_fmt(p['chosen_score'])} / {R_fmt(p['rejected_score'])}):")
+        typer.echo(f"    chosen:   {short(p['chosen'])}")
+        typer.echo(f"    rejected: {short(p['rejected'])}")
+
+
+def R_fmt(x) -> str:
+    from popri.pipeline import runs as R
+
+    return R.fmt(x, width=None)
 
 
 def diff_cmd(
     a: str = typer.Argument(..., metavar="RUN_A"),
     b: str = typer.Argument(..., metavar="RUN_B"),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object."),
+    everything: bool = typer.Option(False, "--all", help="Every setting and every metric, "
+                                    "equal ones too (default: the settings that differ and "
+                                    "the headline metrics)."),
+    keys: List[str] = typer.Option(None, "--keys", metavar="PATTERN", help="Only the keys "
+                                   "that match PATTERN: a glob (privacy.*, *_se) or a "
+                                   "substring (gap_closed); repeatable. Metrics: every "
+                                   "matching one that differs instead of the headline."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: every setting and "
+                                 "metric that differs (exact values; --all: every one; --keys "
+                                 "filters), the headline with its precision, the counts; NaN "
+                                 "and Infinity as null."),
 ) -> None:
-    """Two runs side by side: the settings that differ (config.resolved.json, as 'dvc params
-    diff'), then the metrics that differ (results.json, as 'dvc metrics diff', with the
-    change)."""
+    """Two runs side by side (as 'dvc params diff' and 'dvc metrics diff'): the settings that
+    differ (config.resolved.json), then the headline metrics (results.json: the method's
+    accuracy, epsilon and its relation, the method minus its T = 0 row, gap closed, FID) with
+    their change. A number with a standard error is rounded to two significant digits of
+    its SE and differs only at that precision; two epsilons within 1e-4 relative (the
+    accountant's precision) are the same. The change column says '=' for no difference."""
     from popri.core.io import dumps
     from popri.pipeline import runs as R
 
-    d = R.diff(R.load_run(a), R.load_run(b))
+    ra, rb = R.load_run(a), R.load_run(b)
+    _notes(ra)
+    _notes(rb)
+    keys = list(keys or [])
+    d = R.diff(ra, rb, everything=everything, keys=keys)
     if as_json:
-        typer.echo(dumps(d))
+        typer.echo(dumps(R.jsonable(d)))
         return
-    for title, rows, head in (("settings", d["params"], ("key", a, b)),
-                              ("metrics", d["metrics"], ("key", a, b, "change"))):
-        typer.echo(f"{title}: {len(rows)} differ")
-        if not rows:
-            continue
-        cells = [head] + [tuple(R.fmt(v) for v in r) for r in rows]
-        width = [max(len(str(c[i])) for c in cells) for i in range(len(head))]
-        for c in cells:
-            typer.echo("  " + "  ".join(str(v).ljust(w) for v, w in zip(c, width)).rstrip())
+    params = d["params"]
+    sel = f"matching {', '.join(keys)}" if keys else "every one" if everything else ""
+    typer.echo(f"settings: {d['params_differ']} differ (of {d['params_total']})"
+               + (f"; {len(params)} shown, {sel}" if sel else ""))
+    if params:
+        _table([("key", a, b)] + [(k, R.fmt(x), R.fmt(y)) for k, x, y in params], "  ")
+    rows = R.diff_rows(d, ra, rb, everything=everything, keys=keys)
+    if sel:
+        typer.echo(f"metrics: {d['metrics_differ']} differ (of {d['metrics_total']}); "
+                   f"{len(rows)} shown, {sel}")
+    else:
+        typer.echo(f"metrics: {d['metrics_differ']} differ (of {d['metrics_total']}); the "
+                   f"headline (--all: every metric, --keys PATTERN: some)")
+    if rows:
+        cells = [("key", a, b, "change")]
+        for k, x, y, ch, nd, dif in rows:
+            cells.append((k, R.fmt(x, nd), R.fmt(y, nd), R.fmt_change(ch, nd, dif, x, y)))
+        _table(cells, "  ")
 
 
 app.command("list", help=unwrap(list_cmd.__doc__ or ""))(list_cmd)

@@ -218,6 +218,7 @@ def plan_notes(run) -> list[str]:
 class DPFL(Method):
     """DP-FedAvg (POPri C.1) or DP-FTRL (POPri C.2): the method trains the downstream model
     itself on the private texts (no Omega, no embeddings, no synthetic set)."""
+    releases = "model"
 
     SUMMARIES = {
         "fedavg": ("DP-FedAvg", "DP-FedAvg (POPri C.1): T rounds of clipped client updates of "

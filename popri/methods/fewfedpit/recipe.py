@@ -363,6 +363,7 @@ class FewFedPIT(Method):
     instruction tuning on instruction data, evaluated on instruction following; no DP guarantee
     (the popri extension adds clipped, noised uploads)."""
     dp = False
+    releases = "model"
     SUMMARIES = {
         "fewfedpit": "FewFedPIT (arXiv:2403.06131): T rounds of private training, "
                      "self-generation + IFS, synthetic training, beta mixing; no DP",

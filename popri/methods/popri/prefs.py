@@ -165,10 +165,14 @@ def top_samples(samples: list[dict], scores: np.ndarray, ids: list[str] | None, 
 
 
 def read_samples(path: str) -> list[dict]:
-    """Samples JSONL with each record's file/line kept (``_path``, ``_line``) for error messages."""
+    """Samples JSONL with each record's file/line kept (``_path``, ``_line``) for error messages.
+    An empty file is an error naming it (not the scores file read next to it)."""
     from popri.core.io import iter_jsonl
 
-    return list(iter_jsonl(path, locate=True))
+    recs = list(iter_jsonl(path, locate=True))
+    if not recs:
+        raise InputError("no samples", path=path)
+    return recs
 
 
 def load_score_vector(path: str) -> tuple[np.ndarray, list[str] | None]:

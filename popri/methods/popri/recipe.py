@@ -107,7 +107,10 @@ def dpo_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
         args += [*sel, "--select-prompts", str(R / "prompts.jsonl"),
                  *step_argv(SelectSpec, dp), "--embed-model", c.embedder]
         inputs += [*sel_inputs, str(R / "prompts.jsonl")]
-    yield Stage(f"round{t}-dpo", args, outputs=[str(dpo_dir / "adapter")], inputs=inputs)
+    # a rerun with other pairs or settings starts over in its directory (the checkpoints of
+    # another attempt there are stale); a stopped attempt with the same key resumes
+    yield Stage(f"round{t}-dpo", args, outputs=[str(dpo_dir / "adapter")], inputs=inputs,
+                fresh=["--no-resume"])
 
 
 def sft_stage(run, t: int, adapter: str | None) -> Stage:
@@ -121,7 +124,8 @@ def sft_stage(run, t: int, adapter: str | None) -> Stage:
         "--out", str(out), *step_argv(SFTSpec, dp, bf16=c.generator.bf16),
         "--seed", str(round_seed(c.seed, t)), *opt("--adapter", adapter)],
         outputs=[str(out / "adapter")],
-        inputs=[str(samples), str(scores), *([adapter] if adapter else [])])
+        inputs=[str(samples), str(scores), *([adapter] if adapter else [])],
+        fresh=["--no-resume"])
 
 
 def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
@@ -330,6 +334,7 @@ def plan_notes(run) -> list[str]:
 class POPri(Method):
     """POPri (arXiv:2504.16438, Algorithm 1)."""
     name, label, pairs, selects = "popri", "POPri", True, True
+    feedback = "the DP-released scores"
     summary = "POPri: T rounds of gen, DP scores, preference pairs, DPO; then N samples"
 
     def recipe(self, run) -> Iterator[Stage]:

@@ -1,0 +1,193 @@
+"""Reading a run directory for ``popri report``, leniently: a partial, older or damaged run is
+read as far as it goes and what could not be read becomes a note, never an exception.
+
+    from popri.pipeline.report_read import read_json, read_jsonl, clean_results, run_ledger
+
+Only files ``popri run`` writes (docs/formats.md) are read; nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+
+def num(x: Any) -> float | None:
+    """A finite float, else None (missing, null, NaN, a string, a bool)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        x = float(x)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def as_dict(x: Any) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def read_json(p: Path, notes: list[str] | None = None) -> Any:
+    """A JSON file's value; None when missing or unreadable (with a note)."""
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        if notes is not None:
+            notes.append(f"{p}: unreadable ({type(e).__name__}), ignored")
+        return None
+
+
+def read_jsonl(p: Path, notes: list[str] | None = None, limit: int | None = None) -> list[dict]:
+    """The object rows of a JSONL file (at most ``limit``); unreadable lines skipped, counted in a
+    note."""
+    rows: list[dict] = []
+    if not p.is_file():
+        return rows
+    bad = 0
+    try:
+        fh = open(p, encoding="utf-8", errors="replace")
+    except OSError:
+        if notes is not None:
+            notes.append(f"{p}: unreadable, ignored")
+        return rows
+    with fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except (ValueError, RecursionError):
+                bad += 1
+                continue
+            if isinstance(r, dict):
+                rows.append(r)
+                if limit is not None and len(rows) >= limit:
+                    break
+            else:
+                bad += 1
+    if bad and notes is not None:
+        notes.append(f"{p}: {bad} unreadable line(s) ignored (a file still being written?)")
+    return rows
+
+
+def round_dirs(base: Path, prefix: str = "round") -> list[tuple[int, Path]]:
+    """[(T, base/roundT)] sorted by T."""
+    out = []
+    try:
+        entries = list(base.iterdir()) if base.is_dir() else []
+    except OSError:
+        entries = []
+    for d in entries:
+        m = re.fullmatch(prefix + r"(\d+)", d.name)
+        if m and d.is_dir():
+            out.append((int(m.group(1)), d))
+    return sorted(out)
+
+
+#: results.json fields that are JSON objects, and those that are lists (docs/formats.md)
+_OBJECTS = ("methods", "control", "gap_closed", "budget", "probe", "run", "checkpoint_selection",
+            "fl", "ledger_check", "stage_seconds")
+_LISTS = ("recovery_rate_per_round", "research_reads")
+_TEXTS = ("method", "mode", "mode_note", "run_dir", "generator", "downstream", "accountant",
+          "neighbouring", "guarantee", "released", "recovery_rate_note")
+
+
+def clean_results(r: dict, notes: list[str]) -> dict:
+    """``results.json`` with every field of the wrong type dropped (a note each): what the
+    report reads of it can then be read without checking types again."""
+    out = dict(r)
+    for k in _OBJECTS:
+        if k in out and out[k] is not None and not isinstance(out[k], dict):
+            notes.append(f"results.json: '{k}' is not an object ({type(out[k]).__name__}): "
+                         "ignored")
+            del out[k]
+    for k in _LISTS:
+        if k in out and out[k] is not None and not isinstance(out[k], list):
+            notes.append(f"results.json: '{k}' is not a list: ignored")
+            del out[k]
+    for k in _TEXTS:
+        if k in out and out[k] is not None and not isinstance(out[k], str):
+            notes.append(f"results.json: '{k}' is not a string: ignored")
+            del out[k]
+    if isinstance(out.get("methods"), dict):
+        bad = [k for k, v in out["methods"].items() if not isinstance(v, dict)]
+        if bad:
+            notes.append(f"results.json: methods {', '.join(map(repr, bad[:5]))} are not "
+                         "objects: ignored")
+        out["methods"] = {str(k): v for k, v in out["methods"].items() if isinstance(v, dict)}
+    else:
+        out["methods"] = {}
+    c = out.get("control")
+    if isinstance(c, dict) and "draws" in c and not isinstance(c["draws"], (dict, type(None))):
+        notes.append("results.json: 'control.draws' is not an object: ignored")
+        out["control"] = {k: v for k, v in c.items() if k != "draws"}
+    if "dp_guarantee" in out and not isinstance(out["dp_guarantee"], (bool, type(None))):
+        notes.append("results.json: 'dp_guarantee' is not true / false: ignored")
+        del out["dp_guarantee"]
+    return out
+
+
+# --------------------------------------------------------------------------- ledgers
+def read_ledger_lenient(f: Path, notes: list[str]) -> list:
+    """The entries of one ledger.jsonl with :func:`popri.privacy.ledger.read_ledger` (the reader
+    ``popri account ledger`` uses); when it refuses the file (a malformed line), every line it
+    would accept is still counted and the rest named in a note -- never a whole file dropped
+    for one bad line."""
+    from popri.core.errors import InputError
+    from popri.privacy.ledger import LedgerEntry, read_ledger
+
+    try:
+        return read_ledger(f)
+    except InputError as e:
+        first = e.format()
+    except OSError as e:
+        notes.append(f"{f}: unreadable ({e.strerror or e}); its releases are not counted")
+        return []
+    try:
+        data = f.read_bytes()
+    except OSError as e:
+        notes.append(f"{f}: unreadable ({e.strerror or e}); its releases are not counted")
+        return []
+    whole = data.rfind(b"\n") + 1
+    out, bad = [], []
+    for lineno, raw in enumerate(data[:whole].split(b"\n")[:-1], start=1):
+        if not raw.strip():
+            continue
+        try:
+            out.append(LedgerEntry.from_dict(json.loads(raw.decode("utf-8")), path=str(f),
+                                             line=lineno))
+        except (UnicodeDecodeError, ValueError, RecursionError, InputError, TypeError):
+            bad.append(lineno)
+    notes.append(f"{f}: {len(bad)} malformed line(s) ({', '.join(map(str, bad[:5]))}) not "
+                 f"counted, its {len(out)} valid entr{'y' if len(out) == 1 else 'ies'} counted; "
+                 f"'popri account ledger' refuses this ledger ({first}): the epsilon drawn is "
+                 "at least what was spent only if those lines were not releases")
+    return out
+
+
+def run_ledger(path: Path, notes: list[str]) -> list:
+    """Every ledger entry under a run directory (staging directories of killed stages skipped),
+    deduplicated by release id as ``popri account ledger`` does."""
+    from popri.privacy.ledger import LEDGER_NAME, dedupe
+
+    out = []
+    try:
+        files = sorted(path.rglob(LEDGER_NAME))
+    except OSError as e:
+        notes.append(f"{path}: cannot list the ledgers ({e.strerror or e})")
+        files = []
+    for f in files:
+        rel = f.relative_to(path).parts[:-1]
+        if any(part.startswith(".") for part in rel):
+            continue
+        out.extend(read_ledger_lenient(f, notes))
+    return dedupe(out)
+
+
+__all__ = ["num", "as_dict", "read_json", "read_jsonl", "round_dirs", "clean_results",
+           "read_ledger_lenient", "run_ledger"]
