@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 RUN ?= runs/demo
 
-.PHONY: setup demo demo-client compare test test-fast bench clean
+.PHONY: setup demo demo-client compare test test-fast test-heavy bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -24,6 +24,9 @@ test:
 
 test-fast:
 	@bash scripts/test.sh -m "not slow"
+
+test-heavy:
+	@POPRI_SKIP_MIN=1 bash scripts/test.sh -m heavy
 
 bench: setup
 	$(PY) benchmarks/bench_score.py

@@ -24,7 +24,18 @@ if [ "$#" -eq 0 ]; then
   "$VENV/bin/ruff" check popri tests benchmarks scripts examples || lint=1
   "$VENV/bin/lint-imports" --no-cache || lint=1
 fi
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "${XDIST[@]}" "$@" tests
+# a whole-suite run builds test-min's venv (the lowest versions) in the background meanwhile
+MIN_BUILD=""
+MIN_LOG=$(mktemp "${TMPDIR:-/tmp}/popri-min-build.XXXXXX")
+if [ "${POPRI_SKIP_MIN:-0}" != "1" ] && [ "$#" -eq 0 ]; then
+  POPRI_MIN_BUILD_ONLY=1 bash scripts/test-min.sh >"$MIN_LOG" 2>&1 &
+  MIN_BUILD=$!
+fi
+# the whole suite leaves out the tests marked `heavy` (minutes each, what they check is also
+# checked by faster tests or needs the network): `make test-heavy` runs them
+MARK=()
+[ "$#" -eq 0 ] && MARK=(-m "not heavy")
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "${XDIST[@]}" "${MARK[@]}" "$@" tests
 rc=$?
 [ "$rc" -eq 0 ] && [ "$lint" -ne 0 ] && { echo "test: ruff or lint-imports found problems (above)" >&2; rc=1; }
 if [ "$rc" -eq 5 ]; then
@@ -34,9 +45,15 @@ fi
 if [ "${POPRI_SKIP_MIN:-0}" != "1" ] && { [ "$#" -eq 0 ] || [ "${POPRI_MIN:-0}" = "1" ]; }; then
   echo "test: the lowest admitted versions (scripts/test-min.sh; POPRI_SKIP_MIN=1 skips)" >&2
   start=$(date +%s)
+  if [ -n "$MIN_BUILD" ]; then
+    wait "$MIN_BUILD"
+    echo "test: test-min's venv was built in the background (exit $?):" >&2
+    cat "$MIN_LOG" >&2
+  fi
   bash scripts/test-min.sh
   min_rc=$?
   echo "test: test-min exited $min_rc after $(( $(date +%s) - start ))s" >&2
   [ "$rc" -eq 0 ] && rc=$min_rc
 fi
+rm -f "$MIN_LOG"
 exit "$rc"

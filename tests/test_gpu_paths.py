@@ -175,6 +175,7 @@ def test_compiled_step_on_cpu(eos_lm, tiny_lm):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (left out of CI)
 def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     """benchmarks/gpu_check.sh's CPU fallback (tiny random models): the bench against the old
     path and every stage of the round run, and the results table says so (the script the next

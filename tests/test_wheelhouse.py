@@ -87,6 +87,7 @@ def test_a_missing_or_damaged_part_is_one_line_and_exit_2(wheels, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (left out of CI)
 def test_build_here_and_install_popri_offline_into_a_fresh_venv(tmp_path):
     """The whole air-gapped path on this machine: build (the package index), then a fresh venv
     that installs from the parts alone and runs popri."""
