@@ -188,6 +188,12 @@ def build_trainer(records: Sequence[dict], spec, *, trainer_cls, config_cls, mod
     from popri.core import runtime
 
     runtime.configure_torch()
+    # seed before anything draws: TRL releases before 0.30 (the lowest admitted, 0.29) wrap the
+    # model in the LoRA adapter inside __init__ *before* Trainer seeds, so the adapter's random
+    # init came from an unseeded generator and two identical runs trained differently
+    from transformers import set_seed
+
+    set_seed(int(seed))
     base, tok, peft_cfg = load_base(model, spec, adapter)
     args = trainer_config(config_cls, training_args(spec, out_dir=out_dir, seed=seed,
                                                     logging_steps=logging_steps), **(config or {}))
