@@ -20,17 +20,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${VENV_MIN:-.venv-min}
 TESTS=(tests/test_compat.py tests/test_dpo.py tests/test_downstream.py tests/test_gen.py
-       tests/test_cli.py tests/test_accounting.py tests/test_embed.py tests/test_fred.py
-       tests/test_tree.py tests/test_dpfl.py tests/test_instruct.py tests/test_report.py
-       tests/test_remote.py tests/test_cli_options.py tests/test_decoding.py tests/test_gpu_paths.py)
-# (test_account_cli, test_fewfedpit_filters and test_layers exercise popri's own code and the
-# standard library only -- the CLI's option parsing at the lowest typer/click is test_cli_options)
-# left out at the lowest versions (they run in the main suite): the kill-between-ledger-and-commit
-# faults (file semantics, not library versions) and DP-FTRL's `popri run` (test_tree covers the
-# tree at these versions; DP-FedAvg's run stays): ~56 s of CPU
-SKIP=(--deselect "tests/test_dpfl.py::test_a_round_killed_between_ledger_and_commit_leaves_no_model"
-      --deselect "tests/test_dpfl.py::test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes[dp-ftrl-bins]"
-      --deselect "tests/test_dpfl.py::test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes[dp-ftrl-blocks]")
+       tests/test_accounting.py tests/test_embed.py tests/test_fred.py tests/test_tree.py
+       tests/test_instruct.py tests/test_report.py tests/test_remote.py tests/test_cli_options.py
+       tests/test_decoding.py tests/test_gpu_paths.py)
+# (test_cli, test_account_cli, test_fewfedpit_filters and test_layers exercise popri's own code
+# and the standard library -- the CLI's option parsing at the lowest typer/click is
+# test_cli_options; DP-FedAvg's rounds at these versions run in the Flower part below)
 
 # the pins must really be what is installed (a venv someone pip-installed into is rebuilt)
 pins_installed() {
@@ -90,7 +85,7 @@ WORKERS=${POPRI_TEST_WORKERS:-2}
 XDIST=()
 [ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS")
 POPRI_THREADS=${POPRI_THREADS:-1} "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
-  "${XDIST[@]}" "${SKIP[@]}" "$@" "${TESTS[@]}"
+  "${XDIST[@]}" "$@" "${TESTS[@]}"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "test-min: pytest collected no tests -- treating as failure" >&2

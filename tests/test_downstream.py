@@ -369,6 +369,7 @@ def sotu_sentences(n_clients=3, per_client=50):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (left out of CI: SmolLM2 downstream: test_run_e2e.py::test_slow_embedded_default_reduced_on_real_models)
 def test_smollm2_accuracy_plausible_and_one_epoch_trains(tmp_path):
     recs = sotu_sentences()
     test, train = recs[:30], recs[30:90]  # small: the embedded-default test trains it too

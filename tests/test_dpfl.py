@@ -348,6 +348,7 @@ def test_full_fine_tuning_streams_every_weight(tiny_lm, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (left out of CI: minutes of DP-FedAvg rounds)
 def test_lr_clip_search_selects_by_validation_and_says_so(tmp_path, dataset, tiny_lm):
     """examples/dpfl_search.py (POPri C.1): one run per (lr, clip), the best validation accuracy
     selected, its privacy caveat printed."""

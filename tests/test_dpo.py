@@ -270,9 +270,9 @@ def test_two_processes_with_the_same_seed_train_the_same_adapter(tiny_lm, tmp_pa
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps(r) + "\n" for r in make_pairs(8)))
 
-    def train(name, seed, kind="dpo"):
+    def train(name, seed):
         out = tmp_path / name
-        run_popri([kind, "--pairs", pairs, "--model", tiny_lm, "--out", out, "--max-steps", "2",
+        run_popri(["dpo", "--pairs", pairs, "--model", tiny_lm, "--out", out, "--max-steps", "2",
                    "--batch-size", "4", "--no-bf16", "--lr", "1e-2", "--seed", str(seed)],
                   check=True)
         return adapter_tensors(out / "adapter")
@@ -280,8 +280,7 @@ def test_two_processes_with_the_same_seed_train_the_same_adapter(tiny_lm, tmp_pa
     a, b, c = train("a", 3), train("b", 3), train("c", 4)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
     assert any(not np.array_equal(a[k], c[k]) for k in a)  # the seed does reach the init
-    s1, s2 = train("s1", 3, "sft"), train("s2", 3, "sft")
-    assert all(np.array_equal(s1[k], s2[k]) for k in s1)
+    # (popri sft builds its trainer through the same models/lora.py:build_trainer)
 
 
 def test_cli_sft_from_samples_or_pairs(tiny_lm, tmp_path, run_popri):
@@ -319,6 +318,7 @@ def test_cli_dpo_selects_the_checkpoint_by_fid(tiny_lm, tiny_st_model, tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (left out of CI: DPO on SmolLM2: test_run_e2e.py::test_slow_embedded_default_reduced_on_real_models)
 def test_slow_smollm2_one_epoch_grows_the_margin(tmp_path, monkeypatch):
     from popri.models import llm
 

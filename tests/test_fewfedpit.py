@@ -47,6 +47,8 @@ def _synthetic(tmp_path: Path) -> Path:
 FAST = ["--no-bf16", "--lora-r", "8", "--lora-alpha", "16"]
 
 
+@pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (left out of CI: the same stages through popri run: test_popri_run_fewfedpit_*)
 def test_one_round_through_every_stage(tiny_lm, tmp_path, run_popri):
     from popri.privacy.ledger import read_ledger
 

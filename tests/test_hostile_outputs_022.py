@@ -298,6 +298,8 @@ def _dpfl_release(run, dataset, tiny_lm):
     return _run_args(run, dataset, tiny_lm, "dp-fedavg", "--release")
 
 
+@pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (left out of CI: a kept release checked: test_hostile_037_run.py::test_d06)
 def test_rr04_05_a_release_committed_before_a_stop_is_kept_and_the_run_finishes(
         tmp_path, dataset, tiny_lm, run_popri):
     """popri run --release stopped after round 1's release committed (ledger entry and round

@@ -63,6 +63,8 @@ def env():
     return e
 
 
+@pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (left out of CI: kill-and-resume: tests/test_resume_037.py, test_hostile_037_run.py::test_i4)
 def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, tiny_st_model,
                                                          tmp_path):
     data, pub = tiny_inputs
@@ -142,7 +144,8 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     assert len({e["release_id"] for e in led}) == 1 and led[0]["noise_multiplier"] > 0
 
 
-@pytest.mark.parametrize("method", ["pe", "pe-sft", "popri-nn-pool"])
+@pytest.mark.parametrize("method", ["pe", "pe-sft", pytest.param(
+    "popri-nn-pool", marks=[pytest.mark.slow, pytest.mark.heavy])])  # heavy: a pool variant
 def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_model, tmp_path):
     data, pub = tiny_inputs
     run = tmp_path / method
