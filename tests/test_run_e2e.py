@@ -164,6 +164,11 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
         ov += ["pool=chosen"]
     if release:
         ov += ["release=true", "dpo.select_on=public"]
+    if method == "pe" and release:
+        # release-mode noise comes from the OS, not the seed: with 8 texts a round the noisy
+        # votes sometimes fell on 2 texts, too few distinct seeds for Expand's 3-shot prompts
+        # (a refusal, tested in test_expand.py); 16 a round makes that vanishingly rare
+        ov += ["pe.num_syn=16"]
     r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
@@ -184,10 +189,10 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
         # T rounds of votes -> draws; one variation step between them; seeds -> expand
         for t in (1, 2):
             assert (run / f"round{t}" / "hist.npy").exists()
-            assert len((run / f"round{t}" / "survivors.jsonl").read_text().splitlines()) == 8
+            assert len((run / f"round{t}" / "survivors.jsonl").read_text().splitlines()) == 16
         assert (run / "round2" / "population.jsonl").exists()
         seeds = (run / "pe_seeds.jsonl").read_text().splitlines()
-        assert 1 <= len(seeds) <= 16 and res["pe"]["seed_set"] == len(seeds)
+        assert 3 <= len(seeds) <= 32 and res["pe"]["seed_set"] == len(seeds)
         led = [json.loads(l) for t in (1, 2) for l in open(run / f"round{t}" / "ledger.jsonl")]
         assert {e["params"].get("mode") for e in led} == {"nn-histogram"} or all(
             e["sensitivity"] == 8 for e in led)
