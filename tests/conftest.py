@@ -173,19 +173,3 @@ def tiny_lm(tmp_path_factory) -> str:
     tok.save_pretrained(out)
     return str(out)
 
-
-#: test modules whose tests run whole `popri run`s (tens of seconds each): started first, so that
-#: with two xdist workers the long ones do not end up alone at the tail of the run
-LONG_MODULES = ("test_run_e2e", "test_readme", "test_fewfedpit", "test_hostile_037_run",
-                "test_resume_037", "test_dpfl", "test_run_privacy", "test_hostile_outputs_022")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Slow-marked tests first, then those of LONG_MODULES, then the rest, each group in
-    collection order (a deterministic order: every xdist worker must collect the same)."""
-    def rank(item):
-        if item.get_closest_marker("slow"):
-            return 0
-        return 1 if item.module.__name__.rsplit(".", 1)[-1] in LONG_MODULES else 2
-
-    items[:] = [it for _, _, it in sorted((rank(it), i, it) for i, it in enumerate(items))]
