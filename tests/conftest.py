@@ -173,3 +173,14 @@ def tiny_lm(tmp_path_factory) -> str:
     tok.save_pretrained(out)
     return str(out)
 
+
+
+@pytest.fixture
+def one_torch_thread(monkeypatch):
+    """POPRI_THREADS=1 for the test; torch's own thread count restored after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("POPRI_THREADS", "1")
+    yield
+    torch.set_num_threads(before)

@@ -32,14 +32,7 @@ OMEGA = [
 cuda = pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread(monkeypatch):
-    import torch
-
-    before = torch.get_num_threads()
-    monkeypatch.setenv("POPRI_THREADS", "1")
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
