@@ -238,13 +238,29 @@ def beats(mean: float, se: float, n: int, alpha: float = 0.05) -> bool:
     return n >= 2 and se > 0 and mean > t_crit(n, alpha) * se
 
 
-def draws_table(rows: list[dict]) -> str:
-    """Per run and final-set variant: `popri run`'s own summary of its draws (draws_summary)."""
+def with_previous(rows: list[dict], drows: list[dict], name: str) -> tuple[list[dict], list[str]]:
+    """``rows`` plus the rows of benchmarks/results/NAME.json whose (setting, seed) did not run
+    here, and those runs' lines of NAME.md's draws table (copied: the draws' own files went with
+    their run directory)."""
+    res = HERE / "results"
+    here = {(r["setting"], r["seed"]) for r in rows} | {(r["setting"], r["seed"]) for r in drows}
+    old = [r for r in json.loads((res / f"{name}.json").read_text())
+           if (r["setting"], r["seed"]) not in here]
+    keys = {(r["setting"], str(r["seed"])) for r in old}
+    lines = [ln for ln in (res / f"{name}.md").read_text().splitlines()
+             if ln.startswith("| ") and ln.count("|") == 9
+             and tuple(c.strip() for c in ln.split("|")[1:3]) in keys]
+    return sorted(rows + old, key=lambda r: (r["setting"], r["seed"])), lines
+
+
+def draws_table(rows: list[dict], kept: list[str] = ()) -> str:
+    """Per run and final-set variant: `popri run`'s own summary of its draws (draws_summary);
+    ``kept``: lines of an earlier table (:func:`with_previous`)."""
     from popri.pipeline.driver import draws_summary
 
     out = ["| setting | seed | draws | minus T=0 per draw | mean | SE within (clients) | "
            "SE between draws | beats T=0 (mean > t(0.95, n-1) SE between draws) |",
-           "|" + "---|" * 8]
+           "|" + "---|" * 8, *kept]
     for r in rows:
         if len(r["draws"]) < 2:
             continue
@@ -368,6 +384,10 @@ def main() -> None:
                          "options instead (e.g. top-p=0.9); draw 0 is then not the run's own.")
     ap.add_argument("--name", default="learning_study",
                     help="benchmarks/results/NAME.md and .json (default learning_study).")
+    ap.add_argument("--with", dest="prev", default=None, metavar="NAME",
+                    help="Also tabulate the rows of benchmarks/results/NAME.json (and their lines "
+                         "of NAME.md's draws table) for the runs absent from --runs (e.g. a run "
+                         "directory deleted after its table was written).")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--table", action="store_true", help="Only tabulate what ran.")
     a = ap.parse_args()
@@ -395,10 +415,13 @@ def main() -> None:
                     if (d / "results.json").is_file():
                         draw(d, k, gen)
     rows = collect(runs)
-    md = table(rows)
     drows = collect_draws(runs)
-    if drows:
-        md += "\n\n" + draws_table(drows)
+    kept: list[str] = []
+    if a.prev:
+        rows, kept = with_previous(rows, drows, a.prev)
+    md = table(rows)
+    if drows or kept:
+        md += "\n\n" + draws_table(drows, kept)
     print(md)
     res = HERE / "results"
     res.mkdir(exist_ok=True)
