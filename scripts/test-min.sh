@@ -83,7 +83,7 @@ print('test-min: ' + ', '.join(f'{n} {v(n)}' for n in ('torch', 'transformers', 
 
 WORKERS=${POPRI_TEST_WORKERS:-2}
 XDIST=()
-[ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS")
+[ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS" --dist worksteal)
 POPRI_THREADS=${POPRI_THREADS:-1} "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not slow" \
   "${XDIST[@]}" "$@" "${TESTS[@]}"
 rc=$?

@@ -13,10 +13,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit $?
 VENV=${VENV:-.venv}
 # two pytest workers (pytest-xdist): most tests wait on a popri subprocess starting up, so two
-# at a time roughly halve the wall time on a 2-core box; POPRI_TEST_WORKERS=0 runs them in one
+# at a time roughly halve the wall time on a 2-core box; POPRI_TEST_WORKERS=0 runs them in one.
+# worksteal: a worker that runs out takes queued tests from the other (the durations range
+# from milliseconds to minutes, so a fixed split leaves one worker idle at the end)
 WORKERS=${POPRI_TEST_WORKERS:-2}
 XDIST=()
-[ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS")
+[ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS" --dist worksteal)
 # lint first (ruff, the small rule set in pyproject.toml; lint-imports, the layer contracts of
 # docs/architecture.md in pyproject.toml): a finding fails the run, after the tests
 lint=0
@@ -35,7 +37,7 @@ fi
 # checked by faster tests or needs the network): `make test-heavy` runs them
 MARK=()
 [ "$#" -eq 0 ] && MARK=(-m "not heavy")
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=25 "${XDIST[@]}" "${MARK[@]}" "$@" tests
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=40 "${XDIST[@]}" "${MARK[@]}" "$@" tests
 rc=$?
 [ "$rc" -eq 0 ] && [ "$lint" -ne 0 ] && { echo "test: ruff or lint-imports found problems (above)" >&2; rc=1; }
 if [ "$rc" -eq 5 ]; then
