@@ -48,7 +48,7 @@ def train_steps(model_name, recs, *, lora, bf16, batch, steps):
         chunk = seqs[(s * batch) % len(seqs):][:batch]
         t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad(set_to_none=True)
-        _, _, _, loss = ds.token_stats(m, *ds.make_batch(chunk, ds._pad_id(tok)), bf16=bf16,
+        _, _, _, loss = ds.token_stats(m, *ds.make_batch(chunk, ds.padding_id(tok)), bf16=bf16,
                                        device="cpu")
         (loss / ds.count_targets(chunk)).backward()
         opt.step()

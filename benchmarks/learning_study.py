@@ -152,7 +152,7 @@ def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
 
     ``gen``: flags replacing the final set's (and the control's) ``popri gen`` flags of the same
     name, e.g. ``["--top-p", "0.9"]``; such draws go to RUN/study_draws/<flags>-dK."""
-    from popri.pipeline.stages import draw_seed
+    from popri.kit import draw_seed
 
     res = json.loads((run / "results.json").read_text())
     method = res["method"]

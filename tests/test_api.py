@@ -62,20 +62,38 @@ def test_every_method_is_a_recipe_in_one_table_and_the_driver_is_method_agnostic
 
 def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
     """A toy method registered in METHODS runs through the same driver (plan, budget, dry
-    run) with no other change."""
+    run) with no other change, and asks of the run only what RunContext declares (issue 39):
+    its recipe and hooks get a RunContext, and their code reads nothing else of it."""
+    import ast
+    import inspect
+    import textwrap
+
+    from test_layers import run_context_members, run_reads
+
+    from popri.kit import Stage, round_seed
+    from popri.methods.base import RunContext
     from popri.pipeline import config as C
     from popri.pipeline import recipes
     from popri.pipeline.driver import Run
-    from popri.pipeline.stages import Stage
+
+    seen = {}
 
     class Toy(recipes.Method):
         name, label = "toy", "Toy"
 
         def recipe(self, run):
-            yield run.score_stage(1, run.paths.emb_val, run.run / "toy" / "scores.npy", seed=7)
-            yield Stage("toy-copy", ["pe", "seeds", str(run.run / "x.jsonl"), "--out",
-                                     str(run.paths.synthetic)],
+            seen["context"] = isinstance(run, RunContext)
+            seen["noise"], seen["clients"] = run.noise, run.public_clients()
+            R = run.paths.root / "toy"
+            yield run.score_stage(1, run.paths.emb_val, R / "scores.npy", seed=7)
+            yield Stage("toy-copy", ["pe", "seeds", str(run.paths.root / "x.jsonl"), "--out",
+                                     str(run.paths.synthetic),
+                                     "--seed", str(round_seed(run.cfg.seed, 1))],
                         outputs=[str(run.paths.synthetic)])
+
+        def plan_notes(self, run):
+            return [f"toy: {'release' if run.release else 'research'} mode, "
+                    f"z passed as {run.noise.arg:.4f}"]
 
     monkeypatch.setitem(recipes.METHODS, "toy", Toy())
     cfg = C.load(None, [f"run_dir={tmp_path / 'r'}", "method=toy", "rounds=1"])
@@ -85,13 +103,22 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
     assert any(c.startswith("popri score") and "toy/scores.npy" in c for c in cmds)
     assert [n for n, *_ in r.dp_stages()] == ["round1-score"]
     assert "popri account ledger" in cmds[-1]
+    # a RunContext, with the planned noise (Poisson q = 0.5: N stays private)
+    assert seen["context"] and seen["noise"] is r.noise and seen["clients"] is None
+    assert f"--noise-multiplier {r.noise.arg!r}" in next(c for c in cmds if "toy/scores" in c)
+    assert "toy: research mode" in r.plan_text()
+    # and the toy's code reads nothing of the run but RunContext's members
+    tree = ast.parse(textwrap.dedent(inspect.getsource(Toy)))
+    reads = {attr for _, attr in run_reads(tree)}
+    assert reads and reads <= run_context_members(), reads - run_context_members()
 
 
 def test_stage_key_covers_version_and_keyed_env_and_strips_other_popri_settings(tmp_path,
                                                                                 monkeypatch):
+    from popri.kit import Stage
     from popri.pipeline import stages as S
 
-    st = S.Stage("s", ["account", "epsilon", "-z", "2", "-q", "1", "-T", "1"], outputs=[])
+    st = Stage("s", ["account", "epsilon", "-z", "2", "-q", "1", "-T", "1"], outputs=[])
     monkeypatch.setenv("POPRI_RELEASE", "1")
     monkeypatch.setenv("POPRI_EMBED_MODEL", "x")
     r = S.StageRunner(tmp_path)
@@ -106,14 +133,15 @@ def test_stage_key_covers_version_and_keyed_env_and_strips_other_popri_settings(
     assert S.StageRunner(tmp_path).env["POPRI_THREADS"] == "2"  # passed on to the stage
     monkeypatch.setattr(S, "__version__", "9.9.9")
     assert S.StageRunner(tmp_path).key(st) != k1
-    st2 = S.Stage("s", ["account", "epsilon", "-z", "3", "-q", "1", "-T", "1"], outputs=[])
+    st2 = Stage("s", ["account", "epsilon", "-z", "3", "-q", "1", "-T", "1"], outputs=[])
     assert S.StageRunner(tmp_path).key(st2) != S.StageRunner(tmp_path).key(st)
 
 
 def test_an_edited_intermediate_reruns_its_stage(tmp_path):
     """Markers store output hashes: an output edited after its stage ran is not 'up to
     date' (before: existence only), and a directory input is keyed by content, not mtime."""
-    from popri.pipeline.stages import Stage, StageRunner
+    from popri.kit import Stage
+    from popri.pipeline.stages import StageRunner
 
     out = tmp_path / "eps.json"
     st = lambda: Stage("eps", ["account", "epsilon", "-z", "2", "-q", "1", "-T", "1", "--json"],  # noqa: E731

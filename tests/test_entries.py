@@ -26,9 +26,11 @@ from hypothesis import given, settings, strategies as st
 from conftest import _run
 from popri.core.errors import PopriError
 from popri.core.io import save_embedding_set
-from popri.pipeline.stages import DPRelease, Stage, StageRunner
+from popri.kit import DPRelease, Stage
+from popri.pipeline.stages import StageRunner
 from popri.privacy import entries as E
 from popri.privacy.ledger import read_ledger
+from popri.privacy.plan import Noise
 from popri.specs.engine import EngineSpec
 from popri.specs.feedback import ScoreSpec
 from popri.specs.fl import FLSpec
@@ -216,7 +218,7 @@ def test_a_plan_with_fewer_entries_than_the_record_stops_the_run(tmp_path):
 
 @pytest.mark.parametrize("extra", [[], ["--release"]])
 def test_the_score_command_records_what_the_budget_plans(tmp_path, extra):
-    """The driver's plan (Budget.score_entry) for score.clients_per_round L and the entry
+    """The driver's plan (Budget.score_entries) for score.clients_per_round L and the entry
     `popri score` records, in research and release mode (snapping adds noise: z >= planned)."""
     from popri.pipeline import config as C
     from popri.pipeline.driver import Run
@@ -227,8 +229,9 @@ def test_the_score_command_records_what_the_budget_plans(tmp_path, extra):
                         "privacy.epsilon=null", "privacy.noise_multiplier=1.5",
                         *(["release=true", "dpo.select_on=public"] if extra else [])])
     run = Run(cfg)
-    run.noise = {"noise_multiplier": 1.5 / (1.0 + run._snap()), "sample_rate": 0.5}
-    planned = run.score_entry(1)
+    b = run.budget
+    b.noise = b.noise_at(Noise.given(1.5, release=b.release), 0.5)  # q = L/N = 5/10
+    planned = b.score_entries(1)
     p = _run(["score", "--private", priv, "--synthetic", syn, "--out", tmp_path / "s.npy",
               "-z", "1.5", "--clients-per-round", "5", "--seed", "0", "--round", "1",
               "--delta", repr(cfg.privacy.delta), *extra])

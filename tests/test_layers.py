@@ -7,7 +7,11 @@
   upward import hidden in a function (so the check sees function-local imports);
 - no import cycle between popri's modules (every import, function-local ones included);
 - nothing below the package root imports the root (whose ``__getattr__`` reaches the API);
-- the version is declared once (pyproject.toml and popri.core.version agree).
+- the version is declared once (pyproject.toml and popri.core.version agree);
+- the contract has no exception (no ``ignore_imports``), and no module under popri/methods
+  imports a private name of another package or reads anything of the run but the members of
+  :class:`popri.methods.base.RunContext` (issue 39: what a method may ask of a run is written
+  down, and is all it asks).
 """
 
 from __future__ import annotations
@@ -36,7 +40,21 @@ def lint_imports(cwd: Path) -> subprocess.CompletedProcess:
 def test_import_contracts_hold():
     p = lint_imports(ROOT)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "2 kept, 0 broken" in p.stdout
+    assert "1 kept, 0 broken" in p.stdout
+
+
+def test_the_layer_contract_has_no_exception():
+    """Each folder is one layer (the recipe kit below the methods, the driver above them, the
+    report above the driver): the contract carves out nothing."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "tool"]["importlinter"]["contracts"]
+    assert [c.get("ignore_imports") for c in contracts] == [None] * len(contracts)
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    assert layers.index("popri.report") < layers.index("popri.pipeline") \
+        < layers.index("popri.methods") < layers.index("popri.kit") < layers.index("popri.eval")
+    # every package of popri is a layer (or the API / the entry point)
+    pkgs = {f"popri.{p.name}" for p in PKG.iterdir() if (p / "__init__.py").is_file()}
+    assert pkgs <= set(layers), pkgs - set(layers)
 
 
 def test_import_contracts_catch_a_function_local_upward_import(tmp_path):
@@ -190,3 +208,105 @@ def test_every_method_is_a_subclass_in_its_own_package():
     # the base class cannot be instantiated without a recipe
     with pytest.raises(TypeError):
         Method()
+
+
+# --------------------------------------------------------------------------- what a method may use
+def _own_package(module: str) -> str:
+    """``popri.methods.pe.recipe`` -> ``popri.methods.pe`` (a method's own package)."""
+    parts = module.split(".")
+    return ".".join(parts[:3]) if parts[:2] == ["popri", "methods"] else ".".join(parts[:2])
+
+
+def private_imports(tree: ast.AST, module: str) -> list[tuple[int, str]]:
+    """(line, what) for every private name (``_x``) this module takes from another package: a
+    ``from popri.X import _x``, or ``mod._x`` read on a name bound to another package's
+    module (``from popri.eval import probe; probe._unit(...)``)."""
+    own = _own_package(module)
+    bad, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("popri") and _own_package(node.module) != own:
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    bad.append((node.lineno, f"from {node.module} import {a.name}"))
+                modules[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("popri") and _own_package(a.name) != own:
+                    modules[a.asname or a.name.split(".")[0]] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            bad.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return bad
+
+
+def run_reads(tree: ast.AST, param: str = "run") -> list[tuple[int, str]]:
+    """(line, attribute) of every attribute read on the run: on ``run`` inside any function or
+    lambda that takes a parameter of that name (a recipe, a hook, a builder)."""
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        a = fn.args
+        if param not in {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)}:
+            continue
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == param):
+                out.append((node.lineno, node.attr))
+    return sorted(set(out))
+
+
+def run_context_members() -> set[str]:
+    from popri.methods.base import RunContext
+
+    return {n for n in dir(RunContext) if not n.startswith("_")} | set(
+        RunContext.__annotations__)
+
+
+def test_the_checks_of_what_a_method_uses_see_a_violation():
+    tree = ast.parse("from popri.pipeline.stages import _fmt\n"
+                     "from popri.eval import probe\n"
+                     "from popri.methods.pe import _own\n"
+                     "def recipe(run):\n"
+                     "    n = run._clients()\n"
+                     "    yield probe._unit(run.paths), run.cfg, run.runner\n"
+                     "def other(x):\n"
+                     "    return x._y, run._z\n")
+    assert private_imports(tree, "popri.methods.pe.recipe") == [
+        (1, "from popri.pipeline.stages import _fmt"), (6, "probe._unit")]
+    assert run_reads(tree) == [(5, "_clients"), (6, "cfg"), (6, "paths"), (6, "runner")]
+    assert "runner" not in run_context_members() and "paths" in run_context_members()
+
+
+def test_methods_use_no_private_name_of_another_package_and_only_the_run_context():
+    """No module under popri/methods imports a private name of another package or reads a
+    private attribute of the run; every attribute a method reads of the run is a member of
+    RunContext (methods/base.py): the few typed things a recipe may use."""
+    members = run_context_members()
+    private, private_run, unknown = [], [], []
+    for f in sorted((PKG / "methods").rglob("*.py")):
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        where = f.relative_to(ROOT)
+        private += [f"{where}:{line}: {what}" for line, what in private_imports(tree, _module(f))]
+        for line, attr in run_reads(tree):
+            if attr.startswith("_"):
+                private_run.append(f"{where}:{line}: run.{attr}")
+            elif attr not in members:
+                unknown.append(f"{where}:{line}: run.{attr}")
+    assert private == [], "private names of another package"
+    assert private_run == [], "private attributes of the run"
+    assert unknown == [], f"not members of RunContext ({sorted(members)})"
+
+
+def test_the_driver_run_is_a_run_context():
+    from popri.methods.base import RunContext
+    from popri.pipeline import config as C
+    from popri.pipeline.driver import Run
+
+    r = Run(C.load(None, ["run_dir=/nonexistent/popri-layers"]), dry_run=True)
+    assert isinstance(r, RunContext)
+    for name in run_context_members():
+        assert hasattr(Run, name) or name in vars(r), name

@@ -77,14 +77,15 @@ def test_totals_refuse_unproven_pairs_and_mixtures_with_one_line():
 def test_a_fewfedpit_dp_round_plans_replace_one_at_twice_the_clip(tmp_path):
     from popri.pipeline import config as C
     from popri.pipeline.driver import Run
+    from popri.privacy.plan import Noise
 
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "method=fewfedpit", "rounds=3",
                         "fewfedpit.clients_per_round=2", "fewfedpit.noise_multiplier=2",
                         "fewfedpit.clip=0.5", "privacy.epsilon=null"])
     run = Run(cfg)
-    (e,) = run.method.round_entries(run, 1, None, 0.2)
+    (e,) = run.method.round_entries(cfg, 1, Noise(None, None, sample_rate=0.2), None)
     assert (e.sampling, e.neighbouring, e.sensitivity) == ("fixed", REL.REPLACE, 1.0)
-    (full,) = run.method.round_entries(run, 1, None, 1.0)
+    (full,) = run.method.round_entries(cfg, 1, Noise(None, None, sample_rate=1.0), None)
     assert (full.sampling, full.neighbouring, full.sensitivity) == ("none", REL.ADD_REMOVE, 0.5)
 
 

@@ -452,7 +452,7 @@ def check_release_run(run: Path, data: Path, log: str) -> None:
     cfg = C.load(str(run / "config.resolved.json"), [])
     assert cfg.release
     r = Run(cfg, dry_run=True)
-    r.noise = r.calibrate()
+    r.budget.plan()
     private = {str(r.paths.private), str(r.paths.emb_private), str(r.paths.emb_val)}
     owner: dict[str, tuple[str, str]] = {}
     for st in r.all_stages():

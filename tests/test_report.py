@@ -141,7 +141,7 @@ def test_report_stdout_is_the_html_path_and_reruns(two_runs, tmp_path, run_popri
 
 
 def test_epsilon_per_round_composes_cumulatively(two_runs):
-    from popri.pipeline.report import epsilon_per_round
+    from popri.report import epsilon_per_round
     from popri.privacy.accounting import compose
     from popri.privacy.ledger import read_ledger
 

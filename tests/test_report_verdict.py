@@ -185,7 +185,7 @@ def test_no_samples_for_a_model_releasing_method(tmp_path, run_popri):
 
 # --------------------------------------------------------------------------- palette, labels
 def test_one_colour_per_method_across_figures(tmp_path, run_popri):
-    from popri.pipeline.report_style import PALETTE, ROLES
+    from popri.report.style import PALETTE, ROLES
 
     a = fake_run(tmp_path / "runs", "a-popri", 1.0, 0.300, 3.0)
     b = fake_run(tmp_path / "runs", "b-pe", 4.0, 0.305, 1.0)
@@ -264,7 +264,7 @@ def test_one_round_run_draws_no_single_point_panels(tmp_path, run_popri):
 
 
 def test_panels_of_one_round_are_facts():
-    from popri.pipeline import report
+    from popri.report import build as report
 
     facts = []
     rows = [{"round": 1, "stage": "dpo", "train_loss": 0.7, "holdout_accuracy": 0.33,

@@ -174,7 +174,8 @@ def test_a_dp_rerun_is_the_same_release_only_if_bit_identical(tmp_path):
     can differ, e.g. with the thread count -- are a second release, ledgered under a derived id
     so the total counts it."""
     from popri.core.artifacts import path_digest
-    from popri.pipeline.stages import DPRelease, Stage, StageRunner
+    from popri.kit import DPRelease, Stage
+    from popri.pipeline.stages import StageRunner
     from popri.privacy.accounting import compose
     from popri.privacy.entries import gaussian
     from popri.privacy.ledger import append, read_ledger

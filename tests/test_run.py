@@ -7,7 +7,8 @@ import pytest
 from popri.pipeline import config as C
 from popri.core.errors import PopriError
 from popri.pipeline.driver import Run
-from popri.pipeline.stages import Stage, StageRunner
+from popri.kit import Stage
+from popri.pipeline.stages import StageRunner
 
 
 def test_config_defaults_yaml_and_overrides(tmp_path):
@@ -113,6 +114,23 @@ def test_dry_run_plans_the_pe_loop_with_the_paper_threshold(tmp_path):
     assert "pe_seeds.jsonl" in expand and "--merged-out" in expand
 
 
+@pytest.mark.parametrize("sets, batch", [([], 24), (["generator.backend=vllm"], 2048),
+                                         (["generator.backend=vllm", "pe.expand_batch_size=7"], 7),
+                                         (["generator.batch_size=5"], 24)])
+def test_a_run_passes_expand_the_batch_in_effect(tmp_path, sets, batch):
+    """Issue 39: expand's batch is pe.expand_batch_size, else the backend's (EXPAND_BATCH in
+    specs/generation.py) -- not the generator's sampling batch, which a run used to pass."""
+    from popri.specs.generation import EXPAND_BATCH
+
+    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "method=pe", "rounds=1",
+                        "privacy.noise_multiplier=2", "privacy.epsilon=null", *sets])
+    run = Run(cfg, dry_run=True)
+    run.execute()
+    (expand,) = [c for c in run.runner.commands if c.split()[1] == "expand"]
+    assert f"--batch-size {batch} " in expand
+    assert EXPAND_BATCH["transformers"] == 24 and EXPAND_BATCH["vllm"] == 2048
+
+
 def test_method_and_modes_are_checked():
     with pytest.raises(PopriError, match="field 'method': must be one of"):
         C.load(None, ["method=dp-sgd"])
@@ -124,7 +142,7 @@ def test_draws_redraw_both_sets_with_the_next_seeds_and_pair_them(tmp_path):
     """``draws: 3`` (issue 24): the final set and its T = 0 control drawn twice more (the draw's
     own seed stream, ``draw_seed(seed, k)``; the same prompts and adapter), each trained with
     ``draw_seed(run seed, k)`` and evaluated, and paired."""
-    from popri.pipeline.stages import draw_seed
+    from popri.kit import draw_seed
 
     cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=1", "draws=3", "seed=2",
                         "privacy.noise_multiplier=1.5", "privacy.epsilon=null"])

@@ -25,7 +25,9 @@ from popri.privacy.ledger import LedgerEntry, read_ledger
 from popri.pipeline.driver import BudgetError, Run, results_table
 from popri.privacy import accounting as A
 from popri.privacy import calibration
-from popri.pipeline.stages import Stage, StageRunner
+from popri.kit import DPRelease, Stage
+from popri.privacy.plan import Noise
+from popri.pipeline.stages import StageRunner
 
 WORDS = ("river market winter council harvest railway treaty budget school harbor army labor "
          "court senate tariff union farmer coal steel bank trade navy").split()
@@ -250,7 +252,7 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
                         f"run_dir={run}", f"data.dir={dataset}", "rounds=2", "embedder=m",
                         "privacy.epsilon=1", "score.recovery_rate=true"])
     r = Run(cfg)
-    r.noise = r.calibrate()
+    r.budget.plan()
     _emb_set(r.paths.emb_private, _unit(rng, 120), clients=np.arange(120) // 4)
     for t in (1, 2):
         syn = _emb_set(run / f"round{t}" / "samples.npy", _unit(rng, 10))
@@ -356,7 +358,7 @@ def test_results_state_the_mode_and_what_checkpoint_selection_reads(tmp_path, re
                         f"dpo.select_on={select}"])
     (run / "eval").mkdir()  # an evaluation left by an earlier research run in the directory
     (run / "eval" / "popri.json").write_text(json.dumps({"accuracy": 0.3, "clients": 13}))
-    res = Run(cfg).results({"noise_multiplier": 3.0, "noise_arg": 3.0, "sample_rate": 0.5})
+    res = Run(cfg).results(Noise(z=3.0, arg=3.0, sample_rate=0.5))
     assert res["mode"] == ("release" if release else "research")
     assert res["methods"] == ({} if release else {"popri": {
         "accuracy": 0.3, "accuracy_se": None, "loss": None, "tokens": None, "clients": 13}})
@@ -398,10 +400,10 @@ def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path
     cfg = C.load(None, ["score.sample_rate=null", "rounds=2", "dpo.select_on=none",
                         f"run_dir={run}", "rounds=2", "privacy.epsilon=1"])
     r = Run(cfg)
-    r.noise = r.calibrate()                       # q = 1: no client count needed
+    r.budget.plan()                               # q = 1: no client count needed
     name, entries, own, match = r.dp_stages()[0]
     assert name == "round1-score"
-    before = r.guard(name, entries, own, match)
+    before = r.budget.guard(name, DPRelease(entries, own, match), r.runner)
 
     def record(rid):
         own.parent.mkdir(parents=True, exist_ok=True)
@@ -418,9 +420,9 @@ def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path
         before("k2")                              # other inputs: a new release on top of a, b
     rel = Run(C.load(None, ["score.sample_rate=null", "rounds=2",
                         f"run_dir={run}", "rounds=2", "release=true", "dpo.select_on=none"]))
-    rel.noise = rel.calibrate()
+    rel.budget.plan()
     with pytest.raises(BudgetError):              # release mode: every run is a new release
-        rel.guard(name, rel.dp_stages()[0][1], own, match)("k1")
+        rel.budget.guard(name, DPRelease(rel.dp_stages()[0][1], own, match), rel.runner)("k1")
     # a refusing guard stops the stage: it does not run, no marker
     out = tmp_path / "x.json"
     st = Stage("x", ["account", "epsilon", "-z", "2", "-q", "1", "-T", "1"], outputs=[str(out)],
@@ -450,7 +452,7 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
     assert dpo and not any("--select-on" in c for c in dpo)
     z_private = Run(C.load(None, [f"run_dir={tmp_path}/p", f"data.dir={dataset}",
                                   "score.clients_per_round=12", "rounds=2",
-                                  "dpo.select_on=private"])).calibrate()
+                                  "dpo.select_on=private"])).budget.plan()
     r, dpo = plan("dp")
     fred = [c for c in r.runner.commands if c.startswith("popri fred stats ")]
     assert len(fred) == 1
@@ -462,7 +464,7 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
     # the selection release is part of privacy.epsilon: more noise on the scores, and the whole
     # plan (the FreD mean + T score rounds) composes to the budget -- under replace one client,
     # the relation of the fixed 12 clients a round, the selection at twice its sensitivity
-    assert r.noise["noise_multiplier"] > z_private["noise_multiplier"]
+    assert r.noise.z > z_private.z
     planned = [e for _, entries, _, _ in r.dp_stages() for e in entries]
     assert len(planned) == 3
     c = A.compose(planned, 3e-6, "rdp")
@@ -470,7 +472,7 @@ def test_select_on_plans_each_target_and_dp_shares_the_budget(tmp_path, dataset)
     # select_by fid reads mean and covariance: two releases
     cfg = C.load(None, [f"run_dir={tmp_path / 'fid'}", f"data.dir={dataset}", "rounds=2",
                         "dpo.select_on=dp", "dpo.select_by=fid", "score.clients_per_round=12"])
-    assert len(Run(cfg).select_entries()) == 2
+    assert len(Run(cfg).selection_entries()) == 2
 
 
 def test_dp_selection_that_alone_exceeds_the_budget_is_a_config_error(tmp_path):
@@ -478,7 +480,7 @@ def test_dp_selection_that_alone_exceeds_the_budget_is_a_config_error(tmp_path):
                         f"run_dir={tmp_path}/r", "dpo.select_on=dp",
                                "dpo.select_epsilon=2"]))
     with pytest.raises(ConfigError, match="selection alone spends"):
-        r.calibrate()
+        r.budget.plan()
 
 
 def test_select_checkpoint_on_statistics_equals_on_the_embeddings():

@@ -149,7 +149,8 @@ def test_stage_log_heartbeat_and_no_carriage_returns(tmp_path):
     drive.write_text(textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from popri.pipeline.stages import Stage, StageRunner
+        from popri.kit import Stage
+        from popri.pipeline.stages import StageRunner
         run = Path({str(tmp_path / 'run')!r}); run.mkdir(exist_ok=True)
         r = StageRunner(run)
         r.total = 3

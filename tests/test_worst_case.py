@@ -259,16 +259,15 @@ def test_every_shipped_config_promises_add_remove_and_keeps_it(tmp_path, monkeyp
     cfg, run = _run_for(name, tmp_path)
     if cfg.privacy.epsilon is None and cfg.privacy.noise_multiplier is None:
         pytest.skip(f"{name}: no DP budget")
-    noise = run.calibrate()
-    run.noise = noise
+    noise = run.budget.plan()
     sc = cfg.score
     req = ({"sample_rate": sc.sample_rate} if sc.sample_rate else
            {"clients_per_round": sc.clients_per_round} if sc.clients_per_round else {})
     mode = run.method.score_mode(cfg)
-    entry, std = score_release(tmp_path, monkeypatch, 100, noise_multiplier=noise["noise_arg"],
+    entry, std = score_release(tmp_path, monkeypatch, 100, noise_multiplier=noise.arg,
                                mode=mode, **req)
-    plan = [e for t in range(1, cfg.rounds + 1) for e in run.score_entry(t)]
-    plan += getattr(run, "select_entries", lambda: [])()
+    plan = [e for t in range(1, cfg.rounds + 1) for e in run.budget.score_entries(t)]
+    plan += run.selection_entries()
     total = A.compose(plan, cfg.privacy.delta, cfg.privacy.accountant)
     sampling = ("fixed" if req.get("clients_per_round", 100) < 100 else
                 "poisson" if "sample_rate" in req and req["sample_rate"] < 1 else "none")
@@ -418,9 +417,10 @@ def test_the_shipped_dp_fl_configs_promise_add_remove_and_keep_it(tmp_path, name
     from popri.privacy import accounting as A
 
     cfg, run = _run_for(name, tmp_path, extra=extra)
-    run.noise = run.calibrate()
-    z, q = run.noise["noise_multiplier"], run.noise["sample_rate"]
-    plan = [e for t in range(1, cfg.rounds + 1) for e in run.method.round_entries(run, t, z, q)]
+    noise = run.budget.plan()
+    z, q = noise.z, noise.sample_rate
+    plan = [e for t in range(1, cfg.rounds + 1)
+            for e in run.method.round_entries(cfg, t, noise, run.public_clients())]
     total = A.compose(plan, cfg.privacy.delta, cfg.privacy.accountant)
     assert total.neighbouring == "add/remove one client" and total.guarantee
     C = cfg.fl.clip

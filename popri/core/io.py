@@ -444,6 +444,58 @@ def read_json(path: str | os.PathLike, expect: type | None = None) -> Any:
     return obj
 
 
+# --------------------------------------------------------------------------- lenient readers
+# For a report of a run that may be partial, older or damaged (popri report): what could not be
+# read becomes a note, never an exception.
+
+
+def read_json_lenient(p: Path, notes: list[str] | None = None) -> Any:
+    """A JSON file's value; None when missing or unreadable (with a note in ``notes``): for a
+    report of a partial or damaged run, where :func:`read_json` would stop it."""
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        if notes is not None:
+            notes.append(f"{p}: unreadable ({type(e).__name__}), ignored")
+        return None
+
+
+def read_jsonl_lenient(p: Path, notes: list[str] | None = None,
+                       limit: int | None = None) -> list[dict]:
+    """The object rows of a JSONL file (at most ``limit``); unreadable lines skipped, counted in a
+    note (:func:`iter_jsonl` refuses the whole file instead)."""
+    rows: list[dict] = []
+    if not p.is_file():
+        return rows
+    bad = 0
+    try:
+        fh = open(p, encoding="utf-8", errors="replace")
+    except OSError:
+        if notes is not None:
+            notes.append(f"{p}: unreadable, ignored")
+        return rows
+    with fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except (ValueError, RecursionError):
+                bad += 1
+                continue
+            if isinstance(r, dict):
+                rows.append(r)
+                if limit is not None and len(rows) >= limit:
+                    break
+            else:
+                bad += 1
+    if bad and notes is not None:
+        notes.append(f"{p}: {bad} unreadable line(s) ignored (a file still being written?)")
+    return rows
+
+
 # --------------------------------------------------------------------------- embedding sets
 @dataclass
 class EmbeddingSet:

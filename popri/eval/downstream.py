@@ -166,7 +166,8 @@ def count_targets(seqs: Sequence[tuple[list[int], bool]], count_eos: bool = True
     return sum(len(s) - 1 - (1 if (e and not count_eos) else 0) for s, e in seqs)
 
 
-def _pad_id(tok) -> int:
+def padding_id(tok) -> int:
+    """The token id a batch is padded with: the tokenizer's pad, else its EOS, else 0."""
     for t in (tok.pad_token_id, tok.eos_token_id, 0):
         if t is not None:
             return int(t)
@@ -273,7 +274,7 @@ def evaluate_next_token(model_or_path, records, spec: EvalSpec | None = None, *,
         task = prog.add_task(desc, total=len(seqs))
         for s in range(0, len(order), spec.batch_size):
             idx = order[s:s + spec.batch_size]
-            batch = make_batch([seqs[i] for i in idx], _pad_id(tok), count_eos)
+            batch = make_batch([seqs[i] for i in idx], padding_id(tok), count_eos)
             a, b, c, _ = token_stats(model, *batch, bf16=bf16, device=device)
             tok_n[idx], hit_n[idx], ce_n[idx] = a, b, c
             prog.advance(task, len(idx))
@@ -398,7 +399,7 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     # the checkpoint's tokenizer declares the START / EOS tokens it was trained with, so that
     # evaluating it with the defaults uses the same sequences
     start_id, eos_id = special_ids(tok, spec.bos_token, spec.eos_token)
-    pad = _pad_id(tok)  # before any EOS change: padding is masked anyway
+    pad = padding_id(tok)  # before any EOS change: padding is masked anyway
     tok.bos_token = tok.convert_ids_to_tokens(start_id)
     if eos_id is not None:
         tok.eos_token = tok.convert_ids_to_tokens(eos_id)

@@ -47,14 +47,15 @@ def distinct_n(texts: Sequence[str], n: int) -> float | None:
     return len(grams) / total if total else None
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Each row scaled to unit L2 norm (float64; a zero row stays zero)."""
     x = np.asarray(x, dtype=np.float64)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def mean_cosine(x: np.ndarray, y: np.ndarray) -> float:
     """Cosine between the mean unit embeddings of ``x`` and ``y``."""
-    a, b = _unit(x).mean(0), _unit(y).mean(0)
+    a, b = unit_rows(x).mean(0), unit_rows(y).mean(0)
     return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-12))
 
 
@@ -87,7 +88,7 @@ def distances(samples: np.ndarray, target: np.ndarray, *, n_boot: int = PROBE_BO
     """Mean-embedding cosine and MMD^2_u of ``samples`` to ``target`` (unit-normalised rows),
     with bootstrap SEs over the samples (the target held fixed: it is the same every round, so
     round-to-round differences are paired on it)."""
-    x, y = _unit(samples), _unit(target)
+    x, y = unit_rows(samples), unit_rows(target)
     h = median_bandwidth(x, y)
     cos, mmd = mean_cosine(x, y), mmd2_unbiased(x, y, h)
     rng = np.random.default_rng([int(seed), 0x50524F42])

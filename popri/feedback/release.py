@@ -41,8 +41,7 @@ from popri.core.errors import InputError
 from popri.federated import aggregation, participation
 from popri.federated.aggregation import public_denominator  # noqa: F401  (re-exported)
 from popri.feedback import cosine, histogram
-from popri.privacy.entries import round_release
-from popri.privacy.relations import round_relation
+from popri.privacy.plan import Noise
 from popri.privacy.release import Release
 from popri.specs.feedback import ScoreSpec
 
@@ -208,8 +207,10 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     L, n = len(part.members), len(syn)
     # the relation this sampling is accounted under, and the sum's sensitivity under it: the
     # noise std is z times it (fixed L of N: replace one client, 2C; popri.privacy.relations)
-    relation, sens = round_relation(spec.sensitivity, part.sampling, spec.convention,
-                                    nonnegative=spec.nonnegative)
+    # -- the round's Noise, as the budget of popri run plans it (popri.privacy.plan)
+    noise = Noise.of_round(noise_multiplier, sample_rate=part.sample_rate,
+                           sampling=part.sampling, spec=spec, mode=rel.mode)
+    relation, sens = noise.relation, noise.sensitivity
     if noise_multiplier == 0 and not diagnostic:
         log.warn("--noise-multiplier 0: NO PRIVACY. The exact aggregate is released "
                  "(recorded in the ledger with noise_multiplier 0).")
@@ -250,10 +251,10 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
         z_eff = flower.noise_multiplier
     entry = None
     if not diagnostic:
-        # the engine's mechanism, by the one entry function the budget plans with
-        entry = round_release(
-            spec, "score", noise_multiplier=z_eff, sample_rate=q, delta=delta, sensitivity=sens,
-            sampling=part.sampling, neighbouring=relation, mode=rel.mode, ddg=ddg_params,
+        # the engine's mechanism, by the one entry function the budget plans with, at the
+        # noise multiplier this release guarantees
+        entry = noise.replace(z=z_eff).entry(
+            spec, "score", delta=delta, ddg=ddg_params,
             release_id=rel.release_id(
                 fingerprint(priv) if priv is not None else f"flower:{spec.federation}",
                 fingerprint(syn), params, layout),

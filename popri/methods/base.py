@@ -1,20 +1,26 @@
-"""What a method of ``popri run`` is: a subclass of :class:`Method`, one per package.
+"""What a method of ``popri run`` is: a subclass of :class:`Method`, one per package, and what it
+may ask of the run it builds stages for: :class:`RunContext`.
 
     popri run examples/default.yaml --set method=pe --dry-run
-    python -m pytest -q tests/test_layers.py::test_the_driver_never_branches_on_a_method_name
+    python -m pytest -q tests/test_layers.py tests/test_api.py::test_a_new_method_is_one_recipe_entry
 
 The driver (:mod:`popri.pipeline.driver`) is method-agnostic by construction: it calls these
 hooks and never asks which method it runs.  A method yields its stages from :meth:`recipe` --
-a pure function of the config, the run directory's paths and the calibrated noise, ending by
+a pure function of the config, the run directory's paths and the planned noise, ending by
 writing ``run.paths.synthetic`` (or, like DP-FL, by naming the model it trained in
 :meth:`model_out`) -- and overrides what differs from a synthetic-text method: where its data
 comes from (:meth:`data`, :meth:`embeddings`), who takes part in a DP round
-(:meth:`participation`) and what that round spends when it is not a ``popri score`` release
-(:meth:`round_entries`), how it is evaluated (:meth:`evaluation`, :meth:`table`), its control
-row (:meth:`control`), its per-round metrics and its fields of ``results.json``.
+(:meth:`participation`), what bounds one client's part of it (:meth:`round_spec`) and what that
+round spends when it is not a ``popri score`` release (:meth:`round_entries`), how it is
+evaluated (:meth:`evaluation`, :meth:`table`), its control row (:meth:`control`), its
+per-round metrics and its fields of ``results.json``.
 
-``run`` is the driver's :class:`~popri.pipeline.driver.Run` (``cfg``, ``paths``, ``noise``,
-``release`` and the shared stage builders); hooks receive it, this module never imports it.
+``run``, in every hook, is a :class:`RunContext`: the few typed things a recipe may use --
+``cfg``, ``paths``, ``release``, ``dry_run``, the planned ``noise``, the public data's
+arguments, the shared stage builders and, only where the method's accounting makes it public,
+the client count.  The driver's ``Run`` implements it; this module never imports the driver,
+and no method reads anything of the run but these members (``tests/test_layers.py`` walks
+their code).  Stages are built with the recipe kit, :mod:`popri.kit`.
 
 Adding a method: ``popri/methods/NAME/`` with its steps (``popri`` subcommands) and a
 ``recipe.py`` defining a subclass, and one line in :mod:`popri.pipeline.recipes`.
@@ -23,7 +29,64 @@ Adding a method: ``popri/methods/NAME/`` with its steps (``popri`` subcommands) 
 from __future__ import annotations
 
 import abc
-from typing import Iterable
+from pathlib import Path
+from typing import Any, Iterable, Protocol, runtime_checkable
+
+from popri.kit import RunPaths, Stage
+from popri.privacy.plan import Noise
+
+
+@runtime_checkable
+class RunContext(Protocol):
+    """What a method's recipe and hooks may ask of the run (the driver's ``Run`` implements it).
+
+    Data: ``cfg`` (the run's :class:`~popri.pipeline.config.RunConfig`), ``paths`` (its files,
+    ``paths.root`` the run directory), ``release`` (release mode), ``dry_run``, ``select`` (the
+    checkpoint selection in effect: private | public | dp | none), ``omega`` /
+    ``omega_inputs`` (the public population's arguments of ``gen`` / ``pe init`` and the files
+    they read) and ``noise`` (the planned :class:`~popri.privacy.plan.Noise` of the DP rounds;
+    None while z waits for the client count).  Seeds: the kit's named rules over
+    ``cfg.seed`` (:func:`popri.kit.round_seed`, ...)."""
+
+    cfg: Any
+    paths: RunPaths
+    release: bool
+    dry_run: bool
+    select: str
+    omega: list[str]
+    omega_inputs: list[str]
+
+    @property
+    def noise(self) -> Noise | None: ...
+
+    def public_clients(self) -> int | None:
+        """The private train split's client count N where the method's accounting treats it
+        as public (a fixed L of N clients a round: q = L/N is in its ledger; DP-FTRL's blocks:
+        floor(N / L) leaves); None where it is private (Poisson sampling, everyone) or not
+        fetched yet."""
+
+    def selection_entries(self) -> list:
+        """The prospective ledger entries of the DP checkpoint selection (dpo.select_on: dp)."""
+
+    # ------------------------------------------------------------------ stage builders
+    def fetch_text(self, *, public: bool = True) -> Iterable[Stage]:
+        """``bench fetch`` of the private federated text and, with ``public``, of Omega."""
+
+    def embed_private(self) -> Iterable[Stage]:
+        """``embed`` of the private train and validation splits (and Omega when read)."""
+
+    def gen_args(self, *, adapter: str | None, seed: int) -> list[str]:
+        """The generator section as options of ``popri gen``, with the seed and adapter."""
+
+    def score_stage(self, t: int, synthetic: str | Path, out: Path, seed: int, *,
+                    mode: str | None = None, threshold: float | str | None = None) -> Stage:
+        """Round t's DP scores (``popri score``) at the planned noise, its release declared."""
+
+    def exact_stage(self, t: int, synthetic: str | Path, seed: int) -> Stage | None:
+        """Round t's noise-free diagnostic scores (research mode), or None."""
+
+    def downstream_evaluation(self) -> Iterable[Stage]:
+        """The synthetic set's evaluation next to eps = 0 / eps = inf and the control row."""
 
 
 class Method(abc.ABC):
@@ -51,16 +114,16 @@ class Method(abc.ABC):
 
     # ------------------------------------------------------------------ the method's stages
     @abc.abstractmethod
-    def recipe(self, run) -> Iterable:
-        """The method's stages (``Stage`` objects, built, not run)."""
+    def recipe(self, run: RunContext) -> Iterable[Stage]:
+        """The method's stages (:class:`~popri.kit.Stage` objects, built, not run)."""
 
     # ------------------------------------------------------------------ data
-    def data(self, run) -> Iterable:
+    def data(self, run: RunContext) -> Iterable[Stage]:
         """The stages that build the private federated data and Omega, before the noise is
         calibrated (it may depend on the client count).  Default: ``bench fetch`` of both."""
         return run.fetch_text(public=True)
 
-    def embeddings(self, run) -> Iterable:
+    def embeddings(self, run: RunContext) -> Iterable[Stage]:
         """The stages that embed the private splits (the clients' side of the DP feedback).
         Default: the train and validation splits, and Omega when checkpoint selection reads it."""
         return run.embed_private()
@@ -76,24 +139,49 @@ class Method(abc.ABC):
         that sets them)."""
         return cfg.score.clients_per_round, cfg.score.sample_rate, "score"
 
-    def round_entries(self, run, t: int, z: float | None, q: float | None) -> list | None:
-        """Round t's prospective ledger entries at noise multiplier z and rate q when the rounds
-        are not ``popri score`` releases (the calibration composes them over the rounds); None:
-        they are score releases (:meth:`Budget.score_entry`)."""
+    def clients_public(self, cfg) -> bool:
+        """Does the method's accounting make the private train split's client count N public?
+        Default: a fixed L of N clients a round (no sample rate), whose q = L/N is in every
+        round's ledger entry.  Where it is private, a recipe gets nothing that reveals it
+        (:meth:`RunContext.public_clients` is None)."""
+        cpr, rate, _ = self.participation(cfg)
+        return bool(cpr) and not rate
+
+    def round_spec(self, cfg):
+        """The spec of one DP round, whose bound on a client's contribution (its
+        ``sensitivity``: C, or M votes), ``nonnegative`` and ``convention`` set the round's
+        relation and sensitivity (:meth:`popri.privacy.plan.Noise.of_round`), and whose engine
+        its mechanism.  Default: ``popri score``'s :class:`~popri.specs.feedback.ScoreSpec` in
+        :meth:`score_mode`, from the score section."""
+        from popri.specs.engine import EngineSpec
+        from popri.specs.feedback import ScoreSpec
+
+        sc, mode = cfg.score, self.score_mode(cfg)
+        bound = ({"clip": sc.clip} if mode == "cosine" else
+                 {"max_samples_per_client": sc.max_samples_per_client})
+        return ScoreSpec(mode=mode, convention=cfg.privacy.convention, **bound,
+                         **EngineSpec.of(sc).to_dict())
+
+    def round_entries(self, cfg, t: int, noise: Noise, clients: int | None) -> list | None:
+        """Round t's prospective ledger entries with ``noise`` (z, q and the round's relation;
+        the calibration composes them over the rounds at every z it tries) when the rounds are
+        not ``popri score`` releases; ``clients``: N where the accounting makes it public
+        (:meth:`RunContext.public_clients`).  None: they are score releases (the budget plans
+        them with ``noise.entry``)."""
         return None
 
     # ------------------------------------------------------------------ evaluation
-    def model_out(self, run):
+    def model_out(self, run: RunContext):
         """The model directory the evaluation reads, for a method that trains the downstream
         model itself (DP-FL); None: the driver trains it on ``run.paths.synthetic``."""
         return None
 
-    def evaluation(self, run) -> Iterable:
+    def evaluation(self, run: RunContext) -> Iterable[Stage]:
         """The evaluation stages.  Default: the downstream model's next-token accuracy next to
-        eps = 0, eps = inf and the control row (:meth:`Run.downstream_evaluation`)."""
+        eps = 0, eps = inf and the control row (:meth:`RunContext.downstream_evaluation`)."""
         return run.downstream_evaluation()
 
-    def control(self, run):
+    def control(self, run: RunContext) -> Stage | None:
         """The Stage writing the synthetic set of the untuned generator (T = 0) with the same
         prompts, N and seed, for a generator method (issue 24); None: no control row."""
         return None
@@ -102,12 +190,12 @@ class Method(abc.ABC):
         """Whether this method has a control row (it overrides :meth:`control`)."""
         return type(self).control is not Method.control
 
-    def metrics(self, run) -> list[dict] | None:
+    def metrics(self, run: RunContext) -> list[dict] | None:
         """Per-round rows of ``RUN/metrics.jsonl``; None: the method writes no such file."""
         return None
 
-    def results(self, run, noise: dict) -> dict:
-        """The method's own fields of ``results.json``."""
+    def results(self, run: RunContext, noise: Noise | None) -> dict:
+        """The method's own fields of ``results.json`` (``noise``: the run's planned noise)."""
         return {}
 
     def table(self, r: dict) -> str | None:
@@ -119,7 +207,7 @@ class Method(abc.ABC):
         return (f"{self.label} on {r['run_dir']}: T={r['rounds']} rounds, K={r['prompts']} x "
                 f"J={r['samples_per_prompt']}, N={r['num_synthetic']} synthetic")
 
-    def plan_notes(self, run) -> list[str]:
+    def plan_notes(self, run: RunContext) -> list[str]:
         """Lines of the dry-run plan's header."""
         return []
 

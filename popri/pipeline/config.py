@@ -30,7 +30,8 @@ from popri.specs.feedback import (
 from popri.specs.fewfedpit import FewFedPITSpec
 from popri.specs.fl import FLSpec
 from popri.specs.instruct import InstructSpec
-from popri.specs.generation import DEFAULT_LM, GenSpec, GeneratorSpec, VarySpec
+from popri.specs.privacy import AccountantSpec, NoiseSpec
+from popri.specs.generation import DEFAULT_LM, ExpandSpec, GenSpec, GeneratorSpec, VarySpec
 from popri.specs.training import (BootstrapSpec, DownstreamSpec, DPOSpec, PoolSpec, PrefsSpec,
                                   SelectSpec)
 
@@ -67,10 +68,12 @@ class PrivacyConfig(Spec):
     epsilon: float | None = param(1.0, "Budget of the run directory.", cite="POPri: eps = 1, 7",
                                   lo=0, lo_open=True)
     delta: float = same(ScoreSpec, "delta")
-    noise_multiplier: float | None = param(None, "Explicit z (the budget still applies).",
-                                           lo=0, hi=1e6, lo_open=True)
-    accountant: str = param("rdp", "rdp (opacus, as the papers) | pld (dp-accounting).",
-                            choices=("rdp", "pld"))
+    # z > 0: a run's noise is never switched off by its config (the range is NoiseSpec's)
+    noise_multiplier: float | None = same(NoiseSpec, "noise_multiplier", None, short=None,
+                                          lo_open=True,
+                                          help="Explicit z (the budget still applies).")
+    accountant: str = same(AccountantSpec, "accountant", cite=None, short=None,
+                           help="rdp (opacus, as the papers) | pld (dp-accounting).")
     convention: str | None = same(ScoreSpec, "convention")
 
 
@@ -147,6 +150,9 @@ class PEConfig(Spec):
     threshold: float | None = param(None, "H; None = the noise std z * M.", cite="PrE-Text D.2",
                                     lo=0)
     fallback: bool = same(VarySpec, "fallback")
+    # expand's chunks: its own setting (ExpandSpec's backend table when unset), not the
+    # generator's sampling batch
+    expand_batch_size: int | None = same(ExpandSpec, "batch_size")
 
 
 @dataclass(frozen=True)

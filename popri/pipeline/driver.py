@@ -8,8 +8,9 @@ The driver runs, in order:
 
 1. **data** (every method): fetch the private federated split and the public Omega, embed the
    private train and validation splits (:meth:`Run.data_stages`);
-2. **privacy**: calibrate the noise multiplier to ``privacy.epsilon`` over the plan's DP
-   releases and check the plan against the budget (:mod:`popri.pipeline.budget`);
+2. **privacy**: plan the noise (z calibrated to ``privacy.epsilon`` over the plan's DP
+   releases, a :class:`~popri.privacy.plan.Noise`) and check the plan against the budget
+   (:class:`popri.pipeline.budget.Budget`);
 3. **the method's recipe**: ``METHODS[cfg.method].recipe(run)`` yields the method's stages
    (:mod:`popri.pipeline.recipes`; POPri: :mod:`popri.methods.popri.recipe`, PE:
    :mod:`popri.methods.pe.recipe`), ending with ``RUN/synthetic.jsonl``;
@@ -18,7 +19,8 @@ The driver runs, in order:
    (:meth:`Run.downstream_stages`);
 5. **account**: ``popri account ledger RUN`` totals every ledger under the run directory.
 
-Each stage is one ``popri`` subcommand, cached by :mod:`popri.pipeline.stages` (content hashes,
+Each stage is one ``popri`` subcommand (a :class:`popri.kit.Stage`, built by the recipe with
+the recipe kit), cached by :mod:`popri.pipeline.stages` (content hashes,
 popri's version and the POPRI_* settings in the key); ``RUN/commands.sh`` lists them and
 ``--dry-run`` prints them with no side effects.  A stage that declares a DP release
 (``Stage.release``) runs behind the budget guard.
@@ -38,14 +40,14 @@ from typing import Iterable
 from popri.core import log
 from popri.core.errors import ConfigError, PopriError
 from popri.core.io import atomic_write, read_json
-from popri.pipeline import config as C
-from popri.pipeline.budget import Budget, BudgetError  # noqa: F401 (BudgetError re-exported)
-from popri.pipeline.config import RunConfig, to_dict
-from popri.pipeline.stages import (
-    Z_LATER, DPRelease, RunLock, RunPaths, Stage, StageRunner, _fmt, draw_seed, final_seed, opt,
-    redrawn,
-    released_line, round_seed, selection_note, step_argv)
 from popri.core.spec import to_argv
+from popri.kit import (Z_LATER, DPRelease, RunPaths, Stage, draw_seed, fmt, opt, redrawn,
+                       released_line, selection_note, step_argv)
+from popri.pipeline import config as C
+from popri.pipeline.budget import Budget, BudgetError
+from popri.pipeline.config import RunConfig, to_dict
+from popri.pipeline.stages import RunLock, StageRunner
+from popri.privacy.plan import Noise
 
 MODE_NOTES = {
     "research": ("research mode: noise is seeded and reproducible from the sidecars; "
@@ -59,12 +61,15 @@ def is_file_source(src: str) -> bool:
     return src.endswith((".jsonl", ".json", ".csv", ".parquet")) or Path(src).is_file()
 
 
-class Run(Budget):
-    """One ``popri run``: the config, the run directory's paths, the stage runner, the noise.
+class Run:
+    """One ``popri run``: the config, the run directory's paths, the stage runner and the
+    budget (:class:`~popri.pipeline.budget.Budget`, which plans the noise).
 
-    Recipes read ``cfg``, ``p`` (paths), ``omega`` (the public-data arguments of gen / pe init),
-    ``omega_inputs``, ``noise``, ``release`` and build stages with the shared builders here
-    (:meth:`score_stage`, :meth:`exact_stage`, :meth:`gen_args` ...)."""
+    It is the :class:`~popri.methods.base.RunContext` the methods' recipes and hooks get:
+    ``cfg``, ``paths``, ``release``, ``dry_run``, ``select``, ``omega`` / ``omega_inputs``,
+    ``noise``, :meth:`public_clients`, :meth:`selection_entries` and the shared stage builders
+    (:meth:`score_stage`, :meth:`exact_stage`, :meth:`gen_args` ...); everything else here is
+    the driver's."""
 
     def __init__(self, cfg: RunConfig, *, dry_run: bool = False, rerun: bool = False):
         from popri.pipeline.recipes import get_method
@@ -80,9 +85,9 @@ class Run(Budget):
         self.runner = StageRunner(self.run, dry_run=dry_run)
         self.runner.accountant = cfg.privacy.accountant
         self.runner.convention = cfg.privacy.convention
-        self.noise: dict = {}
         self.notes: list[str] = []            # dry run: said in the plan's header
         self.paths = RunPaths.of(self.run, cfg.data.dir)
+        self.budget = Budget(cfg, self.method, self.paths, dry_run=dry_run)
         d = cfg.data
         if d.public_source and is_file_source(d.public_source):
             self.omega = [d.public_source]
@@ -91,18 +96,128 @@ class Run(Budget):
             self.omega = [str(self.paths.public), "--split", "train"]
             self.omega_inputs = [str(self.paths.public)]
 
+    # ------------------------------------------------------------------ what a recipe reads
+    @property
+    def noise(self) -> Noise | None:
+        """The planned noise of the DP rounds (:meth:`Budget.plan`); None before it is planned
+        or while z waits for the client count."""
+        return self.budget.noise
+
+    def public_clients(self) -> int | None:
+        """N where the method's accounting makes it public, else None
+        (:meth:`Budget.public_clients`)."""
+        return self.budget.public_clients()
+
+    def selection_entries(self) -> list:
+        """The DP checkpoint selection's prospective ledger entries (:meth:`Budget.select_entries`)."""
+        return self.budget.select_entries()
+
     # ------------------------------------------------------------------ stages
     def stage(self, st: Stage) -> bool:
         """Run one stage (cached); a declared DP release runs behind the budget guard."""
         if st.release is not None and st.before is None:
-            st.before = self.guard(st.name, st.release.entries, Path(st.release.ledger),
-                                   st.release.match)
+            st.before = self.budget.guard(st.name, st.release, self.runner)
         return self.runner.run(st)
 
     def plan(self) -> list[Stage]:
         """The method's stages, built (not run): recipes are pure functions of the config, the
         paths and the noise, so the whole plan is known before its first stage runs."""
         return list(self.method.recipe(self))
+
+    # ------------------------------------------------------------------ the budget of the plan
+    def dp_stages(self) -> list[tuple[str, list, Path, object]]:
+        """Every DP release of the plan, as its stages declare them (``Stage.release``): (stage
+        name, prospective entries, the ledger it appends to, a test for its entries)."""
+        return [(s.name, s.release.entries, Path(s.release.ledger), s.release.match)
+                for s in self.plan() if s.release is not None]
+
+    def dp_reruns(self) -> list[tuple[str, str]]:
+        """(stage, why) of every finished DP stage of the plan -- it has a marker and its
+        ledger holds its release -- that would run again (its settings, inputs or outputs
+        changed: the survey's reason), said before anything runs.  Not among them: a stage
+        whose release committed before a stop (it is kept: :meth:`StageRunner._adopt`), and a
+        stage that never finished (an attempt stopped before its outputs: research mode's
+        retry of that very attempt is the same seeded release; any other attempt is counted
+        as a new release by :meth:`check_plan`)."""
+        from popri.privacy.ledger import read_ledger
+
+        todo = dict(self.survey()[1])
+        keys = self.runner.planned_keys
+        out = []
+        for st in self.plan():
+            if st.release is None or st.name not in todo or not self.runner.marker(st):
+                continue
+            key = keys.get(st.name)
+            if key is not None and self.runner.committed(st, key):
+                continue
+            own = Path(st.release.ledger)
+            if own.is_file() and any(st.release.match(e) for e in read_ledger(own)):
+                out.append((st.name, todo[st.name]))
+        return out
+
+    def check_reruns(self) -> list[str]:
+        """Refuse (one line, exit 2, nothing run) a run that would rerun finished DP stages
+        unless ``--rerun`` was given; returns their names (each counted as a new release by
+        :meth:`check_plan`).  A dry run notes the refusal instead and shows the plan."""
+        reruns = self.dp_reruns()
+        self._refused_reruns: set[str] = set()
+        if not reruns or self.rerun:
+            if reruns and not self.dry_run:
+                log.warn("run: --rerun: " + ", ".join(f"{n} ({why})" for n, why in reruns)
+                         + ": released before and run again, each a new DP release (unless "
+                           "it reproduces its release bit for bit)")
+            return [n for n, _ in reruns]
+        shown = ", ".join(f"{n} ({why})" for n, why in reruns)
+        e = ConfigError(f"{shown}: already released (its ledger under {self.run} holds it) and "
+                        f"would run again, a new DP release: nothing was run; pass --rerun to "
+                        f"spend it (checked against privacy.epsilon first), or use a new "
+                        f"run_dir", path=str(self.run), field="rerun")
+        if self.dry_run:  # the plan is still shown; the refused reruns are not counted
+            self.notes.append(f"note: a real run would stop here: {e}")
+            self._refused_reruns = {n for n, _ in reruns}
+            return []
+        raise e
+
+    def check_plan(self) -> None:
+        """Before the first stage: the releases already in the run's ledgers plus those the plan
+        still has to make must fit the budget (:meth:`Budget.check`).  A DP stage counts as
+        done when its cached result is current -- the same settings, inputs and outputs, not
+        just a marker -- or its release committed before a stop (it is kept), or (research
+        mode) it retries the very attempt that recorded its release, stopped before its outputs
+        (same key and thread count: the same seeded release).  A finished DP stage that would
+        run again is refused without --rerun and with it counted as a new release
+        (:meth:`check_reruns`); so is every other stage still to run.  The guard before each DP
+        stage is exact (:meth:`Budget.guard`)."""
+        pr = self.cfg.privacy
+        reruns = set(self.check_reruns())
+        if pr.epsilon is None:
+            log.warn(f"run: {self.cfg.method} has no DP guarantee: the ledger records eps = inf "
+                     "and no budget is enforced" if not self.method.dp else
+                     "run: no privacy.epsilon: the noise multiplier is given and no budget is "
+                     "enforced")
+            return
+        if self.noise is None or self.noise.z is None:
+            return  # z is set after the fetch; checked then
+        from popri.privacy.ledger import read_ledger
+
+        add = []
+        cached = set(self.survey()[0])  # current: same settings, inputs and outputs
+        keys = self.runner.planned_keys
+        for st in self.plan():
+            if st.release is None:
+                continue
+            entries, own, match = st.release.entries, Path(st.release.ledger), st.release.match
+            key = keys.get(st.name)
+            if st.name in cached or (key is not None and self.runner.committed(st, key)):
+                continue  # done, or committed before a stop (kept when it runs: adopted)
+            if st.name in self._refused_reruns:
+                continue  # a dry run: a real run stops before it (check_reruns)
+            if (st.name not in reruns and not self.release and key is not None
+                    and self.runner.same_attempt(st.name, key) and own.is_file()
+                    and any(match(e) for e in read_ledger(own))):
+                continue  # a retry of the attempt that recorded it: the same seeded release
+            add += entries
+        self.budget.check(add, "the plan")
 
     # ------------------------------------------------------------------ data
     def fetch_stages(self) -> Iterable[Stage]:
@@ -192,10 +307,10 @@ class Run(Budget):
         ledger = Path(out).parent / "ledger.jsonl"
         return Stage(f"round{t}-score", [
             "score", "--synthetic", str(synthetic), "--out", str(out),
-            *self.score_args(self.noise.get("noise_arg"), seed, t, mode=mode,
+            *self.score_args(self.noise.arg if self.noise else None, seed, t, mode=mode,
                              threshold=threshold)],
             outputs=[str(out)], inputs=[str(synthetic), str(self.paths.emb_private)],
-            release=DPRelease(self.score_entry(t), ledger,
+            release=DPRelease(self.budget.score_entries(t), ledger,
                               lambda e, t=t: e.stage == "score" and e.params.get("round") == t))
 
     def exact_stage(self, t: int, synthetic: str | Path, seed: int) -> Stage | None:
@@ -336,12 +451,12 @@ class Run(Budget):
 
     # ------------------------------------------------------------------ all
     def _set_noise(self) -> None:
-        self.noise = self.calibrate()
+        self.budget.plan()
         self._survey = None
         self.check_plan()
         if not self.dry_run:
-            log.info(f"run: {self._noise_line()}")
-            if self.noise.get("noise_multiplier") is not None or not self.method.dp:
+            log.info(f"run: {self.budget.noise_line()}")
+            if (self.noise is not None and self.noise.z is not None) or not self.method.dp:
                 log.info(f"run: {self.reuse_line()}")
 
     def all_stages(self) -> list[Stage]:
@@ -427,7 +542,7 @@ class Run(Budget):
                                   path=str(run), field="run_dir")
 
     def _execute(self) -> dict:
-        early = not self.needs_clients() or self._clients() is not None
+        early = not self.budget.needs_clients() or self.budget.client_count() is not None
         if early:
             self._set_noise()
             self._check_data()  # the data is already there (data.dir, an earlier fetch)
@@ -588,7 +703,7 @@ class Run(Budget):
         pr = self.cfg.privacy
         lines = [f"# popri run {self.run}: plan (dry run: nothing runs, nothing is written)",
                  f"# {MODE_NOTES['release' if self.release else 'research']}",
-                 f"# {self._noise_line()}"]
+                 f"# {self.budget.noise_line()}"]
         if pr.epsilon is not None:
             lines.append(f"# budget: epsilon={pr.epsilon:g} at delta={pr.delta:g} "
                          f"({pr.accountant}) for every ledger under {self.run}")
@@ -597,7 +712,7 @@ class Run(Budget):
         lines += [f"# {n}" for n in self.notes]
         return "\n".join(lines + self.runner.commands)
 
-    def results(self, noise: dict) -> dict:
+    def results(self, noise: Noise | None) -> dict:
         """RUN/results.json (schema: docs/formats.md): the budget and what was spent, the
         method's own fields, accuracy per method, gap closed, FID, recovery rates, timings."""
         c = self.cfg
@@ -609,8 +724,9 @@ class Run(Budget):
                "neighbouring": priv.get("neighbouring"),
                "dp_guarantee": priv.get("dp_guarantee", True),
                "guarantee": priv.get("guarantee"),
-               "noise_multiplier": noise["noise_multiplier"],
-               "sample_rate": noise["sample_rate"], "rounds": c.rounds, "prompts": c.prompts,
+               "noise_multiplier": noise.z if noise else None,
+               "sample_rate": noise.sample_rate if noise else None, "rounds": c.rounds,
+               "prompts": c.prompts,
                "samples_per_prompt": c.samples_per_prompt, "num_synthetic": c.num_synthetic,
                "generator": c.generator.model, "downstream": c.downstream.model,
                "method": c.method, "seed": c.seed, "methods": {},
@@ -762,17 +878,17 @@ def results_table(r: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     if r.get("released") and not r["methods"]:
         lines[1:] = ["", released_line(r["released"])]
-    eps_cell = _fmt(eps, 3) + ("" if r.get("dp_guarantee") is not False else " (NOT DP)")
+    eps_cell = fmt(eps, 3) + ("" if r.get("dp_guarantee") is not False else " (NOT DP)")
     labels = {method: (label, eps_cell),
               "t0": (f"{label}, T = 0 (untuned generator)", eps_cell),
               "eps0": ("eps=0 (public model)", "0"), "epsinf": ("eps=inf (private data)", "inf")}
     for k, (lab, e) in labels.items():
         mm = r["methods"].get(k)
         if mm:
-            fid = _fmt(r.get("fid_to_val"), 3) if k == method else "-"
+            fid = fmt(r.get("fid_to_val"), 3) if k == method else "-"
             lines.append(f"| {lab} | {e} | {r.get('delta') if k == method else '-'} | "
-                         f"{_fmt(mm.get('accuracy'))} | {_fmt(mm.get('accuracy_se'))} | "
-                         f"{_fmt(mm.get('loss'))} | {fid} |")
+                         f"{fmt(mm.get('accuracy'))} | {fmt(mm.get('accuracy_se'))} | "
+                         f"{fmt(mm.get('loss'))} | {fid} |")
     ctl = r.get("control")
     if ctl and ctl.get("acc_minus_control") is not None:
         se, dr = ctl.get("acc_minus_control_se"), ctl.get("draws")
@@ -800,14 +916,14 @@ def results_table(r: dict) -> str:
         lines += ["", f"gap closed: undefined ({g.get('undefined', 'eps=0 = eps=inf')})"]
     elif g:
         lines += ["", f"gap closed (acc - acc_eps0) / (acc_epsinf - acc_eps0): "
-                      f"{_fmt(g.get('gap_closed'), 3)} +- {_fmt(g.get('gap_closed_se'), 3)} "
+                      f"{fmt(g.get('gap_closed'), 3)} +- {fmt(g.get('gap_closed_se'), 3)} "
                       f"(paired bootstrap over test clients)"]
     rr = [x for x in r.get("recovery_rate_per_round", []) if x is not None]
     if rr:
         lines.append("recovery rate of preference pairs per round (POPri Fig. 6): "
                      + ", ".join(f"{x:.2f}" for x in rr))
     lines.append(f"noise multiplier z={r['noise_multiplier']:.4f}, q={r['sample_rate']:.4g}; "
-                 f"total epsilon from the ledger ({r.get('accountant')}): {_fmt(eps, 4)} "
+                 f"total epsilon from the ledger ({r.get('accountant')}): {fmt(eps, 4)} "
                  f"({epsilon_words(r)})")
     b = r.get("budget") or {}
     if b.get("epsilon") is not None:
@@ -827,5 +943,4 @@ def results_table(r: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Run", "BudgetError", "results_table", "selection_note", "round_seed", "final_seed",
-           "PopriError"]
+__all__ = ["Run", "BudgetError", "results_table", "draws_summary", "PopriError"]

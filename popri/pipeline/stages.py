@@ -22,6 +22,9 @@ key matches AND every output still has the recorded hash: an edited or truncated
 re-runs the stage that wrote it (and, by the chained keys, whatever depends on it), as DVC does.
 A killed run continues from the last finished stage.  ``RUN/commands.sh`` is rewritten by each
 run with that run's commands.
+
+This is the driver's runner; the stages it runs are the recipe kit's
+(:class:`popri.kit.Stage`, built by the methods' recipes below the driver).
 """
 
 from __future__ import annotations
@@ -29,15 +32,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
-import dataclasses
-import math
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from popri.core.version import __version__
 from popri.core import log
@@ -45,7 +43,7 @@ from popri.core.artifacts import path_digest
 from popri.core.errors import PopriError
 from popri.core.io import atomic_write
 from popri.core.runtime import fault_point
-from popri.core.spec import to_argv
+from popri.kit import Stage
 
 #: POPRI_* settings a stage inherits that define its outputs: their values are in its key.
 #: None today: POPRI_THREADS is an execution setting (see :meth:`StageRunner.key`)
@@ -89,69 +87,6 @@ def stage_env(base: dict, extra: dict | None = None) -> dict:
     env = {k: v for k, v in base.items() if not k.startswith("POPRI_") or k in keep}
     env.update(extra or {})
     return env
-
-
-@dataclass
-class Stage:
-    name: str
-    args: list[str]                       # popri subcommand + options
-    outputs: list[str]                    # paths (files or dirs) that must exist afterwards
-    inputs: list[str] = field(default_factory=list)  # files/dirs this stage reads
-    stdout_to: str | None = None          # capture stdout into this file (atomically)
-    # called with the stage's key right before it runs (not when it is skipped, not in a dry
-    # run): e.g. the budget guard of a DP stage, which raises to stop the run
-    before: Callable[[str], None] | None = None
-    # a DP stage declares the ledger entries it will record (the driver's budget guard and
-    # plan check compose them with every release already under the run directory)
-    release: "DPRelease | None" = None
-    # options that make the command start over in its output directory (dpo / sft:
-    # --no-resume), added when the runner runs it with a key no earlier attempt there had: the
-    # checkpoints of another attempt are stale, and the stage owns its directory.  Not part of
-    # the key or of commands.sh (a replay by hand resumes, as the command does by default)
-    fresh: list[str] = field(default_factory=list)
-
-    def shown(self) -> str:
-        """The command line as a user would type it (commands.sh, the dry-run plan, the log),
-        with any URL password hidden (``--base-url http://user:***@host``)."""
-        from popri.core.urls import redact_arg
-
-        s = "popri " + " ".join(shlex.quote(redact_arg(a)) for a in self.args)
-        return s + (f" > {shlex.quote(self.stdout_to)}" if self.stdout_to else "")
-
-
-@dataclass
-class DPRelease:
-    """What a DP stage will spend: its prospective ledger ``entries``, the ``ledger`` file it
-    appends to, and ``match(entry)``: is a recorded entry one of this stage's releases."""
-    entries: list
-    ledger: Path
-    match: Callable[[object], bool]
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    """The files a run's stages share, by name (``run.paths.synthetic``): under the run
-    directory, except the private data when ``data.dir`` names an existing dataset."""
-
-    private: Path       # the private federated dataset (bench fetch / instruct build)
-    public: Path        # the public data Omega (bench fetch), when not a file
-    emb_private: Path   # the private train split's embeddings
-    emb_val: Path       # the private validation split's embeddings
-    emb_public: Path    # Omega's embeddings
-    select_stats: Path  # dpo.select_on: dp -- the DP mean and covariance of the validation split
-    synthetic: Path     # the method's synthetic set
-    eval: Path          # the evaluation's outputs
-
-    @classmethod
-    def of(cls, run: str | Path, data_dir: str | None = None) -> "RunPaths":
-        run = Path(run)
-        return cls(private=Path(data_dir) if data_dir else run / "data" / "private",
-                   public=run / "data" / "public",
-                   emb_private=run / "embeddings" / "private.npy",
-                   emb_val=run / "embeddings" / "val.npy",
-                   emb_public=run / "embeddings" / "public.npy",
-                   select_stats=run / "selection" / "val_stats.npz",
-                   synthetic=run / "synthetic.jsonl", eval=run / "eval")
 
 
 class RunLock:
@@ -835,102 +770,3 @@ class StageRunner:
         if not self.dry_run and not self.hold:
             with atomic_write(self.log_path) as fh:
                 fh.write(COMMANDS_HEADER + "".join(c + "\n" for c in self.commands))
-
-
-# --------------------------------------------------------------------------- the recipe kit
-# What a method's recipe (methods/*/recipe.py) builds its stages with: seeds, options, notes.
-
-#: the dry-run placeholder for a noise multiplier that depends on the fetched client count
-Z_LATER = "<z: set after the fetch>"
-
-
-
-def round_seed(seed: int, t: int) -> int:
-    """The seed of round t's stages (generation, scoring, tuning): ``seed * 1000 + t``."""
-    return seed * 1000 + t
-
-
-def final_seed(seed: int) -> int:
-    """The seed of the final synthetic set (after the last round): ``seed * 1000 + 999``."""
-    return seed * 1000 + 999
-
-
-def draw_seed(seed: int, k: int) -> int:
-    """The seed of draw ``k`` (1, 2, ...) of a stage whose own seed is ``seed`` (draw 0): a
-    stream of its own, sha256 of ("popri-draw", seed, k) cut to 31 bits, so that no draw shares
-    a seed with a round, the final set or a draw of another run seed (``seed + k`` did:
-    draw k of run seed s was round k - 1 of run seed s + 1)."""
-    import hashlib
-
-    if k == 0:
-        return int(seed)
-    h = hashlib.sha256(f"popri-draw:{int(seed)}:{int(k)}".encode()).digest()
-    return int.from_bytes(h[:4], "big") >> 1
-
-
-def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
-    """Draw ``k`` of the set a ``popri gen`` stage writes: the same command with its seed
-    replaced by :func:`draw_seed` (seed, k), written to ``out`` (and its stats beside it).
-    ``popri run``'s ``draws`` (issue 24)."""
-    args = list(st.args)
-    if not args or args[0] != "gen":
-        raise ValueError(f"stage {st.name} is not a 'popri gen' stage")
-
-    def put(flag: str, value: str) -> None:
-        i = len(args) - 1 - args[::-1].index(flag)  # the last one: gen_args' seed
-        args[i + 1] = value
-
-    seed = int(args[len(args) - 1 - args[::-1].index("--seed") + 1])
-    put("--seed", str(draw_seed(seed, k)))
-    put("--out", str(out))
-    if "--stats-out" in args:
-        put("--stats-out", str(out.with_name(out.stem + "_stats.json")))
-    return Stage(name, args, outputs=[str(out)], inputs=list(st.inputs))
-
-
-def released_line(path: str) -> str:
-    """A release-mode run's results table in place of its evaluation (``results.json``'s
-    ``released``; the driver plans no evaluation in release mode)."""
-    return (f"released: {path} (release mode evaluates nothing on the private splits; the same "
-            f"config without release gives the benchmark's table)")
-
-
-def selection_note(on: str, cfg=None) -> str:
-    """The checkpoint-selection line of the results table (what it reads, what it costs)."""
-    if on == "private":
-        return ("checkpoint selection: the EXACT private validation split, NOT covered by "
-                "epsilon (as POPri B.1; a research read outside the ledger)")
-    if on == "public":
-        return "checkpoint selection: public Omega embeddings (no privacy cost)"
-    if on == "dp":
-        e = f"{cfg.dpo.select_epsilon:g}, {cfg.selection_delta:g}" if cfg else "eps_s, delta_s"
-        what = ("mean + covariance" if cfg is not None and cfg.dpo.select_by == "fid"
-                else "mean" if cfg is not None else "statistics")
-        return (f"checkpoint selection: DP {what} of the private validation split "
-                f"('popri fred stats', ({e})-DP per release), included in the total epsilon")
-    return "checkpoint selection: none (the last epoch's adapter)"
-
-
-def opt(flag: str, value) -> list[str]:
-    """``[flag, value]``, or nothing when value is None."""
-    return [] if value is None else [flag, str(value)]
-
-
-def step_argv(spec_cls, *sections, only=None, **values) -> list[str]:
-    """A stage's options from config sections: the sections' fields that are fields of the
-    step's spec (same name: the section declared them with ``same(spec_cls, ...)``) plus
-    ``values``, validated as ``spec_cls`` and turned into options by :func:`to_argv` -- the one
-    spec -> argv path of every stage.  ``only``: emit just these fields."""
-    names = {f.name for f in dataclasses.fields(spec_cls)}
-    vals = {}
-    for sec in sections:
-        vals.update({f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)
-                     if f.name in names})
-    vals.update(values)
-    return to_argv(spec_cls(**vals), only=list(only) if only is not None else list(vals))
-
-
-def _fmt(x, nd=4):
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)

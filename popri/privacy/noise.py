@@ -24,6 +24,8 @@ import os
 
 import numpy as np
 
+from popri.privacy.snap import SNAP_SHARE
+
 
 class SecureRandom:
     """The subset of ``numpy.random.Generator`` popri uses, backed by ``os.urandom``."""
@@ -84,8 +86,8 @@ def release_mode_from_env() -> bool:
 
 
 # --------------------------------------------------------------------------- release-mode noise
-#: the snapping grid costs at most this share of the sensitivity (so z_eff >= z / (1 + SNAP_SHARE))
-SNAP_SHARE = 1e-4
+# SNAP_SHARE: the snapping grid costs at most this share of the sensitivity (so z_eff >= z / (1 +
+# SNAP_SHARE)); declared with the factor the plan passes, in popri.privacy.snap
 
 
 def snap_grid(sensitivity: float, dim: int) -> float:

@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from popri.core.errors import ConfigError
-from popri.core.spec import Spec, param
-from popri.core.validate import CLIP_MAX, MIN_SAMPLE_RATE, Z_MAX
+from popri.core.spec import Spec, param, same
+from popri.core.validate import CLIP_MAX, MIN_SAMPLE_RATE
 from popri.specs.engine import EngineSpec
-from popri.specs.privacy import CONVENTIONS
+from popri.specs.privacy import CONVENTIONS, NoiseSpec
 
 MODES = ("cosine", "nn-histogram")
 REDUCES = ("mean", "sum")
@@ -53,9 +53,10 @@ class ScoreSpec(ThresholdSpec, EngineSpec):
 
     mode: str = param("cosine", "cosine (POPri) or nn-histogram (PE).",
                       cite="POPri 4.1; PrE-Text 3", choices=MODES)
-    noise_multiplier: float | None = param(
-        None, "Z: noise std on the sum / sensitivity. 0 = no privacy (warned, still recorded). "
-              "Required to score (popri run calibrates it).", short="-z", lo=0, hi=Z_MAX)
+    noise_multiplier: float | None = same(
+        NoiseSpec, "noise_multiplier",
+        help="Z: noise std on the sum / sensitivity. 0 = no privacy (warned, still recorded). "
+             "Required to score (popri run calibrates it).")
     clip: float | None = param(
         None, f"cosine: L2 clip norm C, the sensitivity (default {COSINE_CLIP:g}).",
         cite="POPri 4.1", lo=0, lo_open=True, hi=CLIP_MAX)

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from popri.core.errors import ConfigError
-from popri.core.spec import param
+from popri.core.spec import param, same
+from popri.specs.privacy import NoiseSpec
 from popri.specs.training import LoraSpec, PrecisionSpec
 
 #: what a sampled client does (FewFedPIT 4.3's baselines): fewfedpit = Algorithm 1; fedit =
@@ -70,10 +71,11 @@ class FewFedPITSpec(PrecisionSpec, LoraSpec):
     clip: float | None = param(None, "popri extension, not in the paper: clip the mixed "
                                "update W^a - W^g_{r-1} to this L2 norm before upload (needed for "
                                "--noise-multiplier).", lo=0, lo_open=True, hi=1e6)
-    noise_multiplier: float = param(0.0, "popri extension: Gaussian noise z * clip on the sum "
-                                    "of the clipped updates, ledgered (subsampled_gaussian); 0 = "
-                                    "none, and then FewFedPIT has no DP guarantee (eps = inf).",
-                                    lo=0, hi=1e6, short="-z")
+    noise_multiplier: float = same(
+        NoiseSpec, "noise_multiplier", 0.0,
+        help="popri extension: Gaussian noise z * clip on the sum of the clipped updates, "
+             "ledgered (subsampled_gaussian); 0 = none, and then FewFedPIT has no DP guarantee "
+             "(eps = inf).")
 
     def check(self) -> None:
         if self.keep > self.candidates:
@@ -82,6 +84,22 @@ class FewFedPITSpec(PrecisionSpec, LoraSpec):
         if self.noise_multiplier > 0 and self.clip is None:
             raise ConfigError("needs --clip: the noise is z * C on clipped updates",
                               field="noise_multiplier")
+
+    @property
+    def sensitivity(self) -> float:
+        """One client's L2 contribution bound: the clip of its mixed update (1 when unclipped:
+        the noise-free aggregate records it but adds nothing), the sum's sensitivity under
+        add/remove; under the round's relation: :func:`popri.privacy.relations.round_relation`."""
+        return float(self.clip) if self.clip is not None else 1.0
+
+    @property
+    def nonnegative(self) -> bool:
+        return False
+
+    @property
+    def convention(self) -> None:
+        """FewFedPIT's rounds take no accounting convention (always a DP claim, or none)."""
+        return None
 
     def lr_at(self, round_: int) -> float:
         """The cosine schedule over the rounds (round 1: lr; round R + 1 would be 0)."""

@@ -28,6 +28,7 @@ from popri.core.errors import ConfigError
 from popri.core.spec import param, same
 from popri.specs.engine import EngineSpec
 from popri.specs.feedback import ScoreSpec
+from popri.specs.privacy import NoiseSpec
 from popri.specs.training import LoraSpec, PrecisionSpec, SequenceSpec
 
 ALGORITHMS = ("fedavg", "ftrl")
@@ -86,9 +87,10 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
                        "setting: --full).", negatable=False)
     max_samples_per_client: int | None = param(None, "Use at most this many of a client's "
                                                "texts per round (seeded).", lo=1)
-    noise_multiplier: float | None = param(None, "z: the noise std is z C (a tree node's, for "
-                                           "ftrl); popri run calibrates it to the budget.",
-                                           lo=0, hi=1e6, short="-z")
+    noise_multiplier: float | None = same(
+        NoiseSpec, "noise_multiplier",
+        help="z: the noise std is z C (a tree node's, for ftrl); popri run calibrates it to the "
+             "budget.")
     clients_per_round: int | None = same(ScoreSpec, "clients_per_round")
     sample_rate: float | None = same(ScoreSpec, "sample_rate")
     convention: str | None = same(ScoreSpec, "convention")
@@ -145,6 +147,18 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
             raise ConfigError("DP-FTRL on Flower restarts the tree every round (the SuperNodes' "
                               "noise shares are one release each): add --restart round",
                               field="restart")
+
+    @property
+    def sensitivity(self) -> float:
+        """One client's L2 contribution bound: the clip C of its update, the sum's sensitivity
+        under add/remove; under the round's relation:
+        :func:`popri.privacy.relations.round_relation`."""
+        return float(self.clip)
+
+    @property
+    def nonnegative(self) -> bool:
+        """Updates are vectors in the C-ball, not non-negative votes: 2C under replace."""
+        return False
 
     @property
     def epoch_trees(self) -> bool:

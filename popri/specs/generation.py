@@ -82,6 +82,12 @@ class SamplingSpec(Spec):
                        "autocast on CPU); vllm: bf16.")
 
 
+#: ``popri expand``'s prompts per engine call when --batch-size is not given, by backend: the
+#: sampling batch on transformers, a large batch for vllm's scheduler, rows per call for openai
+EXPAND_BATCH = {"transformers": SamplingSpec.batch_size,
+                "transformers-generate": SamplingSpec.batch_size, "vllm": 2048, "openai": 256}
+
+
 @dataclass(frozen=True)
 class FilterSpec(Spec):
     """The degeneracy filter of generated text (:func:`popri.models.generation.degeneracy`):
@@ -204,12 +210,19 @@ class ExpandSpec(GeneratorSpec):
                                   "shard).", lo=1, hi=1e6)
     batch_size: int | None = same(
         SamplingSpec, "batch_size", None,
-        help="Prompts per engine call (default: transformers 24, vllm 2048, openai 256). Part "
-             "of the config: it sets the chunks a shard is drawn in.")
+        help=f"Prompts per engine call (default: transformers {EXPAND_BATCH['transformers']}, "
+             f"vllm {EXPAND_BATCH['vllm']}, openai {EXPAND_BATCH['openai']}). Part of the "
+             "config: it sets the chunks a shard is drawn in.")
     min_words: int = same(
         FilterSpec, "min_words", 4,
         help="Drop samples with fewer words (the project's PrE-Text post-filter; the paper states "
              "none).")
+
+    @property
+    def batch(self) -> int:
+        """The prompts per engine call in effect: ``batch_size``, else the backend's
+        (:data:`EXPAND_BATCH`)."""
+        return self.batch_size or EXPAND_BATCH[self.backend]
 
 
 def sampling_of(spec: SamplingSpec) -> dict:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from popri.core.errors import ConfigError
-from popri.core.spec import Spec, flag_of, param, spec_field
+from popri.core.spec import Spec, flag_of, param, same, spec_field
 from popri.core.validate import CLIP_MAX, EPSILON_MAX, Z_MAX
 
 #: the accountants of popri.privacy.accounting (opacus RDP, dp-accounting PLD)
@@ -71,6 +71,19 @@ FIXED = ("Fixed-size sampling of L of N clients (--sampling fixed) is accounted 
          "SampledWithoutReplacementDpEvent; RDP only), z relative to the replace-one "
          "sensitivity (2C). POPri D.1 accounted it as Poisson at q = L/N under add/remove, which "
          "is not a DP guarantee: an added client displaces another (docs/privacy.md).")
+
+
+# --------------------------------------------------------------------------- the noise multiplier
+@dataclass(frozen=True)
+class NoiseSpec(Spec):
+    """The noise multiplier z, declared once with its range [0, Z_MAX]: every step that takes
+    one (``popri score``, ``fl round``, ``fewfedpit aggregate``, ``account epsilon``, ``audit
+    release``, ``popri run``'s privacy section) reuses this field with
+    :func:`~popri.core.spec.same`, changing only its help sentence, its default, and -- where
+    the step cannot use all of it -- the lower end (the audit's floor, the run's z > 0)."""
+
+    noise_multiplier: float | None = param(
+        None, "Noise std on the aggregate / L2 sensitivity.", short="-z", lo=0, hi=Z_MAX)
 
 
 # --------------------------------------------------------------------------- accounting
@@ -123,10 +136,10 @@ class ReleasesSpec(Spec):
 class EpsilonSpec(ReleasesSpec, TargetDeltaSpec, AccountantSpec):
     """``popri account epsilon``: the epsilon of T releases with noise multiplier z at rate q."""
 
-    noise_multiplier: float | None = param(
-        None, "Noise std on the aggregate / L2 sensitivity. POPri Table 3 lists it as sigma; "
-              "PrE-Text D.1: sigma / (max samples per client). 0 gives epsilon = inf.",
-        short="-z", lo=0)
+    noise_multiplier: float | None = same(
+        NoiseSpec, "noise_multiplier",
+        help="Noise std on the aggregate / L2 sensitivity. POPri Table 3 lists it as sigma; "
+             "PrE-Text D.1: sigma / (max samples per client). 0 gives epsilon = inf.")
 
     def check(self) -> None:
         if self.noise_multiplier is None:
@@ -305,11 +318,12 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
     trials: int | None = param(
         None, "Releases per world (D and D'); half pick the threshold, half measure it. 10,000 "
               "runs in seconds.", short="-T", lo=100, hi=10_000_000)
-    noise_multiplier: float | None = param(
-        None, "Claimed noise multiplier z (noise std / sensitivity). Exclusive with --epsilon. "
-              f"At least {AUDIT_Z_MIN:g}: with at most 10^7 trials the audit's bounds stay "
-              "under mu ~ 9.6 (eps ~ 14), so a smaller z (mu = 1/z > 10) is a claim no audit "
-              "here can refute.", short="-z", lo=AUDIT_Z_MIN, hi=Z_MAX)
+    noise_multiplier: float | None = same(
+        NoiseSpec, "noise_multiplier", lo=AUDIT_Z_MIN,
+        help="Claimed noise multiplier z (noise std / sensitivity). Exclusive with --epsilon. "
+             f"At least {AUDIT_Z_MIN:g}: with at most 10^7 trials the audit's bounds stay "
+             "under mu ~ 9.6 (eps ~ 14), so a smaller z (mu = 1/z > 10) is a claim no audit "
+             "here can refute.")
     epsilon: float | None = param(
         None, "Claimed epsilon of the release: z is calibrated to it (fred: its --epsilon per "
               "release, via --calibration; others: the smallest z the accountant accepts).",

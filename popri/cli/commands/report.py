@@ -1,5 +1,5 @@
 """popri report: tables and figures of one or more run directories, as Markdown and one
-self-contained HTML file (library: popri/pipeline/report.py).
+self-contained HTML file (library: popri/report/).
 
     popri report runs/study/oracle-s0 --out runs/report
     popri report runs/compare23/*-s0 runs/study/oracle-s0 --out runs/report --json
@@ -46,7 +46,7 @@ def report(
     from popri.core import log
     from popri.core.errors import InputError, MissingResourceError
     from popri.core.io import dumps
-    from popri.pipeline.report import RUN_FILES, check_out, is_run_dir
+    from popri.report import RUN_FILES, check_out, is_run_dir
 
     if out in ("", "-"):
         check_out(out, [])  # one line: --out must be a directory
@@ -64,7 +64,7 @@ def report(
         raise MissingResourceError("popri report needs matplotlib: pip install matplotlib") \
             from None
     check_out(out, list(run_dirs))  # before any figure is drawn
-    from popri.pipeline.report import build_report
+    from popri.report import build_report
 
     log.info(f"report: {len(run_dirs)} run(s) -> {out}")
     res = build_report(list(run_dirs), out)

@@ -176,9 +176,9 @@ SHOW_SAMPLES, SHOW_CHARS = 3, 160
 
 def _samples(run) -> None:
     """The first samples of the run's synthetic set and one chosen / rejected pair with its
-    released scores, as the report's samples page (popri.pipeline.report_samples), shortened."""
+    released scores, as the report's samples page (popri.report.samples), shortened."""
     from popri.core import log
-    from popri.pipeline.report_samples import samples
+    from popri.report.samples import samples
 
     notes: list[str] = []
     s = samples(run.path, run.results if run.finished else None, notes)

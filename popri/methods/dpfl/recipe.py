@@ -23,8 +23,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from popri.kit import Z_LATER, DPRelease, Stage, step_argv
 from popri.methods.base import Method
-from popri.pipeline.stages import DPRelease, Stage
+from popri.privacy.plan import Noise
 from popri.specs.engine import EngineSpec
 from popri.specs.fl import FLSpec
 
@@ -47,46 +48,47 @@ def model_name(cfg) -> str:
 
 
 def round_dir(run, t: int) -> Path:
-    return run.run / "fl" / f"round{t}"
+    return run.paths.root / "fl" / f"round{t}"
 
 
 def model_out(run) -> Path:
     return round_dir(run, run.cfg.rounds) / "model"
 
 
-def round_entries(run, t: int, z: float | None, q: float | None) -> list:
-    """Round t's prospective ledger entry (what ``popri fl round`` will record: the same entry
-    function, :func:`popri.privacy.entries.round_release`, on the same engine)."""
-    from popri.privacy.entries import round_release
-
-    if z is None or q is None:
+def round_entries(cfg, t: int, noise: Noise, clients: int | None) -> list:
+    """Round t's prospective ledger entry with the planned ``noise`` (its z, q, sampling,
+    relation and sensitivity): what ``popri fl round`` will record, by the same entry function
+    (:meth:`popri.privacy.plan.Noise.entry`) on the same engine.  ``clients``: N, public under
+    DP-FTRL's blocks (R = floor(N / L) leaves)."""
+    if not noise.planned:
         return []
-    from popri.privacy.relations import round_relation
-
-    c, fl = run.cfg, run.cfg.fl
-    spec = fl_spec(run)
-    sampling = run.sampling(q)
-    relation, sens = round_relation(float(fl.clip), sampling, c.privacy.convention)
-    common = dict(noise_multiplier=float(z), sample_rate=float(q), delta=c.privacy.delta,
-                  sensitivity=sens, sampling=sampling, neighbouring=relation,
-                  mode="release" if run.release else "research",
-                  params={"round": t, "algorithm": c.method}, tree=spec.algorithm == "ftrl")
+    spec = fl_spec(cfg)
+    params = {"round": t, "algorithm": cfg.method}
     if spec.epoch_trees:
         # one tree per epoch of R rounds: the tree is one release, recorded by each of its
         # rounds under one id (counted once), so only its first round plans it
         from popri.methods.dpfl.rounds import epoch_leaves, epoch_position
 
-        n = run._clients()
-        if n is None and spec.assignment == "blocks":
+        if clients is None and spec.assignment == "blocks":
             return []  # a dry run before the fetch: R = floor(N / L) is known after it
-        R, e, r = epoch_position(epoch_leaves(spec, n or 0, fl.clients_per_round), t)
+        R, e, r = epoch_position(epoch_leaves(spec, clients or 0, cfg.fl.clients_per_round), t)
         if r > 1:
             return []
-        common.update(sample_rate=1.0, sampling="none", leaves=R, sensitivity=float(fl.clip),
-                      neighbouring=spec.tree_relation,
-                      params={**common["params"], "tree": e, "restart": "epoch",
-                              "assignment": spec.assignment})
-    return [round_release(spec, "fl", **common)]
+        # the tree takes no amplification by sampling: q = 1, under its assignment's relation
+        tree = noise.replace(sample_rate=1.0, sampling="none", sensitivity=spec.sensitivity,
+                             relation=spec.tree_relation)
+        return [tree.entry(spec, "fl", delta=cfg.privacy.delta, tree=True, leaves=R,
+                           params={**params, "tree": e, "restart": "epoch",
+                                   "assignment": spec.assignment})]
+    return [noise.entry(spec, "fl", delta=cfg.privacy.delta, params=params,
+                        tree=spec.algorithm == "ftrl")]
+
+
+def blocks(cfg) -> bool:
+    """DP-FTRL's epoch trees over blocks of a permutation (``fl.assignment: blocks``): R =
+    floor(N / L) rounds an epoch, so N is public."""
+    fl = cfg.fl
+    return algorithm(cfg) == "ftrl" and fl.restart == "epoch" and fl.assignment == "blocks"
 
 
 def epoch_rounds(cfg) -> int | None:
@@ -101,10 +103,10 @@ def epoch_rounds(cfg) -> int | None:
     return max(1, round(1.0 / fl.sample_rate)) if fl.sample_rate else 1
 
 
-def fl_spec(run):
+def fl_spec(cfg) -> FLSpec:
     """The FLSpec of the run's rounds (its engine, algorithm, restart and assignment decide the
-    entry)."""
-    c, fl = run.cfg, run.cfg.fl
+    entry; its clip bounds a client's update)."""
+    c, fl = cfg, cfg.fl
     return FLSpec(algorithm=algorithm(c), clip=fl.clip, restart=fl.restart,
                   **_participation_args(c), convention=c.privacy.convention,
                   **EngineSpec.of(fl).engine_settings())
@@ -122,8 +124,6 @@ def _participation_args(cfg) -> dict:
 
 
 def fl_args(run, z) -> list[str]:
-    from popri.pipeline.stages import Z_LATER, step_argv
-
     c, fl = run.cfg, run.cfg.fl
     vals = ({k: getattr(fl, k) for k in _FROM_CONFIG if k not in ("clients_per_round",
                                                                   "sample_rate")}
@@ -144,8 +144,9 @@ def recipe(run) -> Iterator[Stage]:
     """T rounds of ``popri fl round``, each from the previous round's directory."""
     c = run.cfg
     priv = str(run.paths.private)
-    z = run.noise.get("noise_arg")
-    q = run.noise.get("sample_rate")
+    noise = run.noise
+    z = noise.arg if noise else None
+    clients = run.public_clients()
     prev = None
     for t in range(1, c.rounds + 1):
         out = round_dir(run, t)
@@ -154,13 +155,13 @@ def recipe(run) -> Iterator[Stage]:
             "--model", model_name(c), "--seed", str(c.seed),
             *(["--init", str(prev)] if prev else []), *fl_args(run, z)],
             outputs=[str(out)], inputs=[priv, *([str(prev)] if prev else [])],
-            release=DPRelease(round_entries(run, t, run.noise.get("noise_multiplier"), q),
+            release=DPRelease(round_entries(c, t, noise, clients) if noise else [],
                               out.parent / "ledger.jsonl",
                               lambda e, t=t: e.stage == "fl" and e.params.get("round") == t))
         prev = out
 
 
-def results(run, noise: dict) -> dict:
+def results(run, noise: Noise | None) -> dict:
     import json
 
     fl = run.cfg.fl
@@ -203,7 +204,7 @@ def plan_notes(run) -> list[str]:
                     "client moves no other, so the tree holds under add/remove one client); no "
                     "amplification by sampling: z is calibrated at q = 1 over the trees"]
         if run.cfg.fl.restart == "epoch":
-            n = run._clients()
+            n = run.public_clients()
             L = run.cfg.fl.clients_per_round or n
             R = f"{max(1, n // L)}" if n else "floor(N / L)"
             return [f"DP-FTRL: a tree per epoch of {R} rounds (TreeRestart), each client in one "
@@ -242,13 +243,20 @@ class DPFL(Method):
     def participation(self, cfg) -> tuple:
         return participation(cfg)
 
-    def round_entries(self, run, t: int, z, q) -> list:
-        return round_entries(run, t, z, q)
+    def clients_public(self, cfg) -> bool:
+        """A fixed L of N a round, and DP-FTRL's blocks (floor(N / L) leaves a tree)."""
+        return super().clients_public(cfg) or blocks(cfg)
+
+    def round_spec(self, cfg) -> FLSpec:
+        return fl_spec(cfg)
+
+    def round_entries(self, cfg, t: int, noise: Noise, clients: int | None) -> list:
+        return round_entries(cfg, t, noise, clients)
 
     def model_out(self, run) -> Path:
         return model_out(run)
 
-    def results(self, run, noise: dict) -> dict:
+    def results(self, run, noise: Noise | None) -> dict:
         return results(run, noise)
 
     def shape(self, r: dict) -> str:

@@ -54,7 +54,7 @@ import numpy as np
 
 from popri.core import log, runtime
 from popri.core.errors import InputError
-from popri.pipeline.stages import round_seed
+from popri.kit import round_seed
 from popri.privacy.relations import round_relation
 from popri.specs.fl import FLSpec
 
@@ -155,10 +155,10 @@ def cap_texts(texts: list[str], spec: FLSpec, rng) -> list[str]:
 def prepare_tokenizer(tok, spec: FLSpec) -> int:
     """Frame texts as the downstream evaluation does (START / EOS of
     :func:`popri.eval.downstream.special_ids`), recorded in the tokenizer; returns the pad id."""
-    from popri.eval.downstream import _pad_id, special_ids
+    from popri.eval.downstream import padding_id, special_ids
 
     start, eos = special_ids(tok, spec.bos_token, spec.eos_token)
-    pad = _pad_id(tok)
+    pad = padding_id(tok)
     tok.bos_token = tok.convert_ids_to_tokens(start)
     if eos is not None:
         tok.eos_token = tok.convert_ids_to_tokens(eos)
@@ -558,10 +558,10 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
                                   clients_per_round=clients_per_round)
         # the relation this round is accounted under and the sum's sensitivity under it: noise
         # std z * sens (fixed L of N: replace one client, 2C); an epoch tree's is its assignment's
-        relation, sens = round_relation(float(spec.clip), part.sampling if part.sampling in (
+        relation, sens = round_relation(spec.sensitivity, part.sampling if part.sampling in (
             "none", "poisson", "fixed") else "none", spec.convention)
         if epoch is not None:
-            relation, sens = spec.tree_relation, float(spec.clip)
+            relation, sens = spec.tree_relation, spec.sensitivity
         who = (f"{len(part.members)} of {n} clients ({part.sampling})" if not release else
                {"poisson": f"a Poisson sample at q={part.sample_rate:g}",
                 "fixed": f"{len(part.members)} clients per round",

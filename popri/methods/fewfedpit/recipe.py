@@ -28,8 +28,9 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from popri.kit import DPRelease, Stage, released_line, step_argv
 from popri.methods.base import Method
-from popri.pipeline.stages import DPRelease, Stage, released_line, step_argv
+from popri.privacy.plan import Noise, mode_of
 from popri.specs.fewfedpit import FewFedPITSpec
 
 #: FewFedPITSpec fields each stage takes from the config's fewfedpit section
@@ -49,7 +50,7 @@ def model_name(cfg) -> str:
 
 
 def root(run) -> Path:
-    return run.run / "fewfedpit"
+    return run.paths.root / "fewfedpit"
 
 
 def global_dir(run, t: int) -> Path:
@@ -146,21 +147,24 @@ def spec_of(cfg) -> dict:
         "mode": cfg.method, "rounds": cfg.rounds}
 
 
-def round_entries(run, t: int, z, q) -> list:
+def round_entries(cfg, t: int, q: float | None, *, release: bool) -> list:
     """Round t's ledger entry when the extension adds noise (declared, so the budget guard
-    sees it); none otherwise (the noise-free entry is eps = inf, and such a run has no budget)."""
+    sees it) on K of N clients (q = K / N); none otherwise (the noise-free entry is eps = inf,
+    and such a run has no budget).  The noise is the extension's explicit z on the round's
+    relation and sensitivity (:meth:`popri.privacy.plan.Noise.of_round`, from the aggregate's
+    spec: its clip), as ``popri fewfedpit aggregate`` records it."""
     from popri.privacy.entries import gaussian
-    from popri.privacy.relations import round_relation
 
-    f = run.cfg.fewfedpit
+    f = cfg.fewfedpit
     if not f.noise_multiplier or q is None:
         return []
-    sampling = "fixed" if q < 1 else "none"
-    relation, sens = round_relation(float(f.clip), sampling)
-    return [gaussian("fewfedpit", noise_multiplier=float(f.noise_multiplier), sample_rate=float(q),
-                     delta=run.cfg.privacy.delta, sensitivity=sens, sampling=sampling,
-                     neighbouring=relation, mode="release" if run.release else "research",
-                     params={"round": t, "method": run.cfg.method, "clients": None})]
+    n = Noise.of_round(float(f.noise_multiplier), sample_rate=float(q),
+                       sampling="fixed" if q < 1 else "none", spec=FewFedPITSpec(clip=f.clip),
+                       mode=mode_of(release))
+    return [gaussian("fewfedpit", noise_multiplier=n.z, sample_rate=n.sample_rate,
+                     delta=cfg.privacy.delta, sensitivity=n.sensitivity, sampling=n.sampling,
+                     neighbouring=n.relation, mode=n.mode,
+                     params={"round": t, "method": cfg.method, "clients": None})]
 
 
 def recipe(run) -> Iterator[Stage]:
@@ -211,7 +215,7 @@ def recipe(run) -> Iterator[Stage]:
             uploads.append(str(mixed))
         out = global_dir(run, t)
         q = (len(who) / n) if n else None
-        entries = round_entries(run, t, f.noise_multiplier, q)
+        entries = round_entries(c, t, q, release=run.release)
         yield Stage(f"ffp-r{t}-aggregate", [
             "fewfedpit", "aggregate", *uploads, *base, "--out", str(out), "--mode", mode,
             *(["--clients-total", str(n)] if n else []),
@@ -282,7 +286,7 @@ def evaluation(run) -> Iterator[Stage]:
             stdout_to=str(E / "gap.json"))
 
 
-def results(run, noise: dict) -> dict:
+def results(run, noise: Noise | None) -> dict:
     from popri.core.io import read_json
 
     c, E = run.cfg, run.paths.eval
@@ -386,8 +390,8 @@ class FewFedPIT(Method):
     def participation(self, cfg) -> tuple:
         return participation(cfg)
 
-    def round_entries(self, run, t: int, z, q) -> list:
-        return round_entries(run, t, z, q)
+    def round_entries(self, cfg, t: int, noise: Noise, clients: int | None) -> list:
+        return round_entries(cfg, t, noise.sample_rate, release=noise.mode == "release")
 
     def model_out(self, run) -> Path:
         return model_out(run)
@@ -395,7 +399,7 @@ class FewFedPIT(Method):
     def evaluation(self, run) -> Iterator[Stage]:
         return evaluation(run)
 
-    def results(self, run, noise: dict) -> dict:
+    def results(self, run, noise: Noise | None) -> dict:
         return results(run, noise)
 
     def table(self, r: dict) -> str:

@@ -100,7 +100,7 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
     sampling = ("fixed" if K < N else "none") if private else "none"
     # K of N clients drawn without replacement: replace one client, the clipped updates' sum
     # moves by 2C under it (popri.privacy.relations); everyone: add/remove, C
-    relation, sens = round_relation(float(spec.clip) if spec.clip is not None else 1.0, sampling)
+    relation, sens = round_relation(spec.sensitivity, sampling, spec.convention)
     with Release(LEDGER_STAGE, seed * 100_003 + round_, secure=release, ledgers=[ledger]) as rel:
         rel.check_ledgers()
         if spec.clip is not None:

@@ -46,15 +46,13 @@ from popri.core.artifacts import dir_digest
 from popri.core.errors import InputError, PopriError
 from popri.core.io import STDIO, atomic_write, dumps, write_json
 from popri.models import generation
-from popri.specs.generation import ExpandSpec, GenSpec, SamplingSpec, settle
+from popri.specs.generation import ExpandSpec, GenSpec, settle
 
 FORMAT = "popri-expand/1"
 MANIFEST = "manifest.json"
 SHARD_RE = re.compile(r"shard-(\d+)\.jsonl")
 SHOTS = GenSpec.shots     # PrE-Text: 3 examples per prompt (as popri gen's default)
 MIN_YIELD = 0.05          # floor of the kept/prompted estimate that sizes the next chunk
-DEFAULT_BATCH = {"transformers": SamplingSpec.batch_size,
-                 "transformers-generate": SamplingSpec.batch_size, "vllm": 2048, "openai": 256}  # ExpandSpec.batch_size None
 # options that change what a shard contains: a rerun must match the manifest on all of them
 IDENTITY_KEYS = ("seeds_sha256", "model", "adapter", "adapter_sha256", "adapter_mode", "backend",
                  "seed", "shard_size", "batch_size", "temperature", "top_p", "max_new_tokens",
@@ -282,7 +280,7 @@ def expand(records: Sequence[dict], spec: ExpandSpec | None = None, *, num_sampl
     if len(pool) < SHOTS:
         raise InputError(f"the seed set has {len(pool)} distinct non-empty texts; each prompt "
                          f"needs {SHOTS}", path=source or None, field="text")
-    spec = spec.replace(batch_size=spec.batch_size or DEFAULT_BATCH[spec.backend])
+    spec = spec.replace(batch_size=spec.batch)  # the backend's batch (EXPAND_BATCH) if unset
     adapter_mode = spec.adapter_mode if adapter and spec.backend == "vllm" else None
     shard_size = spec.shard_size
     cfg = {"seeds_sha256": seeds_sha, "model": spec.model, "adapter": adapter,

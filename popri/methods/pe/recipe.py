@@ -12,29 +12,30 @@ from P_t, and ``vary`` them into the next population; ``pe seeds`` unions the su
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator
 
+from popri.kit import Stage, final_seed, fmt, round_seed, step_argv
 from popri.methods.base import Method
-from popri.pipeline.stages import Stage, final_seed, round_seed, step_argv
+from popri.privacy.plan import Noise
 
 
-def threshold(run, z: float | None) -> float | str:
+def threshold(run, noise: Noise | None) -> float | str:
     """H (PrE-Text D.2: the noise std on the vote histogram, z * M -- z sqrt(2) M for a fixed
-    L of N, whose sensitivity is the replace-one one -- unless pe.threshold); a placeholder
-    while z is unknown (dry run before the fetch)."""
+    L of N, whose sensitivity is the replace-one one -- unless pe.threshold): the value the
+    vote stage is passed times the planned round's sensitivity; a placeholder while z is
+    unknown (dry run before the fetch).  Before the fetch with z given, q = L/N (so the
+    sampling) is not known yet: H is shown at the bound M itself, as under Poisson sampling."""
     from popri.methods.pe.draw import default_threshold
-    from popri.privacy.relations import round_relation
 
     pe = run.cfg.pe
     if pe.threshold is not None:
         return float(pe.threshold)
-    if z is None:
+    if noise is None or noise.arg is None:
         return "<H = z * M: set after the fetch>"
-    q = run.noise.get("sample_rate")
-    sampling = run.sampling(q) if q is not None else "poisson"
-    _, sens = round_relation(float(run.cfg.score.max_samples_per_client), sampling,
-                             run.cfg.privacy.convention, nonnegative=True)
-    return default_threshold(z, sens)
+    if noise.sensitivity is None:  # q waits for the fetch: add/remove's sensitivity, M
+        noise = noise.at("poisson", PE().round_spec(run.cfg))
+    return default_threshold(noise.arg, noise.sensitivity)
 
 
 def vary_args(run) -> list[str]:
@@ -50,19 +51,33 @@ def vary_args(run) -> list[str]:
     return step_argv(VarySpec, only=[k for k in vals if vals[k] is not None], **vals)
 
 
+def expand_args(run, seed: int) -> list[str]:
+    """``popri expand``'s generator options: the generator section as an
+    :class:`~popri.specs.generation.ExpandSpec`, whose batch is ``pe.expand_batch_size`` or, unset,
+    the backend's (:data:`popri.specs.generation.EXPAND_BATCH`) -- not the generator's sampling
+    batch.  The value in effect is passed, so the plan shows it and a stage's key does not move
+    when only the table's default would."""
+    from popri.specs.generation import EXPAND_BATCH, ExpandSpec, GeneratorSpec
+
+    g = run.cfg.generator
+    own = [f.name for f in dataclasses.fields(GeneratorSpec)]
+    batch = run.cfg.pe.expand_batch_size or EXPAND_BATCH[g.backend]
+    return [*step_argv(ExpandSpec, g, batch_size=batch, only=own), "--seed", str(seed)]
+
+
 def recipe(run) -> Iterator[Stage]:
     """PrE-Text Algorithm 1: S_1 from public text; per round the DP nearest-neighbour vote
     (with lookahead), survivors drawn from P_t, their variations as the next population; the
     union of the survivor sets is the DP seed set, expanded to N samples."""
     c, pe = run.cfg, run.cfg.pe
-    H = threshold(run, run.noise.get("noise_arg"))
-    pop = run.run / "round1" / "population.jsonl"
+    H = threshold(run, run.noise)
+    pop = run.paths.root / "round1" / "population.jsonl"
     yield Stage("pe-init", [
         "pe", "init", *run.omega, "--num", str(pe.num_syn), "--seed", str(c.seed),
         "--out", str(pop)], outputs=[str(pop)], inputs=run.omega_inputs)
     survivors = []
     for t in range(1, c.rounds + 1):
-        R = run.run / f"round{t}"
+        R = run.paths.root / f"round{t}"
         seed = round_seed(c.seed, t)
         if pe.lookahead > 0:
             syn = R / "lookahead.npy"
@@ -86,27 +101,27 @@ def recipe(run) -> Iterator[Stage]:
             outputs=[str(surv)], inputs=[str(pop), str(hist)])
         survivors.append(str(surv))
         if t < c.rounds:  # S_{T+1} is never voted on: no variation after the last round
-            nxt = run.run / f"round{t + 1}" / "population.jsonl"
+            nxt = run.paths.root / f"round{t + 1}" / "population.jsonl"
             yield Stage(f"round{t}-vary", [
                 "vary", str(surv), *vary_args(run), "--round", str(t + 1), "--seed",
                 str(seed), "--out", str(nxt)], outputs=[str(nxt)], inputs=[str(surv)])
             pop = nxt
-    seeds = run.run / "pe_seeds.jsonl"
+    seeds = run.paths.root / "pe_seeds.jsonl"
     yield Stage("pe-seeds", ["pe", "seeds", *survivors, "--out", str(seeds)],
                 outputs=[str(seeds)], inputs=survivors)
     yield Stage("expand", [
         "expand", str(seeds), "--num-samples", str(c.num_synthetic), "--out",
-        str(run.run / "expand"), "--merged-out", str(run.paths.synthetic),
-        *run.gen_args(adapter=None, seed=final_seed(c.seed))],
+        str(run.paths.root / "expand"), "--merged-out", str(run.paths.synthetic),
+        *expand_args(run, final_seed(c.seed))],
         outputs=[str(run.paths.synthetic)], inputs=[str(seeds)])
 
 
-def results(run, noise: dict) -> dict:
+def results(run, noise: Noise | None) -> dict:
     pe = run.cfg.pe
     out = {"pe": {"num_syn": pe.num_syn, "variation": pe.variation, "lookahead": pe.lookahead,
-                  "threshold": threshold(run, noise.get("noise_arg"))},
+                  "threshold": threshold(run, noise)},
            "recovery_rate_per_round": []}
-    seeds = run.run / "pe_seeds.jsonl"
+    seeds = run.paths.root / "pe_seeds.jsonl"
     if seeds.exists():
         with open(seeds, encoding="utf-8") as fh:
             out["pe"]["seed_set"] = sum(1 for line in fh if line.strip())
@@ -114,12 +129,10 @@ def results(run, noise: dict) -> dict:
 
 
 def shape(r: dict) -> str:
-    from popri.pipeline.stages import _fmt
-
     pe = r.get("pe", {})
     return (f"PE on {r['run_dir']}: T={r['rounds']} rounds, N_syn={pe.get('num_syn')}, "
             f"variation {pe.get('variation')}, lookahead {pe.get('lookahead')}, "
-            f"H={_fmt(pe.get('threshold'), 2)}, seed set {pe.get('seed_set', '-')} -> "
+            f"H={fmt(pe.get('threshold'), 2)}, seed set {pe.get('seed_set', '-')} -> "
             f"N={r['num_synthetic']} expanded")
 
 
@@ -136,7 +149,7 @@ class PE(Method):
     def score_mode(self, cfg) -> str:
         return "nn-histogram"
 
-    def results(self, run, noise: dict) -> dict:
+    def results(self, run, noise: Noise | None) -> dict:
         return results(run, noise)
 
     def shape(self, r: dict) -> str:

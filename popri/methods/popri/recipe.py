@@ -17,9 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from popri.kit import DPRelease, Stage, final_seed, opt, round_seed, selection_note, step_argv
 from popri.methods.base import Method
-from popri.pipeline.stages import (DPRelease, Stage, final_seed, opt, round_seed, selection_note,
-                                   step_argv)
 from popri.specs.generation import GenSpec
 from popri.specs.training import DPOSpec, PrefsSpec, SelectSpec, SFTSpec
 
@@ -40,7 +39,7 @@ def select_stats_stage(run) -> Stage:
         "--statistics", "both" if dp.select_by == "fid" else "mean",
         "--seed", str(c.seed), *(["--release"] if run.release else [])],
         outputs=[str(out)], inputs=[str(run.paths.emb_val)],
-        release=DPRelease(run.select_entries(), out.parent / "ledger.jsonl",
+        release=DPRelease(run.selection_entries(), out.parent / "ledger.jsonl",
                           lambda e: e.stage == "fred"))
 
 
@@ -56,7 +55,7 @@ def select_args(run) -> tuple[list[str], list[str]]:
 def gen_stage(run, t: int, adapter: str | None, omega: tuple | None = None) -> Stage:
     """Round t's K x J samples; ``omega``: (arguments, inputs) of the population its few-shot
     examples come from (default Omega; an evolving pool: round t-1's pool file)."""
-    c, R = run.cfg, run.run / f"round{t}"
+    c, R = run.cfg, run.paths.root / f"round{t}"
     samples = R / "samples.jsonl"
     o_args, o_inputs = omega or (run.omega, run.omega_inputs)
     return Stage(f"round{t}-gen", [
@@ -72,7 +71,7 @@ def pool_stage(run, t: int, omega: tuple) -> Stage:
     """Round t's evolving few-shot pool (``pool: union | chosen``; :mod:`popri.methods.popri.pool`):
     the previous population plus round t's top-scored sample per prompt under the released
     scores (post-processing: no ledger entry)."""
-    R = run.run / f"round{t}"
+    R = run.paths.root / f"round{t}"
     o_args, o_inputs = omega
     out = R / "pool.jsonl"
     return Stage(f"round{t}-pool", [
@@ -84,7 +83,7 @@ def pool_stage(run, t: int, omega: tuple) -> Stage:
 
 def dpo_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
     c, dp = run.cfg, run.cfg.dpo
-    R, seed = run.run / f"round{t}", round_seed(c.seed, t)
+    R, seed = run.paths.root / f"round{t}", round_seed(c.seed, t)
     samples, scores = R / "samples.jsonl", R / "scores.npy"
     prefs_extra, prefs_inputs = [], [str(samples), str(scores)]
     exact = run.exact_stage(t, samples, seed)
@@ -117,7 +116,7 @@ def sft_stage(run, t: int, adapter: str | None) -> Stage:
     """PE+SFT (POPri section 5, baseline (2)): supervised tuning on each prompt's top-scored
     sample, with the same LoRA, epochs, batch and learning rate as the DPO stage."""
     c, dp = run.cfg, run.cfg.dpo
-    R = run.run / f"round{t}"
+    R = run.paths.root / f"round{t}"
     samples, scores, out = R / "samples.jsonl", R / "scores.npy", R / "sft"
     return Stage(f"round{t}-sft", [
         "sft", "--samples", str(samples), "--scores", str(scores), "--model", c.generator.model,
@@ -141,7 +140,7 @@ def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
         str(c.samples_per_prompt), "--round", str(c.rounds + 1), "--out",
         str(out), "--stats-out", str(Path(out).with_name(Path(out).stem + "_stats.json")
                                          if name != "synthetic"
-                                         else run.run / "synthetic_stats.json"),
+                                         else run.paths.root / "synthetic_stats.json"),
         *run.gen_args(adapter=adapter, seed=final_seed(c.seed))],
         outputs=[str(out)], inputs=[*o_inputs, *([adapter] if adapter else [])])
 
@@ -150,7 +149,7 @@ def control_stage(run) -> Stage:
     """The T = 0 control (issue 24): the untuned generator writes the synthetic set with the
     final stage's prompts, N and seed; the driver trains and evaluates it like the method's."""
     return synthetic_stage(run, None, name="synthetic-t0",
-                           out=run.run / "synthetic_t0.jsonl")
+                           out=run.paths.root / "synthetic_t0.jsonl")
 
 
 def probe_seed(seed: int) -> int:
@@ -165,7 +164,7 @@ def probe_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
     c, pr = run.cfg, run.cfg.probe
     if not pr.enabled:
         return
-    P = run.run / "probe"
+    P = run.paths.root / "probe"
     samples = P / f"round{t}.jsonl"
     yield Stage(f"probe{t}-gen", [
         "gen", *run.omega, "--prompts", str(pr.prompts), "--samples-per-prompt",
@@ -185,7 +184,7 @@ def _rounds(run, tune) -> Iterator[Stage]:
     adapter, omega = None, (run.omega, run.omega_inputs)
     yield from probe_stages(run, 0, None)
     for t in range(1, c.rounds + 1):
-        R = run.run / f"round{t}"
+        R = run.paths.root / f"round{t}"
         yield gen_stage(run, t, adapter, omega)
         yield run.score_stage(t, R / "samples.jsonl", R / "scores.npy", round_seed(c.seed, t))
         last = None
@@ -216,7 +215,7 @@ def round_metrics(run) -> list[dict]:
     c, rows = run.cfg, []
 
     def probe_row(t):
-        f = run.run / "probe" / f"round{t}.json"
+        f = run.paths.root / "probe" / f"round{t}.json"
         if f.is_file():
             p = read_json(f, expect=dict)
             rows.append({"round": t, "stage": "probe", "private_diagnostic": True,
@@ -226,7 +225,7 @@ def round_metrics(run) -> list[dict]:
 
     probe_row(0)
     for t in range(1, c.rounds + 1):
-        R = run.run / f"round{t}"
+        R = run.paths.root / f"round{t}"
         if (R / "scores.npy").is_file():
             s = np.load(R / "scores.npy")
             row = {"round": t, "stage": "score", "released_mean": float(np.mean(s)),
@@ -278,7 +277,7 @@ def _recovery(run) -> dict:
 
     c, out, recov = run.cfg, {}, []
     for t in range(1, c.rounds + 1):
-        rep = run.run / f"round{t}" / "prefs_report.json"
+        rep = run.paths.root / f"round{t}" / "prefs_report.json"
         if rep.exists():
             recov.append(read_json(rep).get("recovery_rate"))
     out["recovery_rate_per_round"] = recov
@@ -296,7 +295,7 @@ def _probe(run) -> dict:
 
     from popri.core.io import read_json
 
-    P = run.run / "probe"
+    P = run.paths.root / "probe"
     got = {t: read_json(P / f"round{t}.json", expect=dict) for t in range(run.cfg.rounds + 1)
            if (P / f"round{t}.json").is_file()}
     if 0 not in got or len(got) < 2:
@@ -315,7 +314,7 @@ def _probe(run) -> dict:
         "last_perplexity": b.get("perplexity")}}
 
 
-def results(run, noise: dict) -> dict:
+def results(run, noise) -> dict:
     c = run.cfg
     return {"checkpoint_selection": {
         "on": run.select, "note": selection_note(run.select, c),
@@ -323,7 +322,7 @@ def results(run, noise: dict) -> dict:
            if run.select == "dp" else {})}, **_recovery(run), **_probe(run)}
 
 
-def results_sft(run, noise: dict) -> dict:
+def results_sft(run, noise) -> dict:
     return {**_recovery(run), **_probe(run)}
 
 
@@ -346,7 +345,7 @@ class POPri(Method):
     def metrics(self, run) -> list[dict]:
         return round_metrics(run)
 
-    def results(self, run, noise: dict) -> dict:
+    def results(self, run, noise) -> dict:
         return results(run, noise)
 
     def plan_notes(self, run) -> list[str]:
@@ -361,7 +360,7 @@ class PESFT(POPri):
     def recipe(self, run) -> Iterator[Stage]:
         return recipe_sft(run)
 
-    def results(self, run, noise: dict) -> dict:
+    def results(self, run, noise) -> dict:
         return results_sft(run, noise)
 
     def plan_notes(self, run) -> list[str]:

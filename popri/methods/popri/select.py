@@ -87,10 +87,10 @@ def select_checkpoint(checkpoints: list[str], *, base_model: str,
         if select_by == "fid":
             d = frechet_distance(*gaussian_stats(emb), mu_v, c_v)
         elif select_by == "mean-cosine":
-            a = probe._unit(emb).mean(0)
+            a = probe.unit_rows(emb).mean(0)
             d = float(a @ mu_v / max(np.linalg.norm(a) * np.linalg.norm(mu_v), 1e-12))
         else:
-            x, y = probe._unit(emb), probe._unit(val)
+            x, y = probe.unit_rows(emb), probe.unit_rows(val)
             if bandwidth is None:  # one kernel for every checkpoint: comparable values
                 bandwidth = probe.median_bandwidth(x, y)
             d = probe.mmd2_unbiased(x, y, bandwidth)

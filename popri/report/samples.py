@@ -1,7 +1,7 @@
 """The samples page of ``popri report``: the first samples of a run's final synthetic set and a
 few chosen / rejected preference pairs of its last round with their released (noised) scores.
 
-    from popri.pipeline.report_samples import samples, samples_markdown, samples_html
+    from popri.report.samples import samples, samples_markdown, samples_html
 
 Texts are untrusted (a generator writes anything): escaped for HTML and Markdown.  Only what
 the run released or generated is shown: never the private data, never the exact (noise-free)
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from popri.pipeline.report_read import num, read_jsonl, round_dirs
-from popri.pipeline.report_style import MODEL_METHODS, h, md_text
+from popri.core.io import read_jsonl_lenient as read_jsonl
+from popri.report.read import num, round_dirs
+from popri.report.style import MODEL_METHODS, h, md_text
 
 #: how many samples and pairs are shown, and how much of each text
 N_SAMPLES, N_PAIRS, MAX_CHARS = 5, 3, 600
@@ -67,7 +68,7 @@ def samples(run_path: Path, r: dict | None, notes: list[str]) -> dict | None:
             break
     if not got["set"] and not got["pairs"]:
         return None
-    from popri.pipeline.report_verdict import privacy_words
+    from popri.report.verdict import privacy_words
 
     eps, dp = privacy_words(r) if r else ("epsilon unknown", True)
     got["note"] = (

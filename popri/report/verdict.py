@@ -2,7 +2,7 @@
 epsilon is (its relation, or NOT A DP GUARANTEE), the paired difference to its control (the
 untuned generator, T = 0) and to eps = 0 with 95 % intervals, and one sentence in words.
 
-    from popri.pipeline.report_verdict import verdict, verdict_markdown, verdict_html
+    from popri.report.verdict import verdict, verdict_markdown, verdict_html
 
 The numbers are ``results.json``'s (docs/formats.md):
 
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from popri.pipeline.report_read import as_dict, num
-from popri.pipeline.report_style import colour, h, md_text, method_label, role
+from popri.report.read import as_dict, num
+from popri.report.style import colour, h, md_text, method_label, role
 
 Z95 = 1.959963984540054
 

@@ -1,7 +1,11 @@
 """Reading a run directory for ``popri report``, leniently: a partial, older or damaged run is
 read as far as it goes and what could not be read becomes a note, never an exception.
 
-    from popri.pipeline.report_read import read_json, read_jsonl, clean_results, run_ledger
+    from popri.report.read import clean_results, run_ledger
+
+Files are read through :mod:`popri.core.io` (its lenient readers,
+:func:`~popri.core.io.read_json_lenient` and :func:`~popri.core.io.read_jsonl_lenient`, and the
+ledger's own reader); what is here is what a report makes of them.
 
 Only files ``popri run`` writes (docs/formats.md) are read; nothing is written.
 """
@@ -28,51 +32,6 @@ def num(x: Any) -> float | None:
 
 def as_dict(x: Any) -> dict:
     return x if isinstance(x, dict) else {}
-
-
-def read_json(p: Path, notes: list[str] | None = None) -> Any:
-    """A JSON file's value; None when missing or unreadable (with a note)."""
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        if notes is not None:
-            notes.append(f"{p}: unreadable ({type(e).__name__}), ignored")
-        return None
-
-
-def read_jsonl(p: Path, notes: list[str] | None = None, limit: int | None = None) -> list[dict]:
-    """The object rows of a JSONL file (at most ``limit``); unreadable lines skipped, counted in a
-    note."""
-    rows: list[dict] = []
-    if not p.is_file():
-        return rows
-    bad = 0
-    try:
-        fh = open(p, encoding="utf-8", errors="replace")
-    except OSError:
-        if notes is not None:
-            notes.append(f"{p}: unreadable, ignored")
-        return rows
-    with fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except (ValueError, RecursionError):
-                bad += 1
-                continue
-            if isinstance(r, dict):
-                rows.append(r)
-                if limit is not None and len(rows) >= limit:
-                    break
-            else:
-                bad += 1
-    if bad and notes is not None:
-        notes.append(f"{p}: {bad} unreadable line(s) ignored (a file still being written?)")
-    return rows
 
 
 def round_dirs(base: Path, prefix: str = "round") -> list[tuple[int, Path]]:
@@ -189,5 +148,5 @@ def run_ledger(path: Path, notes: list[str]) -> list:
     return dedupe(out)
 
 
-__all__ = ["num", "as_dict", "read_json", "read_jsonl", "round_dirs", "clean_results",
+__all__ = ["num", "as_dict", "round_dirs", "clean_results",
            "read_ledger_lenient", "run_ledger"]

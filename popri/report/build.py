@@ -4,16 +4,16 @@ RUN_DIR... --out DIR``).
 
     popri report runs/study/oracle-s0 runs/compare23/dp-fedavg-s0 --out runs/report
 
-The report opens with a verdict block per run (:mod:`popri.pipeline.report_verdict`): the
+The report opens with a verdict block per run (:mod:`popri.report.verdict`): the
 method, its epsilon and the relation it holds under (or NOT A DP GUARANTEE), the paired
 difference to its control (the untuned generator, T = 0) and to eps = 0 with 95 % intervals,
 one sentence in words, and a figure of those paired differences.  Then a page of samples
-(:mod:`popri.pipeline.report_samples`: the final synthetic set's first samples, a few chosen /
+(:mod:`popri.report.samples`: the final synthetic set's first samples, a few chosen /
 rejected pairs with their released scores), the figures across runs and each run's results
 table, per-round values and figures.  Every method has one colour and one label in every figure
-(:mod:`popri.pipeline.report_style`).
+(:mod:`popri.report.style`).
 
-Reads only what the runs wrote (docs/formats.md; :mod:`popri.pipeline.report_read`):
+Reads only what the runs wrote (docs/formats.md; :mod:`popri.report.read`):
 ``results.json``, ``metrics.jsonl`` or, where a run has none (older runs, DP-FL runs), the
 stages' own files: ``roundT/{dpo,sft}/metrics.json``, ``roundT/scores.npy`` and
 ``roundT/prefs.jsonl`` (released scores), ``probe/roundT.json``, ``fl/roundT/round.json``,
@@ -42,10 +42,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from popri.pipeline import report_style as style
-from popri.pipeline.report_read import (as_dict, clean_results, num as _num,
-                                        read_json as _read_json, read_jsonl as _read_jsonl,
-                                        round_dirs as _round_dirs, run_ledger)
+from popri.core.io import read_json_lenient as _read_json
+from popri.core.io import read_jsonl_lenient as _read_jsonl
+from popri.report import style
+from popri.report.html import CSS, md_to_html
+from popri.report.read import (as_dict, clean_results, num as _num, round_dirs as _round_dirs,
+                               run_ledger)
 
 #: a directory holding one of these is a run directory (config.resolved.json: a run in progress)
 RUN_FILES = ("results.json", "metrics.jsonl", "config.resolved.json")
@@ -878,7 +880,7 @@ def _fig_epsilon(run: _Run, d: dict | None):
     ax.set_xlabel("round" if d["by_round"] else "release (ledger order)")
     ax.set_ylabel(f"epsilon at delta = {d['delta']:g} ({d['accountant']})")
     n = d["entries"]
-    from popri.pipeline.report_verdict import privacy_words
+    from popri.report.verdict import privacy_words
 
     words, dp = privacy_words(run.results or {})
     ax.set_title(f"{run.label}: privacy spent ({n} ledger entr{'y' if n == 1 else 'ies'})"
@@ -1056,67 +1058,7 @@ def _fmt(x, nd: int = 4) -> str:
     return f"{v:.{nd}f}" if isinstance(x, float) else str(x)
 
 
-def _md_to_html(text: str) -> str:
-    """The few Markdown shapes of a results table: pipe tables and paragraphs."""
-    out, table = [], []
-
-    def flush():
-        if not table:
-            return
-        cells = [[c.strip() for c in row.strip().strip("|").split("|")] for row in table]
-        body = [c for c in cells if not all(re.fullmatch(r":?-{3,}:?", x) for x in c)]
-        table.clear()
-        if not body:
-            return
-        h = "".join(f"<th>{html.escape(x)}</th>" for x in body[0])
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in row) + "</tr>"
-                       for row in body[1:])
-        out.append(f"<table><thead><tr>{h}</tr></thead><tbody>{rows}</tbody></table>")
-        table.clear()
-
-    for line in text.splitlines():
-        if line.strip().startswith("|"):
-            table.append(line)
-            continue
-        flush()
-        if line.strip():
-            out.append(f"<p>{html.escape(line)}</p>")
-    flush()
-    return "\n".join(out)
-
-
 # --------------------------------------------------------------------------- writing
-_CSS = """
-body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;max-width:1240px;
-margin:24px auto;padding:0 20px;color:#222;line-height:1.45}
-h1{font-size:1.7em;border-bottom:2px solid #ddd;padding-bottom:6px}
-h2{font-size:1.35em;margin-top:2.2em;border-bottom:1px solid #eee;padding-bottom:4px}
-h3{font-size:1.1em;margin-top:1.6em}
-table{border-collapse:collapse;margin:10px 0;font-size:.92em}
-th,td{border:1px solid #ccc;padding:4px 9px;text-align:left;vertical-align:top}
-th{background:#f3f3f3}
-tr:nth-child(even) td{background:#fafafa}
-figure{margin:18px 0 28px}
-figure img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{font-size:.9em;color:#555;margin-top:4px}
-.notes li{color:#665;font-size:.92em}
-.meta{color:#666;font-size:.9em}
-code{background:#f5f5f5;padding:1px 4px;border-radius:3px}
-.verdict{border-left:6px solid #999;background:#fafafa;padding:6px 16px 10px;margin:14px 0}
-.verdict h3{margin-top:.4em}
-.verdict.v-good{border-color:#2a7d2a}.verdict.v-bad{border-color:#b22}
-.verdict.v-flat{border-color:#c90}
-.verdict .sentence{font-size:1.08em;font-weight:600}
-.verdict table th{width:16em;background:#f0f0f0}
-.notdp{background:#b22;color:#fff;font-weight:700;padding:4px 10px;display:inline-block}
-.synthetic-note{background:#fff8e0;border:1px solid #e5d28a;padding:6px 10px;font-size:.93em}
-blockquote.sample{margin:8px 0;padding:6px 12px;border-left:4px solid #ccc;background:#fcfcfc;
-white-space:pre-wrap;word-break:break-word;font-family:Georgia,serif;font-size:.95em}
-.sid{font-family:monospace;color:#888;font-size:.85em;margin-right:.8em}
-table.pairs td{max-width:520px;white-space:pre-wrap;word-break:break-word}
-td.chosen{border-left:4px solid #2ca02c}td.rejected{border-left:4px solid #c51b7d}
-.score{font-family:monospace;font-size:.85em;color:#444;display:block}
-"""
 #: the report's sections, in order
 _VERDICT, _ACROSS = "\0verdict", "\0across"  # no run label (a path) holds a NUL
 _SAMPLES = "Samples (synthetic text)"
@@ -1145,14 +1087,14 @@ def _figure_html(report: _Report, f: _Fig) -> str:
 
 def _write(report: _Report, runs: list[_Run], tables: dict[str, str], verdicts: list[dict],
            samples: dict[str, dict]) -> tuple[Path, Path]:
-    from popri.pipeline.report_samples import samples_html, samples_markdown
-    from popri.pipeline.report_verdict import verdict_html, verdict_markdown
+    from popri.report.samples import samples_html, samples_markdown
+    from popri.report.verdict import verdict_html, verdict_markdown
 
     md = ["# popri report", "",
           "Runs: " + ", ".join(style.md_text(r.path) for r in runs), ""]
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
          '<meta name="viewport" content="width=device-width, initial-scale=1">',
-         "<title>popri report</title>", f"<style>{_CSS}</style></head><body>",
+         "<title>popri report</title>", f"<style>{CSS}</style></head><body>",
          "<h1>popri report</h1>",
          '<p class="meta">Runs: ' + ", ".join(f"<code>{html.escape(str(r.path))}</code>"
                                               for r in runs) + "</p>"]
@@ -1196,7 +1138,7 @@ def _write(report: _Report, runs: list[_Run], tables: dict[str, str], verdicts: 
               f"per-round metrics from {html.escape(run.metrics_source)}.</p>"]
         if sec in tables:
             md += ["### Results", "", _md_results(tables[sec]), ""]
-            h += ["<h3>Results</h3>", _md_to_html(tables[sec])]
+            h += ["<h3>Results</h3>", md_to_html(tables[sec])]
         facts = [(w, v) for s, w, v in report.facts if s == sec]
         if facts:
             md += ["### Per-round values", "", "| what | value |", "|---|---|"]
@@ -1286,8 +1228,8 @@ def _build(run_dirs: list[str], outp: Path) -> dict:
     report = _Report(outp)
     labels = _labels(list(run_dirs))
     runs = [_load_run(p, lab, slug) for p, lab, slug in zip(run_dirs, labels, _slugs(labels))]
-    from popri.pipeline.report_samples import samples as read_samples
-    from popri.pipeline.report_verdict import fig_paired_differences, verdict
+    from popri.report.samples import samples as read_samples
+    from popri.report.verdict import fig_paired_differences, verdict
 
     verdicts, samples, spent = [], {}, {}
     for run in runs:

@@ -2,7 +2,7 @@
 the colours of the few non-method roles (chosen / rejected, references), and escaping of
 untrusted text for Markdown and HTML.
 
-    from popri.pipeline.report_style import colour, method_label, md_text
+    from popri.report.style import colour, method_label, md_text
 
 Every figure asks :func:`colour` for a method's colour, so a method is drawn the same in all of
 them; :func:`recording` collects which colour each figure used (``popri report --json``'s

@@ -1,0 +1,18 @@
+"""The recipe kit: what a method's recipe builds its stages with (docs/architecture.md).
+
+    from popri.kit import DPRelease, Stage, round_seed, step_argv
+    python -m pytest -q tests/test_layers.py
+
+Below every method (``popri.methods``), above nothing but ``core``: :mod:`popri.kit.stage`
+(:class:`Stage`, :class:`DPRelease`, :class:`RunPaths`, :func:`step_argv`, :func:`opt`,
+:func:`redrawn`), :mod:`popri.kit.seeds` (the named seed rules) and :mod:`popri.kit.notes`
+(lines of the plan and the results table).  What a recipe may ask of the run it builds for is
+:class:`popri.methods.base.RunContext`.
+"""
+
+from popri.kit.notes import fmt, released_line, selection_note
+from popri.kit.seeds import draw_seed, final_seed, round_seed
+from popri.kit.stage import Z_LATER, DPRelease, RunPaths, Stage, opt, redrawn, step_argv
+
+__all__ = ["Stage", "DPRelease", "RunPaths", "Z_LATER", "opt", "step_argv", "redrawn",
+           "round_seed", "final_seed", "draw_seed", "released_line", "selection_note", "fmt"]

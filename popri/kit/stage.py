@@ -1,0 +1,133 @@
+"""What a method's recipe builds its stages with: the stage, its DP release, the run's paths,
+and a stage's options.
+
+    from popri.kit import DPRelease, Stage, step_argv
+    python -m pytest -q tests/test_layers.py
+
+A recipe (``popri/methods/NAME/recipe.py``) yields :class:`Stage` objects -- each one ``popri``
+subcommand with its inputs and outputs -- built, not run; ``popri run``'s driver
+(:mod:`popri.pipeline.driver`) runs them through its cached runner
+(:mod:`popri.pipeline.stages`).  A stage that releases something under DP declares it
+(:class:`DPRelease`), so the driver's budget guard can check it before it runs.
+
+This package sits below every method and above nothing a method does not already use: it
+imports only ``core`` (the layers of docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from popri.core.spec import to_argv
+from popri.kit.seeds import draw_seed
+
+#: the dry-run placeholder for a noise multiplier that depends on the fetched client count
+Z_LATER = "<z: set after the fetch>"
+
+
+@dataclass
+class Stage:
+    name: str
+    args: list[str]                       # popri subcommand + options
+    outputs: list[str]                    # paths (files or dirs) that must exist afterwards
+    inputs: list[str] = field(default_factory=list)  # files/dirs this stage reads
+    stdout_to: str | None = None          # capture stdout into this file (atomically)
+    # called with the stage's key right before it runs (not when it is skipped, not in a dry
+    # run): e.g. the budget guard of a DP stage, which raises to stop the run
+    before: Callable[[str], None] | None = None
+    # a DP stage declares the ledger entries it will record (the driver's budget guard and
+    # plan check compose them with every release already under the run directory)
+    release: "DPRelease | None" = None
+    # options that make the command start over in its output directory (dpo / sft:
+    # --no-resume), added when the runner runs it with a key no earlier attempt there had: the
+    # checkpoints of another attempt are stale, and the stage owns its directory.  Not part of
+    # the key or of commands.sh (a replay by hand resumes, as the command does by default)
+    fresh: list[str] = field(default_factory=list)
+
+    def shown(self) -> str:
+        """The command line as a user would type it (commands.sh, the dry-run plan, the log),
+        with any URL password hidden (``--base-url http://user:***@host``)."""
+        from popri.core.urls import redact_arg
+
+        s = "popri " + " ".join(shlex.quote(redact_arg(a)) for a in self.args)
+        return s + (f" > {shlex.quote(self.stdout_to)}" if self.stdout_to else "")
+
+
+@dataclass
+class DPRelease:
+    """What a DP stage will spend: its prospective ledger ``entries``, the ``ledger`` file it
+    appends to, and ``match(entry)``: is a recorded entry one of this stage's releases."""
+    entries: list
+    ledger: Path
+    match: Callable[[object], bool]
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files a run's stages share, by name (``run.paths.synthetic``): under the run
+    directory ``root``, except the private data when ``data.dir`` names an existing
+    dataset."""
+
+    root: Path          # the run directory itself (run_dir)
+    private: Path       # the private federated dataset (bench fetch / instruct build)
+    public: Path        # the public data Omega (bench fetch), when not a file
+    emb_private: Path   # the private train split's embeddings
+    emb_val: Path       # the private validation split's embeddings
+    emb_public: Path    # Omega's embeddings
+    select_stats: Path  # dpo.select_on: dp -- the DP mean and covariance of the validation split
+    synthetic: Path     # the method's synthetic set
+    eval: Path          # the evaluation's outputs
+
+    @classmethod
+    def of(cls, run: str | Path, data_dir: str | None = None) -> "RunPaths":
+        run = Path(run)
+        return cls(root=run, private=Path(data_dir) if data_dir else run / "data" / "private",
+                   public=run / "data" / "public",
+                   emb_private=run / "embeddings" / "private.npy",
+                   emb_val=run / "embeddings" / "val.npy",
+                   emb_public=run / "embeddings" / "public.npy",
+                   select_stats=run / "selection" / "val_stats.npz",
+                   synthetic=run / "synthetic.jsonl", eval=run / "eval")
+
+
+def opt(flag: str, value) -> list[str]:
+    """``[flag, value]``, or nothing when value is None."""
+    return [] if value is None else [flag, str(value)]
+
+
+def step_argv(spec_cls, *sections, only=None, **values) -> list[str]:
+    """A stage's options from config sections: the sections' fields that are fields of the
+    step's spec (same name: the section declared them with ``same(spec_cls, ...)``) plus
+    ``values``, validated as ``spec_cls`` and turned into options by :func:`to_argv` -- the one
+    spec -> argv path of every stage.  ``only``: emit just these fields."""
+    names = {f.name for f in dataclasses.fields(spec_cls)}
+    vals = {}
+    for sec in sections:
+        vals.update({f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)
+                     if f.name in names})
+    vals.update(values)
+    return to_argv(spec_cls(**vals), only=list(only) if only is not None else list(vals))
+
+
+def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
+    """Draw ``k`` of the set a ``popri gen`` stage writes: the same command with its seed
+    replaced by :func:`draw_seed` (seed, k), written to ``out`` (and its stats beside it).
+    ``popri run``'s ``draws`` (issue 24)."""
+    args = list(st.args)
+    if not args or args[0] != "gen":
+        raise ValueError(f"stage {st.name} is not a 'popri gen' stage")
+
+    def put(flag: str, value: str) -> None:
+        i = len(args) - 1 - args[::-1].index(flag)  # the last one: gen_args' seed
+        args[i + 1] = value
+
+    seed = int(args[len(args) - 1 - args[::-1].index("--seed") + 1])
+    put("--seed", str(draw_seed(seed, k)))
+    put("--out", str(out))
+    if "--stats-out" in args:
+        put("--stats-out", str(out.with_name(out.stem + "_stats.json")))
+    return Stage(name, args, outputs=[str(out)], inputs=list(st.inputs))
