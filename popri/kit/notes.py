@@ -37,3 +37,10 @@ def fmt(x, nd=4):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def pair_fields(d: dict) -> dict:
+    """A DPO stage's metrics.json preference-pair evaluations (``train_eval``, ``holdout``),
+    flattened: ``{KEY}_margin``, ``{KEY}_accuracy``, ``{KEY}_pairs`` for each one present."""
+    return {f"{key}_{f}": d[key].get(f) for key in ("train_eval", "holdout")
+            if isinstance(d.get(key), dict) for f in ("margin", "accuracy", "pairs")}

@@ -44,6 +44,7 @@ import numpy as np
 
 from popri.core.io import read_json_lenient as _read_json
 from popri.core.io import read_jsonl_lenient as _read_jsonl
+from popri.kit import pair_fields
 from popri.report import style
 from popri.report.html import CSS, md_to_html
 from popri.report.read import (as_dict, clean_results, num as _num, round_dirs as _round_dirs,
@@ -150,11 +151,7 @@ def _derived_metrics(run: _Run) -> list[dict]:
                 row2 = {"round": t, "stage": kind, "train_loss": d.get("train_loss"),
                         "last_epoch_loss": ep.get("loss") if isinstance(ep, dict) else None,
                         "steps": d.get("global_step")}
-                for key in ("train_eval", "holdout"):
-                    if isinstance(d.get(key), dict):
-                        row2 |= {f"{key}_margin": d[key].get("margin"),
-                                 f"{key}_accuracy": d[key].get("accuracy"),
-                                 f"{key}_pairs": d[key].get("pairs")}
+                row2 |= pair_fields(d)
                 rows.append(row2)
     if not any(r["stage"] == "prefs" for r in rows) and isinstance(run.results, dict):
         for t, v in enumerate(run.results.get("recovery_rate_per_round") or [], start=1):

@@ -17,7 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from popri.kit import DPRelease, Stage, final_seed, opt, round_seed, selection_note, step_argv
+from popri.kit import (DPRelease, Stage, final_seed, opt, pair_fields, round_seed,
+                       selection_note, step_argv)
 from popri.methods.base import Method
 from popri.specs.generation import GenSpec
 from popri.specs.training import DPOSpec, PrefsSpec, SelectSpec, SFTSpec
@@ -250,11 +251,7 @@ def round_metrics(run) -> list[dict]:
                 row = {"round": t, "stage": kind, "train_loss": d.get("train_loss"),
                        "last_epoch_loss": ep.get("loss"), "steps": d.get("global_step"),
                        "seconds_per_step": d.get("seconds_per_step")}
-                for key in ("train_eval", "holdout"):
-                    if isinstance(d.get(key), dict):
-                        row |= {f"{key}_margin": d[key].get("margin"),
-                                f"{key}_accuracy": d[key].get("accuracy"),
-                                f"{key}_pairs": d[key].get("pairs")}
+                row |= pair_fields(d)
                 rows.append(row)
         probe_row(t)
     return rows
