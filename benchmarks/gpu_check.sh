@@ -14,7 +14,8 @@
 # 1. install: `scripts/wheelhouse.sh install $WHEELHOUSE` (pip --no-index; the image's torch
 #    stays), skipped when popri's dependencies already import;
 # 2. tests: tests/test_gpu_paths.py and tests/test_decoding.py (on CUDA: the graph replay and the
-#    device's Philox bits too);
+#    device's Philox bits too), tests/test_numeric_path.py (the device's precision) and
+#    tests/test_public_counts.py (DP-FL's public divisor, the local training on the device);
 # 3. bench: benchmarks/bench_gen.py, K = 256 x J = 4 (1,024 rows), SmolLM2-135M, 85 new tokens:
 #    model.generate at batch 64 (the old path: the baseline, 1.00), popri's loop and the slot
 #    engine at batch 64 / 256 / 1024, with tokens/s, the ratio, and the statistics that must
@@ -156,8 +157,8 @@ cat "$OUT/env.txt" >&2
 P=("$PY" -m popri.cli.app)
 
 # ------------------------------------------------------------------ 2. tests
-step tests 240 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" -k "not compiled_step_on_cpu" \
-  tests/test_gpu_paths.py tests/test_decoding.py
+step tests 300 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" -k "not compiled_step_on_cpu" \
+  tests/test_gpu_paths.py tests/test_decoding.py tests/test_numeric_path.py tests/test_public_counts.py
 
 # ------------------------------------------------------------------ 3. bench
 DATA=${DATA:-/tmp/popri-gpu-check-data}

@@ -150,7 +150,8 @@ def run(config=None, *, overrides: Any = (), dry_run: bool = False,
     else:
         raise TypeError(f"config must be a YAML path, a RunConfig (popri.load_config), a "
                         f"mapping of its keys or None, not {type(config).__name__}")
-    r = Run(cfg, dry_run=dry_run, rerun=rerun)
+    r = Run(cfg, dry_run=dry_run, rerun=rerun,
+            inputs=[config] if isinstance(config, (str, os.PathLike)) else [])
     res = r.execute()
     return r.plan_text() if dry_run else res
 

@@ -44,6 +44,17 @@ idna certifi charset-normalizer tqdm typing-extensions setuptools"
 
 die() { echo "wheelhouse: $*" >&2; exit 2; }
 
+outdir() {  # outdir DIR: create the output folder DIR (and its parents), or one line
+  [ ! -e "$1" ] || [ -d "$1" ] || die "$1: exists and is not a folder"
+  local err
+  err=$(mkdir -p -- "$1" 2>&1) || die "cannot create the folder $1: ${err##*: }"
+}
+
+indir() {  # indir DIR: the absolute path of the existing folder DIR, or one line
+  [ -d "$1" ] || die "no such folder: $1"
+  (cd -- "$1" 2>/dev/null && pwd) || die "cannot enter the folder $1"
+}
+
 norm() {  # a distribution name as pip compares it (PEP 503)
   echo "$1" | tr '[:upper:]' '[:lower:]' | tr '_.' '--'
 }
@@ -52,9 +63,9 @@ pack() {  # pack DIR OUT: the wheels of DIR -> OUT/NAME.NNN + SHA256SUMS + MANIF
   local src=$1 out=$2
   [ -d "$src" ] || die "no such folder: $src"
   ls "$src"/*.whl >/dev/null 2>&1 || die "no wheels in $src"
-  mkdir -p "$out"
-  src=$(cd "$src" && pwd)
-  out=$(cd "$out" && pwd)
+  outdir "$out"
+  src=$(indir "$src") || exit 2
+  out=$(indir "$out") || exit 2
   local tmp
   tmp=$(mktemp -d "$out/.pack.XXXXXX")
   (cd "$src" && LC_ALL=C ls -- *.whl | tar -cf "$tmp/$NAME" --owner=0 --group=0 \
@@ -90,7 +101,7 @@ check() {  # check OUT: every part present and intact
 
 join_() {  # join OUT: check, rebuild the tar, check it, unpack OUT/wheels
   local out
-  out=$(cd "$1" && pwd) || die "no such folder: $1"
+  out=$(indir "$1") || exit 2
   check "$out"
   local whole
   whole=$(awk -v n="$NAME" '$2 == n {print $1}' "$out/SHA256SUMS")
@@ -131,8 +142,8 @@ build() {
     shift
   done
   [ -n "$out" ] || die "build: give the OUT folder"
-  mkdir -p "$out"
-  out=$(cd "$out" && pwd)
+  outdir "$out"
+  out=$(indir "$out") || exit 2
   WORK=$(mktemp -d "${TMPDIR:-/tmp}/popri-wheelhouse.XXXXXX")
   trap 'rm -rf "$WORK"' EXIT
   local work=$WORK
@@ -224,6 +235,7 @@ install_() {
     shift
   done
   [ -n "$out" ] || die "install: give the wheelhouse folder"
+  [ -d "$out" ] || die "no such folder: $out"
   [ -d "$out/wheels" ] && [ ! -f "$out/SHA256SUMS" ] || join_ "$out"
   local py=$PY
   if [ -n "$venv" ]; then

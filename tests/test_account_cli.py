@@ -230,3 +230,75 @@ def test_help_explains_defaults_and_neighbouring(run_popri):
     assert "replace one client" in eps_help and "--sampling" in eps_help
     led = text("ledger", "--help")
     assert "not a DP guarantee" in led and "--convention" in led
+
+
+def test_an_empty_ledger_says_it_holds_no_entries(run_popri, tmp_path):
+    """Hostile case N07: a directory whose ledger.jsonl is empty (e.g. a release rolled back)
+    used to say "pass --delta", and with --delta "nothing to compose".  One line saying the
+    ledger holds no entries, exit 2 (a silent epsilon 0 would pass --max-epsilon while the
+    path, or the release, is wrong), with or without --delta and --json."""
+    (tmp_path / "ledger.jsonl").write_text("")
+    for extra in ([], ["--delta", "1e-5"], ["--json", "--max-epsilon", "1"]):
+        p = run_popri(["account", "ledger", tmp_path, *extra])
+        assert p.returncode == 2 and p.stdout == "", p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0] == (f"popri: error: {tmp_path}: the ledger holds no "
+                                                "entries (no DP release is recorded there): "
+                                                "nothing to total"), lines
+
+
+def test_every_printed_epsilon_names_the_relation_the_rule_gives(run_popri, tmp_path):
+    """Each sub-command over its sampling options (poisson | fixed, and the ledger's none),
+    q < 1 and q = 1, --convention where it exists, each accountant: the relation printed (text
+    and --json) is the one popri.privacy.relations.of_sampling gives -- a fixed L of N is
+    replace one client at q = 1 too (popri.federated.participation.sample_clients records a
+    fixed L = N as 'fixed').  Before: --sampling fixed at q = 1 printed add/remove where its help
+    said replace one (z relative to 2C) (issue 43, item 4)."""
+    from popri.privacy.relations import PAPERS_NOTE, of_sampling
+
+    def rule(sampling, q, convention=None):
+        return of_sampling(sampling, convention)
+
+    for sub, val in (("epsilon", ["-z", 2]), ("sigma", ["-e", 10, "--tol", 0.1])):
+        for sampling in ("poisson", "fixed"):
+            for q in (0.5, 1):
+                for acc in ("rdp", "pld"):
+                    args = ["account", sub, *val, "-q", q, "-T", 3, "--sampling", sampling,
+                            "-a", acc]
+                    p, j = run_popri(args), run_popri([*args, "--json"])
+                    if sampling == "fixed" and q < 1 and acc == "pld":  # RDP only
+                        assert p.returncode == j.returncode == 2 and "--accountant" in p.stderr
+                        continue
+                    assert p.returncode == j.returncode == 0, (args, p.stderr, j.stderr)
+                    want = rule(sampling, q)
+                    d = json.loads(j.stdout)
+                    assert d["neighbouring"] == want, (args, d)
+                    tail = p.stdout.rstrip().rsplit("; ", 1)[1]
+                    assert tail == want + ")", (args, p.stdout)
+                    if sampling == "fixed":
+                        assert want == "replace one client"
+    # the ledger: one entry as a stage records it (its sampling at q, its relation by the rule
+    # under the convention it was recorded under, the sensitivity under that relation), totalled
+    # by each accountant without and with --convention papers
+    for sampling, q, convention in (("none", 1, None), ("poisson", 0.5, None),
+                                    ("fixed", 0.5, None), ("fixed", 0.5, "papers")):
+        rel = rule(sampling, q, convention)
+        d = tmp_path / f"{sampling}-{convention}"
+        d.mkdir()
+        write_jsonl(d / "ledger.jsonl", [{
+            **_entry("score", 2.0, q, 3, f"{sampling}-{convention}", sampling=sampling),
+            "neighbouring": rel, "sensitivity": 2.0 if rel == "replace one client" else 1.0}])
+        unproven = convention == "papers"  # fixed under add/remove: what popri <= 0.3 recorded
+        for acc in ("rdp", "pld"):
+            for conv in ([], ["--convention", "papers"]) if sampling != "none" else ([],):
+                p = run_popri(["account", "ledger", d, "-a", acc, *conv, "--json"])
+                if (sampling == "fixed" and not unproven and acc == "pld") or \
+                        (unproven and not conv):
+                    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+                    continue
+                assert p.returncode == 0, (sampling, convention, acc, conv, p.stderr)
+                t = json.loads(p.stdout)
+                assert t["neighbouring"] == rel and t["dp_guarantee"] is not unproven, t
+                assert t["guarantee"] == ("NOT A DP GUARANTEE (papers' convention)"
+                                          if unproven else f"(eps, delta)-DP under {rel}")
+                assert (PAPERS_NOTE in t.get("note", "")) is unproven, t

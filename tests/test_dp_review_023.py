@@ -110,9 +110,11 @@ def test_epoch_wise_participation_and_one_tree_per_epoch(tiny_lm, tmp_path, monk
     for e in range(2):
         order = R.epoch_order(6, 3, e, False)
         assert sorted(order[:6].tolist()) == list(range(6))
-    entries = read_ledger(tmp_path / "fl" / "ledger.jsonl")
-    assert len(dedupe(entries)) == 2 == len(entries)
-    assert [e.params["tree"] for e in entries] == [0, 1]
+    lines = read_ledger(tmp_path / "fl" / "ledger.jsonl")  # a line per leaf (issue 43) ...
+    assert [(e.params["tree"], e.params["leaf"]) for e in lines] == [(0, 1), (0, 2), (0, 3),
+                                                                   (1, 1), (1, 2), (1, 3)]
+    entries = dedupe(lines)  # ... one release per tree
+    assert len(entries) == 2 and [e.params["tree"] for e in entries] == [0, 1]
     assert all(e.params["leaves"] == 3 and e.sample_rate == 1.0 for e in entries)
     assert all(e.neighbouring == "zero-out one client" and e.sensitivity == 0.5
                and e.params["assignment"] == "blocks" for e in entries)
@@ -125,12 +127,12 @@ def test_bins_assign_each_client_independently_and_hold_under_add_remove(
     the tree is recorded under add/remove one client at sensitivity C, one entry per tree."""
     from popri.methods.dpfl import rounds as R
     from popri.privacy import accounting as A
-    from popri.privacy.ledger import read_ledger
+    from popri.privacy.ledger import dedupe, read_ledger
     from popri.specs.fl import FLSpec
 
     seen = _zero_updates(monkeypatch)
     data = _data(tmp_path)
-    spec = FLSpec(algorithm="ftrl", clip=0.5, bf16=False, epoch_rounds=3)
+    spec = FLSpec(algorithm="ftrl", clip=0.5, bf16=False, epoch_rounds=3, public_clients=12)
     prev, who = None, []
     for t in range(1, 7):
         out = tmp_path / "fl" / f"round{t}"
@@ -147,7 +149,7 @@ def test_bins_assign_each_client_independently_and_hold_under_add_remove(
     # one more client gets its own draw: nobody else moves (the add/remove argument)
     more = np.random.default_rng([3, 0, 0x42494E53]).integers(0, 3, 7)
     np.testing.assert_array_equal(more[:6], R.epoch_bins(6, 3, 3, 0, False))
-    entries = read_ledger(tmp_path / "fl" / "ledger.jsonl")
+    entries = dedupe(read_ledger(tmp_path / "fl" / "ledger.jsonl"))  # a line per leaf
     assert len(entries) == 2 and all(e.neighbouring == "add/remove one client"
                                      and e.params["assignment"] == "bins" for e in entries)
     assert A.compose(entries, 3e-6).neighbouring == "add/remove one client"
@@ -176,7 +178,7 @@ def test_release_mode_epoch_keeps_its_secret_state_and_never_re_releases_a_leaf(
         tiny_lm, tmp_path, monkeypatch):
     from popri.core.errors import InputError
     from popri.methods.dpfl import rounds as R
-    from popri.privacy.ledger import read_ledger
+    from popri.privacy.ledger import dedupe, read_ledger
     from popri.specs.fl import FLSpec
 
     _zero_updates(monkeypatch)
@@ -191,7 +193,8 @@ def test_release_mode_epoch_keeps_its_secret_state_and_never_re_releases_a_leaf(
     R.run_round(str(data), str(r2), spec, round_=2, init=str(r1), **kw)
     info = json.loads((r2 / R.ROUND).read_text())["ftrl"]
     assert info["leaf"] == 2 and "secret" in info["state"]
-    assert len(read_ledger(tmp_path / "fl" / "ledger.jsonl")) == 1  # one tree so far
+    lines = read_ledger(tmp_path / "fl" / "ledger.jsonl")  # one tree so far, a line per leaf
+    assert [e.params["leaf"] for e in lines] == [1, 2] and len(dedupe(lines)) == 1
     with pytest.raises(InputError, match="released already"):
         R.run_round(str(data), str(r2), spec, round_=2, init=str(r1), **kw)
 

@@ -189,6 +189,88 @@ def test_a_broken_init_directory_is_refused(tiny_lm, tmp_path, run_popri):
     assert p.returncode == 2 and "not a 'popri fl round' output" in p.stderr
 
 
+# --------------------------------------------------------------------------- issue 43: a leaf once
+def test_a_dp_ftrl_leaf_is_never_released_twice_whatever_the_out_directory(
+        tiny_lm, tmp_path, run_popri, monkeypatch):
+    """Issue 43 item 2, the reproduction: release-mode round 2 run twice from one --init, into
+    --out r2a and then r2b, drew fresh noise each time while the ledger kept one line.  The
+    second is refused (one line, exit 2), into a sibling directory or one elsewhere, and
+    nothing is written; research mode too, for a round 2 with fresh noise (another seed), before
+    any noise is drawn; an identical research rerun reproduces the round: the same release."""
+    from popri.core.errors import InputError
+    from popri.privacy.ledger import dedupe, read_ledger
+
+    data = _data(tmp_path)
+    cli = ["fl", "round", "--data", data, "--model", tiny_lm, "-z", "1", "-L", "2",
+           "--algorithm", "ftrl", "--assignment", "blocks", "--no-bf16", "--release"]
+    r1 = tmp_path / "rel" / "r1"
+    run_popri([*cli, "--round", "1", "--out", r1], check=True)
+    run_popri([*cli, "--round", "2", "--init", r1, "--out", tmp_path / "rel" / "r2a"],
+              check=True)
+    for out in (tmp_path / "rel" / "r2b", tmp_path / "elsewhere" / "r2b"):
+        p = run_popri([*cli, "--round", "2", "--init", r1, "--out", out])
+        assert p.returncode == 2 and p.stdout == "", p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and "leaf 2 of DP-FTRL tree" in lines[0], lines
+        assert "released already" in lines[0] and not out.exists()
+    led = read_ledger(tmp_path / "rel" / "ledger.jsonl")
+    assert [e.params["leaf"] for e in led] == [1, 2] and len(dedupe(led)) == 1
+    assert not (tmp_path / "elsewhere" / "ledger.jsonl").exists() or not read_ledger(
+        tmp_path / "elsewhere" / "ledger.jsonl")
+
+    # research mode, in process: fresh noise for a leaf needs another seed
+    spec = FLSpec(algorithm="ftrl", clip=0.5, bf16=False, assignment="blocks")
+    kw = dict(noise_multiplier=1.0, model=tiny_lm, clients_per_round=2, seed=0)
+    q1, q2a = tmp_path / "res" / "r1", tmp_path / "res" / "r2a"
+    R.run_round(str(data), str(q1), spec, round_=1, **kw)
+    R.run_round(str(data), str(q2a), spec, round_=2, init=str(q1), **kw)
+    same = tmp_path / "res" / "r2-again"  # the same inputs: the same bytes, the same release
+    R.run_round(str(data), str(same), spec, round_=2, init=str(q1), **kw)
+    assert np.array_equal(np.load(q2a / R.THETA), np.load(same / R.THETA))
+    drawn = []
+    monkeypatch.setattr(R, "tree_noise", lambda *a, **k: drawn.append(a) or 1 / 0)
+    for out in (tmp_path / "res" / "r2b", tmp_path / "elsewhere2" / "r2b"):
+        with pytest.raises(InputError, match="leaf 2 of DP-FTRL tree .* released already"):
+            R.run_round(str(data), str(out), spec, round_=2, init=str(q1), **{**kw, "seed": 1})
+        assert not out.exists()
+    assert drawn == []  # refused before any noise was drawn
+    led = read_ledger(tmp_path / "res" / "ledger.jsonl")
+    assert [e.params["leaf"] for e in led] == [1, 2] and len(dedupe(led)) == 1
+
+
+def test_ledgers_written_apart_count_a_twice_released_leaf_twice(tmp_path):
+    """A leaf's line names its tree, leaf and own release id: one ledger refuses a second
+    release of the leaf (under its lock, whatever checked before); ledgers written apart (a
+    copy of the tree's directory released elsewhere) count the tree once more per extra leaf
+    release when totalled together -- twice here, never once."""
+    from popri.core.errors import InputError
+    from popri.privacy import accounting as A
+    from popri.privacy.ledger import LedgerEntry, append, read_ledger, total
+
+    def leaf(r, lid):
+        return LedgerEntry(stage="fl", mechanism="tree_aggregation", noise_multiplier=2.0,
+                           sample_rate=1.0, steps=1, delta=1e-5, sensitivity=0.5,
+                           neighbouring="zero-out one client", release_id="T",
+                           params={"leaves": 4, "tree": 0, "restart": "epoch",
+                                   "assignment": "blocks", "leaf": r, "leaf_release_id": lid})
+
+    a, b = tmp_path / "a" / "ledger.jsonl", tmp_path / "b" / "ledger.jsonl"
+    append(a, [leaf(1, "x")])
+    append(a, [leaf(2, "y")])
+    append(a, [leaf(2, "y")])  # the same release again (an identical research rerun)
+    assert [e.params["leaf"] for e in read_ledger(a)] == [1, 2]
+    with pytest.raises(InputError, match="leaf 2 of DP-FTRL tree T was released already"):
+        append(a, [leaf(2, "z")])
+    assert len(read_ledger(a)) == 2
+    append(b, [leaf(2, "z"), leaf(3, "w")])
+    one = A.compose([leaf(1, "x")], 1e-5).epsilon
+    assert total([a], delta=1e-5).composition.epsilon == pytest.approx(one, rel=1e-12)
+    both = total([a, b], delta=1e-5)
+    assert len(both.entries) == 2 and both.composition.groups[0]["steps"] == 2
+    assert both.composition.epsilon == pytest.approx(
+        A.compose([leaf(1, "x")] * 2, 1e-5).epsilon, rel=1e-12) and both.composition.epsilon > one
+
+
 # --------------------------------------------------------------------------- popri run
 def _run_args(run, dataset, tiny_lm, method, *more):
     return ["run", "--set", f"run_dir={run}", "--set", f"data.dir={dataset}",
@@ -210,7 +292,8 @@ def test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes(tmp_path, dataset
     run = tmp_path / f"{method}-{assignment}"
     more = []
     if assignment == "bins":
-        more = ["--set", "fl.clients_per_round=null", "--set", "fl.epoch_rounds=2"]
+        more = ["--set", "fl.clients_per_round=null", "--set", "fl.epoch_rounds=2",
+                "--set", "fl.public_clients=40"]
     elif assignment == "blocks":
         more = ["--set", "fl.assignment=blocks"]
     p = run_popri(_run_args(run, dataset, tiny_lm, method, *more), check=True)
@@ -231,12 +314,16 @@ def test_popri_run_dp_fl_spends_exactly_the_budget_and_resumes(tmp_path, dataset
         assert [e.mechanism for e in entries] == ["subsampled_gaussian"] * 2
         assert [e.params["round"] for e in entries] == [1, 2]
         assert {(e.sampling, e.sensitivity) for e in entries} == {("fixed", 0.02)}  # 2C
-    else:  # both rounds are leaves of one epoch's tree: one release
-        assert [e.mechanism for e in entries] == ["tree_aggregation"]
-        assert entries[0].params["leaves"] == leaves and entries[0].sample_rate == 1.0
-        assert entries[0].params["assignment"] == assignment and entries[0].sensitivity == 0.01
+    else:  # both rounds are leaves of one epoch's tree: one release, a line per leaf
+        from popri.privacy.ledger import dedupe
+
+        assert [e.params["leaf"] for e in entries] == [1, 2]
+        tree = dedupe(entries)
+        assert [e.mechanism for e in tree] == ["tree_aggregation"]
+        assert tree[0].params["leaves"] == leaves and tree[0].sample_rate == 1.0
+        assert tree[0].params["assignment"] == assignment and tree[0].sensitivity == 0.01
         r2 = json.loads((run / "fl" / "round2" / R.ROUND).read_text())["ftrl"]
-        assert r2["tree_release_id"] == entries[0].release_id and r2["leaf"] == 2
+        assert r2["tree_release_id"] == tree[0].release_id and r2["leaf"] == 2
     # the ledger total is the budget (calibrated to it), never above
     assert res["epsilon"] <= 1.0 * (1 + 1e-6) and res["epsilon"] == pytest.approx(1.0, abs=2e-3)
     if method == "dp-ftrl":  # one tree, no amplification by sampling: z / sqrt(depth) at q = 1

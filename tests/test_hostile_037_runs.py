@@ -220,7 +220,7 @@ def test_x07_runs_diff_and_list_json_are_valid_with_nan_and_infinity(tmp_path, r
     assert _strict(p.stdout)["metrics"] == []
     q = run_popri(["runs", "list", inf, "--json"])
     _ok(q)
-    assert _strict(q.stdout)[0]["epsilon"] is None
+    assert _strict(q.stdout)[0]["epsilon"] == "inf"  # not null (hostile-0.4 N04)
 
 
 def test_l07_runs_list_of_a_file_is_not_a_directory(tmp_path, run_popri):
@@ -334,7 +334,9 @@ def test_runs_diff_all_and_keys(tmp_path, run_popri):
     assert "settings: 1 differ (of 6); 0 shown" in k
     j = _strict(run_popri(["runs", "diff", a, b, "--json"], check=True).stdout)
     assert ["seed", 0, 1] in j["params"] and len(j["params"]) == 1
-    assert any(m[0] == "epsilon" for m in j["metrics"])  # exact values: complete
+    # the metrics that differ by the rule of the counts (hostile-0.4 N05), values exact
+    assert not any(m[0] == "epsilon" for m in j["metrics"])
+    assert len(j["metrics"]) == j["metrics_differ"]
     head = {h["key"]: h for h in j["headline"]}
     assert head["epsilon"]["differs"] is False and head["methods.popri.accuracy"]["differs"]
     assert head["methods.popri.accuracy"]["decimals"] == 3

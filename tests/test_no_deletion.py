@@ -148,7 +148,9 @@ def dir_inputs(cmd: str, where: Path) -> dict:
         from popri.data.build import fetch
         from popri.specs.data import FetchSpec
 
-        table = write_jsonl(where / "private-table.jsonl", [
+        # the raw table beside ``where``: it is no input of the run (a run directory holding
+        # it is refused: hostile-0.4 N10), only of the fetch that prepares data/
+        table = write_jsonl(where.parent / f"{where.name}-table.jsonl", [
             {"user": f"u{i % 24}", "text": f"{SYN[i % len(SYN)]['text']} Note {i}."}
             for i in range(96)])  # 24 users: the validation and test splits are not empty
         fetch(str(table), str(where / "data"), FetchSpec(tokenizer="whitespace"),

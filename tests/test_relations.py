@@ -141,3 +141,103 @@ def test_release_mode_sizes_the_secure_sum_from_a_public_bound_and_never_prints_
         ScoreSpec(noise_multiplier=1.0, engine="flower", release=True, sample_rate=0.5)
     ScoreSpec(noise_multiplier=1.0, engine="flower", release=True, sample_rate=0.5,
               public_clients=100)
+
+
+# --------------------------------------------------------------------------- issue 43, item 3
+_PARAMS = {"tree_aggregation": {"leaves": 1},
+           "distributed_discrete_gaussian": {"dim": 4, "noisy": 3, "local_sigma": 10.0,
+                                             "delta2": 5.0}}
+
+
+def _line(mechanism, sampling, relation, q=0.5, **kw):
+    return {"stage": "s", "mechanism": mechanism, "noise_multiplier": 1.0, "sample_rate": q,
+            "steps": 1, "delta": 1e-5, "sensitivity": 1.0, "sampling": sampling,
+            "neighbouring": relation, "params": dict(_PARAMS.get(mechanism, {})),
+            "release_id": f"{mechanism}-{sampling}-{relation}-{q}", **kw}
+
+
+def test_the_docs_table_of_accepted_entries_is_the_codes():
+    """docs/privacy.md's "Ledger entries popri accepts" lists exactly REL.PROVEN."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "privacy.md").read_text()
+    table = text.split("**Ledger entries popri accepts.**", 1)[1]
+    rows = [ln for ln in table.split("| mechanism | sampling | relations | proof |", 1)[1]
+            .splitlines()[2:]]
+    rows = rows[:next(i for i, ln in enumerate(rows) if not ln.startswith("|"))]
+    docs = set()
+    for ln in rows:
+        mechs, sampling, rels = (c.strip() for c in ln.strip("|").split("|")[:3])
+        for m in mechs.split(","):
+            for r in rels.split(";"):
+                docs.add((m.strip().strip("`"), sampling, r.strip()))
+    code = {(m, s, r) for m, pairs in REL.PROVEN.items() for s, r in pairs}
+    assert docs == code, (docs - code, code - docs)
+    assert all(r in REL.RELATIONS and s in REL.SAMPLINGS for _, s, r in code)
+
+
+@pytest.mark.parametrize("mechanism", list(REL.PROVEN))
+def test_exactly_the_proven_pairs_are_accepted(mechanism):
+    """Every (sampling, relation) pair, at q < 1 and q = 1: the reader and a total accept
+    exactly the rows of REL.PROVEN; the papers' convention adds only REL.PAPERS_PAIRS (NOT DP);
+    everything else is one InputError naming file, line and pair, under every convention."""
+    from popri.core.errors import InputError
+
+    for s in REL.SAMPLINGS:
+        for r in REL.RELATIONS:
+            proven = (s, r) in REL.PROVEN[mechanism]
+            papers = (s, r) in REL.PAPERS_PAIRS
+            for q in (0.5, 1.0):
+                d = _line(mechanism, s, r, q)
+                if proven or papers:
+                    e = LedgerEntry.from_dict(d, path="L", line=3)
+                    assert e.where == "L:3"
+                else:
+                    with pytest.raises(InputError) as err:
+                        LedgerEntry.from_dict(d, path="L", line=3)
+                    msg = err.value.format()
+                    assert msg.startswith("L:3: field 'neighbouring': refused ledger entry: "
+                                          f"{mechanism} with sampling {s!r} under {r!r}"), msg
+                    assert "\n" not in msg
+                for conv in (None, "papers"):
+                    ok = proven or (papers and conv == "papers")
+                    if ok:
+                        c = A.compose([d], 1e-5, convention=conv)
+                        assert c.guarantee == proven and c.epsilon > 0
+                    else:
+                        with pytest.raises(A.ParameterError) as err:
+                            A.compose([d], 1e-5, convention=conv)
+                        assert f"sampling {s!r} under {r!r}" in err.value.message
+    # the trees' condition on params: a sampled round is a one-leaf tree
+    for s, r in (("poisson", REL.ADD_REMOVE), ("fixed", REL.REPLACE)):
+        if mechanism == "tree_aggregation":
+            d = _line(mechanism, s, r, params={"leaves": 4})
+            with pytest.raises(InputError, match="several leaves"):
+                LedgerEntry.from_dict(d, path="L", line=1)
+
+
+def test_a_hand_written_fixed_zero_out_entry_is_refused_naming_file_line_and_pair(
+        tmp_path, run_popri):
+    """Issue 43 item 3: L = 5 of N = 10, z = 1, delta = 1e-5, sampling fixed under zero-out one
+    client was accounted as Poisson at q = L/N (3.89; its pair "others at +C, the target at -C
+    vs the zero record" needs at least 4.21).  Refused: one line, exit 2, any convention."""
+    import json
+
+    led = tmp_path / "ledger.jsonl"
+    good = _line("subsampled_gaussian", "poisson", REL.ADD_REMOVE, 0.5)
+    bad = _line("subsampled_gaussian", "fixed", REL.ZERO_OUT, 0.5)
+    led.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    for extra in ([], ["--convention", "papers"], ["--delta", "1e-5", "--json"]):
+        p = run_popri(["account", "ledger", tmp_path, *extra])
+        assert p.returncode == 2 and p.stdout == "", p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"popri: error: {led}:2: "), lines
+        assert "sampling 'fixed' under 'zero-out one client'" in lines[0]
+    # the writer refuses it too: no popri command can record it
+    from popri.core.errors import InputError
+    from popri.privacy.ledger import append
+
+    with pytest.raises(InputError, match="refused ledger entry"):
+        append(tmp_path / "other" / "ledger.jsonl", [LedgerEntry(**bad)])
+    with pytest.raises(A.ParameterError, match="zero-out one client"):
+        A.compose([bad], 1e-5)  # a dict handed to the accountant, too

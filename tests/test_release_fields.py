@@ -92,7 +92,9 @@ FL_ROUND = ({"round", "model", "base_model", "spec", "algorithm", "sampling", "d
              "noise_multiplier", "noise_multiplier_guaranteed", "noise_std", "momentum",
              "server_lr", "mode", "release_id", "source", "engine", "sample_rate",
              "clients_per_round", "flower", "flower.supernodes_requested",
-             "flower.secagg_mechanism", "neighbouring", "sensitivity"}
+             "flower.secagg_mechanism", "neighbouring", "sensitivity",
+             # public: a fixed L, or q times the declared --public-clients (public_count)
+             "divisor", "public_clients"}
             | {f"spec.{k}" for k in FL_SPEC})
 FL_MODEL_METRICS = {"model", "base_model", "lora", "trainable_parameters", "bos_token",
                     "eos_token", "fl_round", "algorithm"}
@@ -237,6 +239,7 @@ def test_fl02_fl100_fl_round_release_writes_only_public_fields(tiny_lm, tmp_path
     out = tmp_path / "o"
     p = run_popri(["fl", "round", "--data", data, "--model", tiny_lm, "--round", "1", "-z", "1",
                    "--sample-rate", "0.5", "--algorithm", algorithm, "--release", "--no-bf16",
+                   "--public-clients", "40",  # declared, public (not the private 13)
                    # DP-FTRL under Poisson sampling: a tree restarted every round (the epoch
                    # trees take a fixed number of clients per round)
                    *(["--restart", "round"] if algorithm == "ftrl" else []),
@@ -246,6 +249,7 @@ def test_fl02_fl100_fl_round_release_writes_only_public_fields(tiny_lm, tmp_path
     # the exact statistics only behind --diagnostics, labelled NOT PRIVATE
     p = run_popri(["fl", "round", "--data", data, "--model", tiny_lm, "--round", "1", "-z", "1",
                    "--sample-rate", "0.5", "--release", "--diagnostics", "--no-bf16",
+                   "--public-clients", "40",
                    "--out", tmp_path / "d" / "r1"], check=True)
     diag = json.loads((tmp_path / "d" / "r1" / "round.json").read_text())["private_diagnostics"]
     assert diag["private"] is False and "NOT PRIVATE" in diag["note"]
@@ -326,7 +330,8 @@ def test_rr11_popri_run_dp_fl_release_writes_no_exact_statistic(tmp_path, datase
     n_train = json.loads((dataset / "manifest.json").read_text())["counts"]["train"]["clients"]
     p = run_popri(_run_args(run, dataset, tiny_lm, "dp-fedavg", "--set", "rounds=1",
                             "--set", "fl.clients_per_round=null", "--set",
-                            "fl.sample_rate=0.5", "--set", "privacy.epsilon=20", "--release"),
+                            "fl.sample_rate=0.5", "--set", "privacy.epsilon=20",
+                            "--set", "fl.public_clients=40", "--release"),
                   check=True)
     res = json.loads((run / "results.json").read_text())
     assert res["mode"] == "release"
@@ -376,6 +381,7 @@ RESULTS = {"accountant", "budget", "budget.accountant", "budget.delta", "budget.
            "ledger_check.stages.*", "ledger_check.stages.*.agree",
            "ledger_check.stages.*.planned", "ledger_check.stages.*.recorded", "method",
            "methods", "mode", "mode_note", "noise_multiplier", "num_synthetic", "prompts",
+           "precision",  # the machine's numeric path (cpu fp32, ...): public (issue 43)
            "recovery_rate_note", "recovery_rate_per_round", "released", "rounds", "run",
            "run.command", "run.config_hash", "run.ended", "run.git_commit", "run.invocations",
            "run.popri_version", "run.stages_cached", "run.stages_ran", "run.started",

@@ -56,11 +56,16 @@ def test_research_one_draw_verdict_numbers(tmp_path, run_popri):
     v = res["verdicts"][0]
     c = r["control"]
     d, se = c["acc_minus_control"], c["acc_minus_control_se"]
+    lo, hi = c["acc_minus_control_ci"]  # the stored interval, read as it is (N03)
     assert v["control"]["value"] == pytest.approx(d)
-    assert v["control"]["low"] == pytest.approx(d - Z * se)
-    assert v["control"]["high"] == pytest.approx(d + Z * se)
-    assert v["control"]["low"] > 0 and "POPri beat its untuned generator" in v["sentence"]
-    assert f"{d:+.4f}, 95% CI [{d - Z * se:+.4f}, {d + Z * se:+.4f}]" in v["sentence"]
+    assert v["control"]["low"] == pytest.approx(lo) and v["control"]["high"] == pytest.approx(hi)
+    assert lo != pytest.approx(d - Z * se)
+    # one draw excludes 0 over test clients, yet it is no verdict (issue 43, item 5)
+    assert v["control"]["low"] > 0 and " beat" not in v["sentence"].replace("cannot", "")
+    assert "one draw: POPri minus its untuned generator (T = 0)" in v["sentence"]
+    assert "leaves out the randomness of generation and training" in v["sentence"]
+    assert "draws: 3" in v["sentence"]
+    assert f"{d:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}]" in v["sentence"]
     assert "epsilon = 1.000" in v["privacy"] and "add/remove one client" in v["privacy"]
     assert v["dp_guarantee"] is True
     # eps = 0: no gap_closed.acc_minus_eps0 and no per-client files: unpaired, said so
@@ -70,7 +75,7 @@ def test_research_one_draw_verdict_numbers(tmp_path, run_popri):
     assert e["value"] == pytest.approx(m["popri"]["accuracy"] - m["eps0"]["accuracy"])
     assert e["high"] == pytest.approx(e["value"] + Z * se0) and e["paired"] is False
     md = _md_verdict(tmp_path / "rep")
-    assert "POPri beat its untuned generator" in md and "UNPAIRED" in md
+    assert "one draw: POPri minus" in md and "UNPAIRED" in md and "beat its" not in md
     assert "10 test clients" in md  # the sample size of every rate
     assert "paired-differences.png" in res["figures"]
     # the verdict opens the report: before the per-run sections
@@ -92,7 +97,8 @@ def test_did_not_beat_and_paired_eps0_from_per_client_files(tmp_path, run_popri)
     v = res["verdicts"][0]
     lo, hi = v["control"]["low"], v["control"]["high"]
     assert lo < 0 < hi
-    assert "POPri did not beat its untuned generator" in v["sentence"]
+    assert "one draw: POPri minus its untuned generator" in v["sentence"]
+    assert "did not beat" not in v["sentence"] and "no verdict" in v["sentence"]
     exp = paired_bootstrap([a, b], lambda x, z: x - z, n_boot=1000, seed=0)
     e = v["eps0"]
     assert e["paired"] is True and e["n"] == 12
@@ -121,6 +127,36 @@ def test_several_draws_use_student_t(tmp_path, run_popri):
     assert 0.02 - Z * se_b > 0 > c["low"]
     assert "did not beat" in res["verdicts"][0]["sentence"]
     assert "3 draws" in _md_verdict(tmp_path / "rep")
+
+
+def test_the_stored_interval_is_read_not_recomputed(tmp_path, run_popri):
+    """N03: a run whose stored interval excludes 0 where +-1.96 SE would not."""
+    run = fake_run(tmp_path / "runs", "n03", 1.0, 0.300, 3.0)
+    r = _relation(run)
+    r["control"].update(acc_minus_control=0.0040, acc_minus_control_se=0.0025,
+                        acc_minus_control_ci=[0.0005, 0.0080])
+    _edit(run, control=r["control"])
+    c = _report(run_popri, [run], tmp_path / "rep")["verdicts"][0]["control"]
+    assert (c["low"], c["high"]) == (pytest.approx(0.0005), pytest.approx(0.0080))
+    assert r"\[+0.0005, +0.0080\]" in (tmp_path / "rep" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("per,words", [
+    ([0.010, 0.012, 0.011, 0.013], "POPri beat its untuned generator"),
+    ([0.010, 0.012], "2 draws are too few for a verdict"),
+])
+def test_only_three_or_more_draws_decide(tmp_path, run_popri, per, words):
+    run = fake_run(tmp_path / "runs", "d", 1.0, 0.300, 3.0)
+    r = _relation(run)
+    r["control"]["draws"] = {"n": len(per), "acc_minus_control": per,
+                             "mean": statistics.fmean(per),
+                             "se_between": statistics.stdev(per) / math.sqrt(len(per)),
+                             "se_within": 0.002}
+    _edit(run, control=r["control"])
+    v = _report(run_popri, [run], tmp_path / "rep")["verdicts"][0]
+    assert words in v["sentence"]
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert ('class="verdict v-good"' in html) == (len(per) >= 3)
 
 
 def test_release_mode_verdict_says_what_was_released(tmp_path, run_popri):

@@ -65,7 +65,7 @@ def test_cosine_equals_brute_force_pairwise(seed, n_clients, standardize, clip):
                                               rows=True, block=2)
     want = brute_force_cosine(emb, cids, syn, part.members, clients, standardize=standardize,
                               clip=clip)
-    out = aggregation.finish(total, reduce="mean", denominator=part.denominator, threshold=None)
+    out = aggregation.finish(total, reduce="mean", denominator=len(part.members), threshold=None)
     assert np.allclose(out, want.mean(axis=0), atol=1e-5)
     assert np.allclose(rows, want, atol=1e-5)  # the per-client rows too
     assert np.allclose(total, rows.sum(axis=0), atol=1e-4)
@@ -74,7 +74,7 @@ def test_cosine_equals_brute_force_pairwise(seed, n_clients, standardize, clip):
 def test_unstandardised_unclipped_mean_is_mean_of_mean_cosines():
     emb, cids, syn = make_data(1, 300, 25, 40, 16)
     total, part, clients, _ = run_cosine(emb, cids, syn, clip=1e9, standardize=False)
-    assert part.sampling == "none" and part.denominator == len(clients) == 25
+    assert part.sampling == "none" and len(part.members) == len(clients) == 25
     want = brute_force_cosine(emb, cids, syn, part.members, clients, standardize=False,
                               clip=1e9).mean(axis=0)
     assert np.allclose(total / 25, want, atol=1e-6)
@@ -146,9 +146,12 @@ def test_poisson_mean_divides_by_expected_count():
     emb, cids, syn = make_data(5, 600, 60, 20, 6)
     total, part, clients, _ = run_cosine(emb, cids, syn, clip=1e9, sample_rate=0.3, seed=2)
     assert part.sampling == "poisson" and 0 < len(part.members) < 60
-    assert part.denominator == pytest.approx(0.3 * 60)
+    # the divisor: q times the DECLARED N (public_count), here declared as the true 60
+    d = aggregation.public_count(part.sampling, sample_rate=0.3, clients_per_round=None,
+                                 public_clients=60)
+    assert d == pytest.approx(0.3 * 60)
     want = brute_force_cosine(emb, cids, syn, part.members, clients, standardize=False, clip=1e9)
-    out = aggregation.finish(total, reduce="mean", denominator=part.denominator, threshold=None)
+    out = aggregation.finish(total, reduce="mean", denominator=d, threshold=None)
     assert np.allclose(out, want.sum(axis=0) / (0.3 * 60), atol=1e-5)
 
 
@@ -160,7 +163,9 @@ def test_poisson_with_no_client_is_pure_noise():
         total = cosine.cosine_round(emb, codes, part, syn, noise_multiplier=3.0, clip=2.0,
                                      standardize=True, noise_rng=make_rng(1), rows_out=rows)
         assert abs(total.std() / 6.0 - 1) < 0.05
-        out = aggregation.finish(total, reduce="mean", denominator=part.denominator, threshold=None)
+        d = aggregation.public_count("poisson", sample_rate=0.01, clients_per_round=None,
+                                     public_clients=2)
+        out = aggregation.finish(total, reduce="mean", denominator=d, threshold=None)
         assert np.allclose(out, (total / 0.02).astype(np.float32))
         if rows is not None:
             assert np.allclose(rows[0], total)
@@ -170,12 +175,13 @@ def test_poisson_with_no_client_is_pure_noise():
 @FAST
 def test_sampling_kinds(n, q, seed):
     s = participation.sample_clients(n, make_rng(seed), sample_rate=q)
-    assert s.sampling == "poisson" and s.denominator == pytest.approx(q * n)
+    assert s.sampling == "poisson" and s.sample_rate == pytest.approx(q) and s.total == n
     assert np.all(np.diff(s.members) > 0) and (len(s.members) == 0 or s.members[-1] < n)
     L = max(1, n // 3)
     f = participation.sample_clients(n, make_rng(seed), clients_per_round=L)
-    assert len(np.unique(f.members)) == L and f.denominator == L
-    assert f.sampling == ("none" if L == n else "fixed") and f.sample_rate == pytest.approx(L / n)
+    assert len(np.unique(f.members)) == L
+    # a fixed L = N is still the fixed-L algorithm: replace one client at q = 1 (issue 43)
+    assert f.sampling == "fixed" and f.sample_rate == pytest.approx(L / n)
     assert participation.sample_clients(n, make_rng(seed)).sampling == "none"
 
 

@@ -86,6 +86,25 @@ def test_a_missing_or_damaged_part_is_one_line_and_exit_2(wheels, tmp_path):
     assert p.returncode == 2 and p.stderr.startswith("wheelhouse: usage:")
 
 
+def test_an_output_that_is_a_file_or_an_input_that_is_missing_is_one_line(wheels, tmp_path):
+    """hostile-0.4 N12, N13: an OUT that is a file or cannot be made, a wheelhouse folder that
+    does not exist: exit 2 and one `wheelhouse:` line (before: exit 1 with mkdir's own line, or
+    bash's `cd:` error before the line); nothing written."""
+    afile = tmp_path / "afile"
+    afile.write_text("x\n")
+    for args, needle in ((("build", afile), f"{afile}: exists and is not a folder"),
+                         (("pack", wheels, afile), f"{afile}: exists and is not a folder"),
+                         (("build", "/dev/null/x"), "cannot create the folder /dev/null/x"),
+                         (("join", tmp_path / "nonexist"), "no such folder"),
+                         (("install", tmp_path / "nonexist"), "no such folder")):
+        p = wh(*args, cwd=tmp_path)
+        assert p.returncode == 2 and p.stdout == "", (args, p.stderr)
+        assert p.stderr.count("\n") == 1 and p.stderr.startswith("wheelhouse: "), (args, p.stderr)
+        assert needle in p.stderr, (args, p.stderr)
+    assert afile.read_text() == "x\n" and not (tmp_path / "nonexist").exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["afile", "src"]
+
+
 @pytest.mark.slow
 @pytest.mark.heavy  # make test-heavy (left out of CI)
 def test_build_here_and_install_popri_offline_into_a_fresh_venv(tmp_path):

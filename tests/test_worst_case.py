@@ -298,7 +298,7 @@ def _tree_rounds(tmp: Path, tiny_lm, spec, R: int, z: float, n: int, **kw):
     """R real DP-FTRL rounds (one tree) on zero updates: (the tree's ledger entry, the node
     noise std measured from round 1's step, the denominator)."""
     from popri.methods.dpfl import rounds as RD
-    from popri.privacy.ledger import read_ledger
+    from popri.privacy.ledger import dedupe, read_ledger
 
     data = write_jsonl(tmp / "d.jsonl", [{"client_id": f"c{i % n}", "text": f"a b c {i}"}
                                          for i in range(2 * n)])
@@ -310,11 +310,12 @@ def _tree_rounds(tmp: Path, tiny_lm, spec, R: int, z: float, n: int, **kw):
         if t == 1:
             step = (np.load(out / RD.THETA).astype(np.float64)
                     - RD.flat(RD.build_model(tiny_lm, spec, 5, "cpu")[2]))
-            denom = float(s["private_diagnostics"]["denominator"])
+            denom = float(s["divisor"])  # public: L, or q times the declared N
             node_std = float(np.std(step * denom / spec.server_lr_value()))
         prev = str(out)
-    entries = read_ledger(tmp / "fl" / "ledger.jsonl")
-    assert len(entries) == 1
+    lines = read_ledger(tmp / "fl" / "ledger.jsonl")  # a line per leaf, one tree (issue 43)
+    entries = dedupe(lines)
+    assert len(entries) == 1 and [e.params["leaf"] for e in lines] == list(range(1, R + 1))
     return entries[0], node_std
 
 
@@ -329,7 +330,7 @@ def test_a_bins_tree_holds_under_add_remove(tmp_path, tiny_lm, monkeypatch, R, z
 
     _zero_updates(monkeypatch)
     spec = FLSpec(algorithm="ftrl", clip=0.5, momentum=0.0, server_lr=1.0, bf16=False,
-                  epoch_rounds=R)
+                  epoch_rounds=R, public_clients=8)
     e, std = _tree_rounds(tmp_path, tiny_lm, spec, R, z, n=8)
     assert e.neighbouring == PROMISED["poisson"]  # add/remove, the default's relation
     assert std == pytest.approx(z * 0.5, rel=0.05)
@@ -387,13 +388,14 @@ def test_a_dp_fedavg_round_holds_its_promise(tmp_path, tiny_lm, monkeypatch, req
     n, C, z = 10, 0.5, 1.5
     data = write_jsonl(tmp_path / "d.jsonl", [{"client_id": f"c{i % n}", "text": f"a b {i}"}
                                               for i in range(2 * n)])
-    spec = FLSpec(algorithm="fedavg", clip=C, momentum=0.0, server_lr=1.0, bf16=False)
+    spec = FLSpec(algorithm="fedavg", clip=C, momentum=0.0, server_lr=1.0, bf16=False,
+                  public_clients=n)
     out = tmp_path / "fl" / "round1"
     s = RD.run_round(str(data), str(out), spec, round_=1, noise_multiplier=z, model=tiny_lm,
                      seed=2, **req)
     step = (np.load(out / RD.THETA).astype(np.float64)
             - RD.flat(RD.build_model(tiny_lm, spec, 2, "cpu")[2]))
-    std = float(np.std(step * s["private_diagnostics"]["denominator"]))
+    std = float(np.std(step * s["divisor"]))
     e = read_ledger(tmp_path / "fl" / "ledger.jsonl")[0]
     sampling = "fixed" if "clients_per_round" in req else "poisson" if req else "none"
     assert e.neighbouring == PROMISED[sampling]

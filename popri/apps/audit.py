@@ -388,7 +388,7 @@ def _score_worlds(s: Setup):
             return aggregation.finish(total, reduce=reduce, denominator=denom or 1.0, threshold=None)
         total = histogram.histogram_round(e, codes, sample, syn, noise_multiplier=z,
                                           max_per_client=M, keep=keep, noise_rng=noise)
-        return aggregation.finish(total, reduce="sum", denominator=sample.denominator, threshold=0.0)
+        return aggregation.finish(total, reduce="sum", denominator=1.0, threshold=0.0)
 
     z = run_z(s.z, s.brk)
     with broken(s.mechanism, s.brk):

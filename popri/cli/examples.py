@@ -18,6 +18,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "run": (
         "popri run       # the embedded default, examples/default.yaml",
         "popri run examples/smoke.yaml --run-dir runs/smoke",
+        "popri run examples/smoke.yaml --run-dir runs/e7 --set privacy.epsilon=7",
         "popri run examples/default.yaml --set privacy.epsilon=7 --set rounds=2 --dry-run",
         "popri run examples/dpfl.yaml --set method=dp-ftrl --show-config",
     ),
@@ -148,8 +149,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "runs list": ("popri runs list runs/",),
     "runs show": ("popri runs show runs/demo",),
-    "runs diff": ("popri runs diff runs/smoke runs/demo",
-                  "popri runs diff runs/e1 runs/e7 --keys 'gap_closed*' --all"),
+    # the two runs the "run" examples write
+    "runs diff": ("popri runs diff runs/smoke runs/e7",
+                  "popri runs diff runs/smoke runs/e7 --keys 'privacy.*' --keys epsilon"),
     "fred stats": (
         "popri fred stats --private data/sotu --epsilon 0.6 --delta 2e-6 --out runs/fred/sotu.npz",
     ),

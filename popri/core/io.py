@@ -567,10 +567,45 @@ def load_embedding_set(path: str | os.PathLike, mmap: bool = False) -> Embedding
     return EmbeddingSet(emb, rows, meta, source=path)
 
 
+_NPY_MAGIC = b"\x93NUMPY"  # numpy.lib.format.MAGIC_PREFIX
+_ZIP_MAGIC = b"PK\x03\x04"  # np.savez's zip archive (refused below, by name)
+
+
+def _npy_head(path: str) -> bytes | None:
+    """The first 64 bytes of the regular file ``path``; None for anything else (a pipe, a
+    device, a missing file: np.load says what is wrong, and a pipe's bytes are not consumed)."""
+    try:
+        if not Path(path).is_file():
+            return None
+        with open(path, "rb") as fh:
+            return fh.read(64)
+    except OSError:
+        return None
+
+
+def _texty(head: bytes) -> bool:
+    """``head`` reads as UTF-8 text (a character cut at its end allowed)."""
+    try:
+        s = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.start < len(head) - 3:
+            return False
+        s = head[:e.start].decode("utf-8")
+    return all(c.isprintable() or c in "\t\r\n" for c in s)
+
+
 def load_npy(path: str | os.PathLike, mmap: bool = False) -> np.ndarray:
     """One ``.npy`` array (no pickles); anything else -- a zip archive (``np.savez``) named
-    ``.npy``, a pickle, text -- is an :class:`InputError` naming the file."""
+    ``.npy``, a pickle, text -- is an :class:`InputError` naming the file.  A regular file is
+    told by its first bytes (the format's magic string, numpy.lib.format.MAGIC_PREFIX):
+    numpy's own message for a file without it is about pickles (allow_pickle=False)."""
     path = str(path)
+    head = _npy_head(path)
+    if head is not None and not head.startswith((_NPY_MAGIC, _ZIP_MAGIC)):
+        what = ("it is empty" if not head else "it is a Python pickle" if head[:1] == b"\x80"
+                else "it holds text" if _texty(head) else "it lacks the .npy header")
+        raise InputError(f"not a .npy file: {what} (a .npy file starts with \\x93NUMPY, as "
+                         "np.save writes it)", path=path)
     try:
         arr = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:

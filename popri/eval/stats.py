@@ -22,6 +22,11 @@ import numpy as np
 from popri.core.errors import InputError
 
 PER_CLIENT_FIELDS = ("client_id", "tokens", "correct", "loss_sum")
+#: draws of both synthetic sets a verdict needs (``popri report``, the run's learning line): the
+#: 95% t interval between draws, n - 1 >= 2 degrees of freedom, as the learning study's rule
+#: (docs/results.md).  One draw's interval over test clients leaves out the randomness of
+#: generation and training (issue 43: two machines' single draws gave disjoint intervals).
+MIN_DRAWS = 3
 
 
 def per_client_table(clients: Sequence[str], tok_n, hit_n, ce_n) -> list[dict]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from popri.core.errors import ConfigError
 from popri.federated.participation import row_blocks
 
 if TYPE_CHECKING:
@@ -97,6 +98,42 @@ def finish(total: np.ndarray, *, reduce: str, denominator: float,
     return out.astype(np.float32)
 
 
+def public_count(sampling: str, *, sample_rate: float, clients_per_round: int | None,
+                 public_clients: int | None, what: str = "the noisy sum") -> float:
+    """The one number a released sum may be divided by: a PUBLIC count, never the data's own.
+
+    Every release path that turns a noisy sum into a mean calls this (``popri score``'s cosine
+    mean, ``popri fl round``'s DP-FedAvg / DP-FTRL step, ``popri fewfedpit aggregate``).  Under
+    add/remove-one-client neighbours the number of participants -- and the number of clients N
+    -- differ between neighbours, so dividing by them is not post-processing: the released
+    noise's scale z C / (q N) would then estimate N from one release (issue 43).  Public counts:
+
+        fixed   L, the --clients-per-round setting (N is public there by the accounting:
+                q = L / N is in the ledger; neighbours replace one client and keep L)
+        poisson q N_pub      N_pub = --public-clients, declared public by the operator
+        bins    q N_pub      DP-FTRL's bins, q = 1 / R
+        none    N_pub        (or L when --clients-per-round L says everyone takes part)
+
+    This is DP-FedAvg's fixed-denominator estimator (McMahan, Ramage, Talwar, Zhang, "Learning
+    Differentially Private Recurrent Language Models", arXiv:1710.06963, section 2: the sum
+    over the round's sample divided by q W, W the known total weight).  N_pub need not equal
+    the true N: it only scales the mean (an estimate costs accuracy, never privacy).  Without
+    it a :class:`~popri.core.errors.ConfigError` names ``public_clients``."""
+    if clients_per_round is not None and sampling in ("fixed", "none"):
+        return float(clients_per_round)
+    if public_clients is None:
+        raise ConfigError(f"{what} is divided by a PUBLIC count, and under {sampling} "
+                          "sampling the number of clients is private (add/remove one client): "
+                          "declare the enrolled clients with --public-clients N (fl.public_"
+                          "clients in a config; an estimate only scales the step), or sample a "
+                          "fixed --clients-per-round L", field="public_clients")
+    if not public_clients >= 1:
+        raise ConfigError(f"must be >= 1 (got {public_clients})", field="public_clients")
+    if sampling in ("poisson", "bins"):
+        return float(sample_rate) * float(public_clients)
+    return float(public_clients)
+
+
 def public_denominator(mode: str, sampling: str, q: float, L: int,
                        public_clients: int | None) -> tuple[str, float | None]:
     """(reduce, denominator) of a round: the cosine mean only ever divides by a PUBLIC count.
@@ -110,10 +147,9 @@ def public_denominator(mode: str, sampling: str, q: float, L: int,
     section 2).  Otherwise the output is the noisy sum; nn-histogram is always a sum."""
     if mode != "cosine":
         return "sum", None
-    if sampling == "fixed":
-        return "mean", float(L)
-    if public_clients:
-        return "mean", float(q * public_clients if sampling == "poisson" else public_clients)
+    if sampling == "fixed" or public_clients:
+        return "mean", public_count(sampling, sample_rate=q, public_clients=public_clients,
+                                    clients_per_round=L if sampling == "fixed" else None)
     return "sum", None
 
 

@@ -7,14 +7,14 @@
 One round draws its participants with :func:`sample_clients`, the same three schemes as the
 accountant knows them (:mod:`popri.privacy.accounting`)::
 
-    Poisson     each client independently with probability q       D = q N   (--sample-rate)
-    fixed       exactly L of the N clients, without replacement    D = L     (--clients-per-round)
-    none        everyone                                           D = N
+    Poisson     each client independently with probability q       (--sample-rate)
+    fixed       exactly L of the N clients, without replacement    (--clients-per-round)
+    none        everyone
 
-D (:attr:`Participation.denominator`) is what a mean over the participants divides by.  Under
-Poisson sampling the realised count L is random and private (add/remove-one-client neighbours),
-so only the expected count q N is used; :func:`popri.federated.aggregation.public_denominator`
-decides which counts are public.
+Neither the realised count of a round nor N is public under add/remove-one-client neighbours
+(the count changes with the data), so a release never divides by them: what a released sum may
+be divided by is :func:`popri.federated.aggregation.public_count` (a fixed L, or q times a
+declared public N).
 
 A client contributes at most M of its samples (:func:`cap_per_client`, a seeded uniform choice):
 the cap bounds one client's influence, the sensitivity of PrE-Text's vote ("PrE-Text: Training
@@ -50,13 +50,6 @@ class Participation:
     sampling: str
     sample_rate: float  # q: Poisson rate, L/N for a fixed count, 1/R for bins, 1 for everyone
 
-    @property
-    def denominator(self) -> float:
-        """What the mean divides by: the expected count q*N under Poisson or bins, else L."""
-        if self.sampling in ("poisson", "bins"):
-            return self.sample_rate * self.total
-        return float(len(self.members))
-
     @classmethod
     def everyone(cls, n_clients: int) -> "Participation":
         return cls(np.arange(n_clients), n_clients, "none", 1.0)
@@ -89,8 +82,10 @@ def sample_clients(n_clients: int, rng, *, sample_rate: float | None = None,
     if clients_per_round is not None:
         if not 1 <= clients_per_round <= n_clients:
             raise ValueError(f"clients_per_round must be in [1, {n_clients}]")
-        if clients_per_round == n_clients:
-            return everyone
+        if clients_per_round == n_clients:  # L = N: still the fixed-L algorithm (q = 1), not
+            # "everyone": on an add/remove neighbour with N + 1 clients it samples L of N + 1,
+            # so it holds under replace one client (2C), as every fixed L (issue 43)
+            return Participation(everyone.members, n_clients, "fixed", 1.0)
         members = np.sort(np.asarray(rng.choice(n_clients, clients_per_round, replace=False)))
         return Participation(members, n_clients, "fixed", clients_per_round / n_clients)
     return everyone

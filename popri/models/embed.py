@@ -189,9 +189,19 @@ def embed_file(input: str, out: str, spec: EmbedSpec | None = None, *, split: st
                use_cache: bool = True) -> EmbeddingSet:
     """``popri embed``: any accepted input (:func:`as_embedding_set`) embedded with ``spec`` and
     written to ``out``: ``NAME.npy`` (+ ``NAME.jsonl`` rows, ``NAME.meta.json``) or ``-``
-    (JSONL rows with an ``embedding`` list on stdout)."""
+    (JSONL rows with an ``embedding`` list on stdout).  An input with no rows (an empty file,
+    an empty stdin, an empty split) is an :class:`InputError` naming it, before the model
+    loads, and nothing is written (hostile-0.4 N08: a 0 x d set was written, exit 0)."""
     spec = embed_spec(spec)
-    es = as_embedding_set(input, spec=spec, split=split, use_cache=use_cache, what="texts")
+    records, src = None, input
+    if input == STDIO or not is_embedding_path(input):
+        records, src = text_records(input, split, require_client=False)
+    if records is not None and not records:
+        raise InputError("no rows to embed (the input is empty); nothing written", path=src)
+    es = as_embedding_set(src, spec=spec, split=split, use_cache=use_cache, what="texts",
+                          records=records)
+    if not len(es):
+        raise InputError("no rows to embed (the input is empty); nothing written", path=src)
     meta = es.meta if es.meta.get("model") else \
         {**model_meta(spec.model, spec.normalize, spec.max_length), **es.meta}
     if out == STDIO:

@@ -231,15 +231,29 @@ def bf16_native(device: str) -> bool:
                     or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
+#: the explicit opt-in to bf16 on a CPU (``POPRI_CPU_BF16=1``): CPU runs compute in fp32 by
+#: default, so a run gives the same numbers on every CPU (issue 43: the main job's verdict
+#: flipped between a CPU with native bf16 and one without)
+CPU_BF16_ENV = "POPRI_CPU_BF16"
+
+
+def cpu_bf16_opted_in() -> bool:
+    return os.environ.get(CPU_BF16_ENV, "").strip() == "1"
+
+
 def use_bf16(requested: bool, device: str = "cpu") -> bool:
-    """``requested`` where the device computes bf16 natively (:func:`bf16_native`); else fp32,
-    with one warning per device kind (bf16 settings stay a request: the run's results do not
-    depend on it beyond rounding)."""
+    """Compute in bf16?  On CUDA: ``requested`` where the GPU computes bf16 natively.  On a CPU:
+    fp32 -- one numeric path on every CPU -- unless the user opts in with ``POPRI_CPU_BF16=1``
+    (then ``requested`` where oneDNN computes bf16 natively: :func:`bf16_native`).  The stage
+    settings' ``bf16`` (default on) thus mean "bf16 on a GPU"; a CPU run's precision is
+    :func:`precision`, recorded in results.json and the results table."""
     if not requested:
+        return False
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if kind == "cpu" and not cpu_bf16_opted_in():
         return False
     if bf16_native(device):
         return True
-    kind = "cuda" if device.startswith("cuda") else "cpu"
     if kind not in _BF16_WARNED:
         _BF16_WARNED.add(kind)
         from popri.core import log
@@ -248,6 +262,15 @@ def use_bf16(requested: bool, device: str = "cpu") -> bool:
                  "bf16 (no AVX512-BF16 / AMX): computing in fp32, which is many times faster "
                  "here than emulated bf16")
     return False
+
+
+def precision(device: str | None = None) -> str:
+    """The numeric path of the stages on ``device`` (default: this machine's), as results.json
+    and the results table name it: ``fp32`` on a CPU by default; ``bf16`` on a CPU only with
+    ``POPRI_CPU_BF16=1`` and native bf16; ``bf16`` on a GPU that computes it (stages whose bf16
+    setting is off compute in fp32 there)."""
+    device = device or default_device()
+    return "bf16" if use_bf16(True, device) else "fp32"
 
 
 def autocast(device: str, enabled: bool = True):

@@ -87,7 +87,7 @@ class Budget:
         cpr, rate, _ = self.method.participation(self.cfg)
         if rate and rate < 1:
             return "poisson"
-        return "fixed" if cpr and q < 1 else "none"
+        return "fixed" if cpr else "none"  # a fixed L = N too: replace one client (q = 1)
 
     # ------------------------------------------------------------------ the noise
     def noise_at(self, noise: Noise, q: float, spec=None) -> Noise:

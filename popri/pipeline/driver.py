@@ -41,8 +41,10 @@ from popri.core import log
 from popri.core.errors import ConfigError, PopriError
 from popri.core.io import atomic_write, read_json
 from popri.core.spec import to_argv
+from popri.eval.stats import MIN_DRAWS
 from popri.kit import (Z_LATER, DPRelease, RunPaths, Stage, draw_seed, fmt, opt, redrawn,
                        released_line, selection_note, step_argv)
+from popri.models import llm
 from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError
 from popri.pipeline.config import RunConfig, to_dict
@@ -71,10 +73,13 @@ class Run:
     (:meth:`score_stage`, :meth:`exact_stage`, :meth:`gen_args` ...); everything else here is
     the driver's."""
 
-    def __init__(self, cfg: RunConfig, *, dry_run: bool = False, rerun: bool = False):
+    def __init__(self, cfg: RunConfig, *, dry_run: bool = False, rerun: bool = False,
+                 inputs: Iterable[str | os.PathLike] = ()):
         from popri.pipeline.recipes import get_method
 
         self.cfg = cfg
+        # what the command read besides the config's paths (its YAML): kept in a run directory
+        self.inputs = [os.fspath(x) for x in inputs if x]
         self.method = get_method(cfg.method)
         self.run = Path(cfg.run_dir)
         self.dry_run = dry_run
@@ -525,12 +530,43 @@ class Run:
     RUN_FILES = ("config.resolved.json", "commands.sh", "results.json", "results.md",
                  "privacy.json")
 
+    #: what a directory popri did not write may hold and still become a run directory, besides
+    #: the run's own inputs and ledgers: a prepared dataset where a fetch puts it (RUN/data)
+    PREPARED = ("data",)
+
+    def _kept(self, entry: Path) -> bool:
+        """``entry`` (at the top of a run directory popri did not write) is something the run
+        reads: :data:`PREPARED`, a ledger (``ledger.jsonl``, or a folder of nothing but
+        ledgers: the budget counts their releases), or one of the run's inputs (its YAML,
+        ``self.inputs``; a path the config names: data.dir, a data source, a model)."""
+        from popri.core.outdir import LEDGER_NAME
+
+        if entry.name in self.PREPARED or entry.name == LEDGER_NAME:
+            return True
+        if entry.is_dir() and not entry.is_symlink():
+            files = [f for _r, _d, fs in os.walk(entry) for f in fs]
+            if files and all(f == LEDGER_NAME for f in files):
+                return True
+        here = entry.resolve()
+        for v in [*self.inputs, *_strings(to_dict(self.cfg))]:
+            try:
+                p = Path(v).resolve() if os.path.lexists(v) else None
+            except (OSError, RuntimeError, ValueError):
+                continue
+            if p is not None and (p == here or here in p.parents):
+                return True
+        return False
+
     def _check_run_dir(self) -> None:
         """A run directory is written into, never replaced (:func:`popri.core.outdir.check`
         without the ledger rule): '-', a file, a device or a link is refused, and so is a
         directory popri did not write that holds one of the files a run writes at its top
-        (the user's own ``results.json`` would be overwritten).  A directory that merely holds
-        a prepared dataset (``data/private``) or a ledger is fine."""
+        (the user's own ``results.json`` would be overwritten) or anything the run does not
+        read (:meth:`_kept`) -- the rule of every ``--out`` (``popri report --out`` among
+        them): a non-empty directory is filled only when it is popri's own
+        (:func:`popri.core.outdir.is_ours`: its marker, or ``.stages/`` of a run older than the
+        marker).  A directory that merely holds a prepared dataset (``data/private``), the
+        run's inputs or a ledger is fine; so is an empty or a missing one (hostile-0.4 N10)."""
         from popri.core import outdir
 
         run = outdir.check(self.run, whole=False, force=True, what="run_dir")
@@ -539,6 +575,15 @@ class Run:
             if clash:
                 raise ConfigError(f"holds {', '.join(clash)}, which popri run would overwrite, "
                                   "and popri did not write it: choose another run_dir",
+                                  path=str(run), field="run_dir")
+            other = sorted(e.name for e in run.iterdir() if not self._kept(e))
+            if other:
+                shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more"
+                                                if len(other) > 3 else "")
+                raise ConfigError(f"directory is not empty and was not written by popri (no "
+                                  f"{outdir.MARKER}; it holds {shown}): choose another run_dir "
+                                  "(one popri did not write may hold only what the run reads: "
+                                  "a prepared dataset, data/, its inputs and ledgers)",
                                   path=str(run), field="run_dir")
 
     def _execute(self) -> dict:
@@ -729,6 +774,8 @@ class Run:
                "prompts": c.prompts,
                "samples_per_prompt": c.samples_per_prompt, "num_synthetic": c.num_synthetic,
                "generator": c.generator.model, "downstream": c.downstream.model,
+               # the numeric path of the stages: fp32 on every CPU unless POPRI_CPU_BF16=1
+               "precision": run_precision(),
                "method": c.method, "seed": c.seed, "methods": {},
                "budget": {"epsilon": c.privacy.epsilon, "delta": c.privacy.delta,
                           "accountant": c.privacy.accountant,
@@ -861,6 +908,42 @@ def epsilon_words(r: dict) -> str:
     return f"under {r.get('neighbouring') or 'add/remove one client'}"
 
 
+def _strings(x) -> Iterable[str]:
+    """Every non-empty string in a nested mapping / list (a config's values)."""
+    if isinstance(x, dict):
+        for v in x.values():
+            yield from _strings(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _strings(v)
+    elif isinstance(x, str) and x:
+        yield x
+
+
+def draws_verdict(label: str, dr: dict) -> str:
+    """The learning line's verdict over draws: from >= MIN_DRAWS, whether the 95% t interval
+    between draws excludes 0 (popri.report.verdict's rule); from fewer, that there is none."""
+    n, mean, se = dr.get("n"), dr.get("mean"), dr.get("se_between")
+    if not isinstance(n, int) or n < MIN_DRAWS or mean is None or se is None:
+        return f"{n} draws are too few for a verdict (draws >= {MIN_DRAWS})"
+    from scipy import stats
+
+    t = float(stats.t.ppf(0.975, n - 1))
+    lo, hi = mean - t * se, mean + t * se
+    word = ("beat" if lo > 0 else "did not beat, it scored lower than" if hi < 0
+            else "did not beat")
+    return (f"verdict over {n} draws: {label} {word} its untuned generator (95% t interval "
+            f"[{lo:+.4f}, {hi:+.4f}], t({n - 1}) = {t:.3f})")
+
+
+def run_precision() -> str:
+    """'cpu fp32' (every CPU by default), 'cpu bf16' (POPRI_CPU_BF16=1 on a CPU with native
+    bf16) or 'cuda bf16' / 'cuda fp32': :func:`popri.models.llm.precision` on this machine,
+    where the run's stages ran."""
+    device = llm.default_device()
+    return f"{device} {llm.precision(device)}"
+
+
 def results_table(r: dict) -> str:
     """The markdown results table of one run (stdout and RUN/results.md)."""
     from popri.pipeline.recipes import METHODS
@@ -873,7 +956,8 @@ def results_table(r: dict) -> str:
         return own
     label = m.label if m else method
     shape = m.shape(r) if m else f"{method} on {r['run_dir']}"
-    lines = [f"{shape}, generator {r['generator']}, downstream {r['downstream']}", "",
+    prec = f", precision {r['precision']}" if isinstance(r.get("precision"), str) else ""
+    lines = [f"{shape}, generator {r['generator']}, downstream {r['downstream']}{prec}", "",
              "| method | epsilon | delta | next-token accuracy | SE (clients) | loss | FID to val |",
              "|---|---|---|---|---|---|---|"]
     if r.get("released") and not r["methods"]:
@@ -899,11 +983,15 @@ def results_table(r: dict) -> str:
             lines += ["", f"{head}, over {dr['n']} draws of both synthetic sets: "
                           f"{dr['mean']:+.4f} +- {dr['se_between']:.4f} accuracy (SE between "
                           f"draws; per draw {per_draw}; SE over test clients "
-                          f"{dr['se_within']:.4f})"]
+                          f"{dr['se_within']:.4f})", draws_verdict(label, dr)]
         else:
             lines += ["", f"{head}: {ctl['acc_minus_control']:+.4f}"
                           + (f" +- {se:.4f}" if se is not None else "")
-                          + " accuracy (paired over test clients)"]
+                          + " accuracy (one draw, paired over test clients)",
+                      "one draw is no verdict: its SE over test clients leaves out the randomness "
+                      "of generation and training (a second draw, or another machine, can land "
+                      f"outside it); --set draws={MIN_DRAWS} gives one (the t interval between "
+                      "draws)"]
     pr = r.get("probe")
     if pr and pr.get("delta_mean_cosine") is not None:
         lines.append(f"distance to the private validation split (fixed-prompt probe, a private "

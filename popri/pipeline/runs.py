@@ -11,7 +11,9 @@ command line, config hash, start and end) and ``metrics.jsonl`` (per round).
 
 Nothing here trusts a file's shape: a metrics.jsonl line that is not a JSON object with an
 integer ``round`` is skipped with a note (``LoadedRun.notes``), a results.json field of the
-wrong type reads as missing, and :func:`jsonable` turns NaN / Infinity into null.
+wrong type reads as missing, and :func:`jsonable` writes +/-Infinity as the strings "inf" /
+"-inf" (an epsilon of inf is a run with no DP guarantee: it must not read as "unknown") and NaN
+as null (JSON has neither).
 """
 
 from __future__ import annotations
@@ -239,11 +241,19 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: how ``--json`` writes +/-Infinity (JSON has no infinity; null is kept for NaN, "no value")
+INF, NEG_INF = "inf", "-inf"
+
+
 def jsonable(x: Any) -> Any:
-    """``x`` with every NaN / Infinity replaced by None (JSON has neither), numpy scalars as
-    Python numbers and tuples as lists, so ``json.dumps(..., allow_nan=False)`` accepts it."""
+    """``x`` with every +/-Infinity written as the string :data:`INF` / :data:`NEG_INF` and
+    every NaN as None (JSON has neither: an infinite epsilon is a run without a DP guarantee,
+    which null would hide), numpy scalars as Python numbers and tuples as lists, so
+    ``json.dumps(..., allow_nan=False)`` accepts it."""
     if isinstance(x, float):
-        return x if math.isfinite(x) else None
+        if math.isnan(x):
+            return None
+        return x if math.isfinite(x) else INF if x > 0 else NEG_INF
     if isinstance(x, dict):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -380,8 +390,11 @@ def diff(a: LoadedRun, b: LoadedRun, *, everything: bool = False,
     """Settings and metrics of two runs side by side (``dvc params diff`` / ``dvc metrics
     diff``): {"params": [(key, a, b)], "metrics": [(key, a, b, change)], "headline": [...]}.
 
-    ``params`` / ``metrics`` hold every key whose values differ (NaN = NaN), or every key with
-    ``everything``; ``keys`` (globs or substrings) keeps the matching keys only.
+    ``params`` hold every setting whose values differ (NaN = NaN), ``metrics`` every metric
+    that :func:`differs` (at its precision: the one rule of the list, the count and the change
+    column), or every key with ``everything``; ``keys`` (globs or substrings) keeps the
+    matching keys only, and ``keys_unmatched`` lists the patterns that match no setting or
+    metric key of either run (``popri runs diff`` names them on stderr).
     ``headline`` is the compact view: one dict per headline metric present in either run
     (``key``, ``label``, ``a``, ``b``, ``change``, ``se``, ``decimals``, ``differs``: at the
     precision its SE supports, an epsilon by more than 1e-4 relative).  Counts:
@@ -398,9 +411,9 @@ def diff(a: LoadedRun, b: LoadedRun, *, everything: bool = False,
     metrics, differ = [], 0
     for k in mkeys:
         x, y = ma.get(k), mb.get(k)
-        if differs(k, x, y, decimals(_se(k, ma, mb))):
-            differ += 1
-        if (everything or not _same(x, y)) and _keep(k, keys):
+        dif = differs(k, x, y, decimals(_se(k, ma, mb)))
+        differ += dif
+        if (everything or dif) and _keep(k, keys):
             metrics.append((k, x, y, _change(x, y)))
     head = []
     for k, label in headline_keys(a, b):
@@ -414,7 +427,9 @@ def diff(a: LoadedRun, b: LoadedRun, *, everything: bool = False,
     return {"a": str(a.path), "b": str(b.path), "params": params, "metrics": metrics,
             "headline": head, "params_total": len(pkeys),
             "params_differ": sum(not _same(pa.get(k), pb.get(k)) for k in pkeys),
-            "metrics_total": len(mkeys), "metrics_differ": differ}
+            "metrics_total": len(mkeys), "metrics_differ": differ,
+            "keys_unmatched": [p for p in keys
+                               if not any(_keep(k, [p]) for k in (*pkeys, *mkeys))]}
 
 
 def diff_rows(d: dict, a: LoadedRun, b: LoadedRun, *, everything: bool = False,

@@ -7,8 +7,8 @@ inside the run directory.  Its *key* is the sha256 of
 
 - popri's version (a new release re-runs everything: its code may compute differently),
 - the command line,
-- the values of the ``POPRI_*`` settings that define a result (:data:`KEYED_ENV`: none today;
-  the thread count is not one, see :meth:`StageRunner.key`); every other ``POPRI_*`` variable
+- the values of the ``POPRI_*`` settings that define a result (:data:`KEYED_ENV`:
+  POPRI_CPU_BF16, when set; the thread count is not one, see :meth:`StageRunner.key`); every other ``POPRI_*`` variable
   is removed from the stage's environment (:data:`PASSED_ENV` are passed and do not change
   results), so an ambient ``POPRI_RELEASE`` or ``POPRI_CONFIG`` can neither change a stage
   behind its key nor leak into it,
@@ -45,9 +45,10 @@ from popri.core.io import atomic_write
 from popri.core.runtime import fault_point
 from popri.kit import Stage
 
-#: POPRI_* settings a stage inherits that define its outputs: their values are in its key.
-#: None today: POPRI_THREADS is an execution setting (see :meth:`StageRunner.key`)
-KEYED_ENV: tuple[str, ...] = ()
+#: POPRI_* settings a stage inherits that define its outputs: their values are in its key
+#: when set.  POPRI_CPU_BF16=1 (bf16 on a CPU, :func:`popri.models.llm.use_bf16`) changes more
+#: than the last bits; POPRI_THREADS is an execution setting (see :meth:`StageRunner.key`)
+KEYED_ENV: tuple[str, ...] = ("POPRI_CPU_BF16",)
 #: POPRI_* settings a stage inherits that define no output (threads, logging, caches, test hooks)
 PASSED_ENV = ("POPRI_THREADS", "POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "POPRI_FAULT")
 #: recorded in each stage's marker and attempt (what it ran with), never in its key
@@ -277,8 +278,9 @@ class StageRunner:
         h = hashlib.sha256()
         h.update(f"popri {__version__}\n".encode())
         h.update(json.dumps(stage.args).encode())
-        for k in KEYED_ENV:
-            h.update(f"|{k}={self.env.get(k, '')}".encode())
+        for k in KEYED_ENV:  # only when set: keys of runs without it stay as they were
+            if self.env.get(k):
+                h.update(f"|{k}={self.env[k]}".encode())
         for i in stage.inputs:
             h.update(f"|{i}={self._input_key(i)}".encode())
         return h.hexdigest()
@@ -420,6 +422,9 @@ class StageRunner:
         n, ids = before[0], set(before[1])
         mine = self._mine(stage)
         appended = mine[n:]
+        # a line repeating a release another stage recorded is no new release: a DP-FTRL
+        # tree's later leaf (issue 43: each leaf has its line, under the tree's id)
+        ids |= self._others(stage)
         new = [e for e in appended if e.release_id not in ids]
         if not new:
             # the ledger already held the release (it dedupes by release id): its outputs
@@ -505,6 +510,14 @@ class StageRunner:
 
         led = Path(stage.release.ledger)
         return [e for e in read_ledger(led) if stage.release.match(e)] if led.is_file() else []
+
+    def _others(self, stage: Stage) -> set[str]:
+        """The release ids of the other stages' lines in this stage's ledger."""
+        from popri.privacy.ledger import read_ledger
+
+        led = Path(stage.release.ledger)
+        return ({e.release_id for e in read_ledger(led)
+                 if e.release_id and not stage.release.match(e)} if led.is_file() else set())
 
     def attempt(self, name: str) -> dict:
         """``{"key", "before", "env"}`` of stage ``name``'s first unfinished attempt with its

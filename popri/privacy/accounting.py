@@ -139,7 +139,22 @@ def pld_loss_range(history) -> float:
     return sum(m.loss_range(k, n) for m, k, n in _steps(history))
 
 
+#: the most steps (of all releases together) the pld accountant composes.  dp-accounting's
+#: PLD of T self-composed releases costs time that grows with T, and a calibration evaluates
+#: it some 40 times: measured on 2 CPU cores (dp-accounting 0.4), ``popri account sigma -e 1
+#: -q 0.5 --accountant pld`` took ~9 s at T = 10^5 (q = 0.01: ~9 s; -e 0.1: ~12 s), ~23 s at
+#: 2 x 10^5, ~100 s at 10^6, and T = 10^12 had not ended after 400 s.  The rdp accountant's
+#: cost does not depend on T (T multiplies the RDP of one step).
+PLD_MAX_STEPS = 100_000
+
+
 def _pld(steps, delta: float, interval: float) -> Result:
+    total = sum(n for _m, _k, n in steps)
+    if total > PLD_MAX_STEPS:  # before dp-accounting is even imported: refused at once
+        raise ParameterError("steps", f"at most {PLD_MAX_STEPS:,} with --accountant pld (got "
+                                      f"{total:,}): its time grows with the steps (~10 s to "
+                                      f"calibrate z at 10^5, ~100 s at 10^6); --accountant rdp "
+                                      f"accounts any number of steps at once")
     from dp_accounting import dp_event
     from dp_accounting.pld import PLDAccountant
     from dp_accounting.privacy_accountant import NeighboringRelation, UnsupportedEventError
@@ -315,14 +330,17 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
     tuples (Poisson at q < 1, add/remove).  Each entry's ``mechanism`` is looked up in the
     registry (:func:`get_mechanism`; an unknown one is a ParameterError listing the known ones),
     which checks the entry, says whether its (sampling, neighbouring) pair has a proven
-    accounting (:meth:`Mechanism.unproven`: fixed-size sampling under add/remove has none) and
-    gives its accounting key.  Entries under different relations are brought to one only by the
+    accounting (:meth:`Mechanism.unproven`: a row of the one table
+    :data:`popri.privacy.relations.PROVEN`; an entry read from a ledger is named by its file
+    and line) and gives its accounting key.  Entries under different relations are brought to one only by the
     conversions of :func:`popri.privacy.relations.conversion` (a q = 1 Gaussian-family entry
     under add/remove counts at twice its sensitivity under replace-one or zero-out; replace-one
     counts as zero-out), each noted; anything else is a ParameterError.
 
-    ``convention="papers"``: entries without a proven accounting are totalled as the papers did
-    (fixed L of N as Poisson at q = L/N; block trees as if add/remove); the result then has
+    ``convention="papers"``: the entries without a proven accounting that popri <= 0.3 recorded
+    (:meth:`Mechanism.papers`: fixed L of N under add/remove, totalled as Poisson at q = L/N;
+    block trees as if add/remove) are totalled as the papers did -- any other unproven pair is
+    refused under every convention; the result then has
     ``guarantee`` False and PAPERS_NOTE first among its notes: NOT a DP guarantee.
 
     Entries of one stage, mechanism, sampling and key form one group whose steps add up; RDP
@@ -340,7 +358,8 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
     for e in entries:
         d = _fields(e)
         n += 1
-        who = f"entry {n} (stage {d['stage']!r})"
+        where = getattr(e, "where", None)  # "path:line" of an entry read from a ledger
+        who = f"{where + ': ' if where else ''}entry {n} (stage {d['stage']!r})"
         try:
             mech = get_mechanism(d["mechanism"])
         except ParameterError as err:
@@ -355,10 +374,13 @@ def compose(entries: Iterable[Any], delta: float, accountant: str = "rdp", *, or
             raise ParameterError(err.param, f"{who}: {err.message}") from None
         why = mech.unproven(d)
         if why is not None:
+            if not mech.papers(d):  # no convention totals it (popri.privacy.relations.PROVEN)
+                raise ParameterError("neighbouring", f"{who}: {mech.pair(d)}: {why}, refused")
             if convention != "papers":
-                raise ParameterError("neighbouring", f"{who}: {why}; its epsilon would not be "
-                                     "true. Total it under the papers' convention only by name "
-                                     "(--convention papers: NOT a DP guarantee)")
+                raise ParameterError("neighbouring", f"{who}: {mech.pair(d)}: {why}; its "
+                                     "epsilon would not be true. Total it under the papers' "
+                                     "convention only by name (--convention papers: NOT a DP "
+                                     "guarantee)")
             used_convention = True
         rows.append((n, who, d, mech, rel))
     if not rows:

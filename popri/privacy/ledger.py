@@ -38,6 +38,18 @@ A research-mode (seeded) release gets a ``release_id`` derived from everything t
 its noise draw (inputs, parameters, seed, output layout): running the identical command again
 reproduces the identical output, which reveals nothing new, so it is not counted twice.  A
 release-mode run (secure noise) draws a random id: two runs are two releases.
+
+Every entry read (a ledger line, a sidecar's, hand-written or not) or written must name a
+(sampling, neighbouring) pair that :data:`popri.privacy.relations.PROVEN` lists for its
+mechanism (the table of docs/privacy.md), or popri <= 0.3's fixed-size pair that only
+``--convention papers`` totals; anything else is one :class:`InputError` naming the file, the
+line and the pair (:meth:`LedgerEntry.refusal`).  An empty ledger totals to an error, not 0.
+
+DP-FTRL (issue 43): the rounds of an epoch's tree share the tree's id (one release), and each
+records its own line with ``params.leaf`` and ``params.leaf_release_id``
+(:meth:`LedgerEntry.leaf`): a second release of a leaf is refused by the ledger that recorded
+the first (:meth:`LockedLedgers.append`, :func:`leaf_releases`), and counts the tree once more
+when ledgers written apart are totalled together (:func:`dedupe`).
 """
 
 from __future__ import annotations
@@ -156,13 +168,50 @@ class LedgerEntry:
         kw.setdefault("sensitivity", 1.0)
         kw.setdefault("mode", "research")  # entries written before modes existed: seeded noise
         try:
-            return cls(**kw)
+            entry = cls(**kw)
         except ParameterError as e:  # the mechanism registry: unknown, or a field it needs
             raise InputError(f"bad ledger entry: {e.message}", path=path, line=line,
                              field=e.param) from None
         except (TypeError, ValueError) as e:
             fld = str(e).split(" ", 1)[0] if str(e).split(" ", 1)[0] in known else None
             raise InputError(f"bad ledger entry: {e}", path=path, line=line, field=fld) from None
+        why = entry.refusal()
+        if why is not None:
+            raise InputError(f"refused ledger entry: {why}", path=path, line=line,
+                             field="neighbouring")
+        #: where it was read ("path:line"), for the totals' messages (not a field: never written)
+        entry.where = f"{path}:{line}" if path and line is not None else (path or None)
+        return entry
+
+    def refusal(self) -> str | None:
+        """Why this entry may not stand in a ledger at all (None when it may): its (sampling,
+        neighbouring) pair has no proven accounting for its mechanism
+        (:data:`popri.privacy.relations.PROVEN`, the table docs/privacy.md lists) and no
+        convention totals it either (:meth:`~popri.privacy.mechanisms.Mechanism.papers`: only
+        popri <= 0.3's fixed-size entries under add/remove, totalled by ``--convention papers``
+        and refused by every other total).  Checked on every entry read
+        (:meth:`from_dict`: any ledger line or sidecar, hand-written or not) and written
+        (:meth:`LockedLedgers.append`)."""
+        mech = MECHANISMS[self.mechanism]
+        d = self.to_dict()
+        why = mech.unproven(d)
+        if why is None or mech.papers(d):
+            return None
+        return f"{mech.pair(d)}: {why}"
+
+    def leaf(self) -> tuple[str, int, str] | None:
+        """(tree release id, leaf, the leaf's own release id) of a DP-FTRL round's line, None
+        for any other entry.  Every round of an epoch's tree records the tree's entry under the
+        tree's id (one release for the accountant) with ``params.leaf`` and
+        ``params.leaf_release_id`` (that round's own release id): a second release of one leaf
+        with other noise is then seen -- refused when it would be written
+        (:meth:`LockedLedgers.append`), counted as one more tree when ledgers written apart are
+        totalled together (:func:`dedupe`)."""
+        p = self.params
+        leaf, lid = p.get("leaf"), p.get("leaf_release_id")
+        if self.release_id and _number(leaf) and isinstance(lid, str) and lid:
+            return self.release_id, int(leaf), lid
+        return None
 
 
 def make_release_id(*parts: Any, secure: bool = False) -> str:
@@ -298,22 +347,40 @@ class LockedLedgers:
         return dedupe(out)
 
     def append(self, entries: Iterable[LedgerEntry]) -> None:
+        """Append ``entries`` to every locked ledger: an id already there with the same
+        accounting fields is skipped (the same release), with other ones it is an error; a
+        DP-FTRL leaf (:meth:`LedgerEntry.leaf`) of a tree already there gets a line of its own
+        (the tree still counts once), and a leaf already released by another release is an
+        :class:`InputError` -- nothing is written, so the outputs are never committed.  An entry
+        no total may account (:meth:`LedgerEntry.refusal`) is refused too."""
         entries = list(entries)
+        for e in entries:
+            why = e.refusal()
+            if why is not None:
+                raise InputError(f"refused ledger entry: {why}", field="neighbouring")
         for p, fd in self._files:
             data = self._read(fd)
             existing, whole = _parse(data, str(p))
             if whole < len(data):  # cut a torn tail so the new line starts a line of its own
                 os.ftruncate(fd, whole)
             by_id = {e.release_id: e for e in existing if e.release_id}
+            leaves = {lf[:2]: lf[2] for lf in map(LedgerEntry.leaf, existing) if lf}
             new = []
             for e in entries:
                 old = by_id.get(e.release_id) if e.release_id else None
+                lf = e.leaf()
                 if old is not None:
                     _check_same(old, e, str(p))
-                    continue
+                    had = leaves.get(lf[:2]) if lf else None
+                    if lf is None or had == lf[2]:
+                        continue  # the same release (for a leaf: an identical research rerun)
+                    if had is not None:
+                        raise InputError(leaf_message(lf[1], lf[0]), path=str(p), field="leaf")
                 new.append(e)
                 if e.release_id:
                     by_id[e.release_id] = e
+                if lf:
+                    leaves[lf[:2]] = lf[2]
             self._sizes[fd] = whole
             if not new:
                 continue
@@ -403,7 +470,13 @@ def total(paths: Iterable[str | os.PathLike], *, delta: float | None = None,
     ``neighbouring``...) when they cannot be totalled."""
     from popri.privacy.accounting import common_delta, compose
 
+    paths = list(paths)
     entries = collect(paths)
+    if not entries:  # an empty ledger (e.g. one whose only release was rolled back)
+        one = len(paths) == 1
+        raise InputError(("the ledger holds" if one else "the ledgers hold") + " no entries (no "
+                         "DP release is recorded there): nothing to total",
+                         path=str(paths[0]) if one else ", ".join(map(str, paths)))
     if delta is None:
         delta = common_delta(entries)
     return Total(compose(entries, delta, accountant, convention=convention), entries)
@@ -420,14 +493,56 @@ def _check_same(a: LedgerEntry, b: LedgerEntry, where: str = "") -> None:
 
 
 def dedupe(entries: Iterable[LedgerEntry]) -> list[LedgerEntry]:
-    """One entry per release_id; the same id with different accounting fields is an error."""
+    """One entry per release_id; the same id with different accounting fields is an error.
+
+    DP-FTRL leaves (:meth:`LedgerEntry.leaf`): the lines of one tree count once, but each
+    further release of a leaf already released (another leaf release id: a copy of the tree's
+    state released apart, into ledgers that were never checked against each other) counts the
+    tree once more.  That over-counts, never under-counts: a second release of leaf r redraws
+    at most the depth(R) nodes above it, within one more tree's worth of noise per client
+    (:mod:`popri.privacy.tree`)."""
     seen: dict[str, LedgerEntry] = {}
+    leaves: dict[tuple[str, int], set[str]] = {}
     out = []
     for e in entries:
+        lf = e.leaf()
         if e.release_id:
             if e.release_id in seen:
                 _check_same(seen[e.release_id], e)
+                ids = leaves.setdefault(lf[:2], set()) if lf else None
+                if ids is not None and lf[2] not in ids:
+                    if ids:  # this leaf, released again: one more tree
+                        out.append(e)
+                    ids.add(lf[2])
                 continue
             seen[e.release_id] = e
+            if lf:
+                leaves.setdefault(lf[:2], set()).add(lf[2])
         out.append(e)
+    return out
+
+
+def leaf_message(leaf: int, tree_id: str, where: str | None = None) -> str:
+    """The one line that refuses a second release of a DP-FTRL leaf."""
+    return (f"leaf {leaf} of DP-FTRL tree {tree_id} was released already"
+            + (f" (recorded in {where})" if where else "")
+            + ": releasing it again with fresh noise would let the two noises average out "
+            "(and the ledger would count the tree once); continue from the round that "
+            "released it")
+
+
+def leaf_releases(ledgers: Iterable[str | os.PathLike], tree_id: str,
+                  leaf: int) -> dict[str, str]:
+    """{leaf release id: the ledger recording it} for leaf ``leaf`` of the DP-FTRL tree
+    ``tree_id`` in ``ledgers`` (paths; a ledger not there yet records nothing): what a round
+    checks before drawing any noise."""
+    out: dict[str, str] = {}
+    for p in ledgers:
+        lp = ledger_path_for(p)
+        if not lp.is_file():
+            continue
+        for e in read_ledger(lp):
+            lf = e.leaf()
+            if lf and lf[:2] == (tree_id, int(leaf)):
+                out.setdefault(lf[2], str(lp))
     return out

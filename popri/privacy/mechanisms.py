@@ -168,6 +168,10 @@ class Mechanism:
     params_fields: tuple[str, ...] = ()
     #: what a total says of the mechanism's fixed-size (L of N) entries under replace one client
     fixed_note: str = FIXED_NOTE
+    #: its row of :data:`popri.privacy.relations.PROVEN` (the (sampling, neighbouring) pairs it
+    #: has a proven accounting for); a registered subclass inherits its parent's.  "" (the
+    #: base class): no pair is proven, every entry is refused
+    family: str = ""
 
     # -- the entry
     def check(self, d: dict) -> None:
@@ -204,13 +208,32 @@ class Mechanism:
         return float(key[0])
 
     def unproven(self, d: dict) -> str | None:
-        """Why entry ``d``'s (sampling, neighbouring) pair has no proven accounting here, or None
-        when it has (:mod:`popri.privacy.relations`).  Fixed-size sampling under add/remove
-        never has; subclasses refuse more."""
+        """Why entry ``d`` has no proven accounting here, or None when it has: its (sampling,
+        neighbouring) pair is not a row of :data:`popri.privacy.relations.PROVEN` for this
+        mechanism's :attr:`family` (fixed-size sampling under add/remove never is: the
+        displacement pair); subclasses refuse more (a condition on ``params``)."""
+        s = d.get("sampling", "none")
         rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
-        if d.get("sampling") == "fixed" and rel in ADD_REMOVE:
+        status = REL.pair_status(self.family, s, rel)
+        if status == "papers":
             return DISPLACEMENT
+        if status is None:
+            return (f"no proven accounting (proven for {self.family or self.name}: "
+                    f"{REL.describe_pairs(self.family)}; docs/privacy.md)")
         return None
+
+    def papers(self, d: dict) -> bool:
+        """The papers' convention (``--convention papers``, NOT a DP guarantee) may total entry
+        ``d`` although :meth:`unproven`: what popri <= 0.3 recorded (fixed-size sampling under
+        add/remove; :data:`popri.privacy.relations.PAPERS_PAIRS`).  Anything else unproven is
+        refused under every convention."""
+        rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
+        return REL.pair_status(self.family, d.get("sampling", "none"), rel) == "papers"
+
+    def pair(self, d: dict) -> str:
+        """Entry ``d``'s mechanism and (sampling, neighbouring) pair, for one-line messages."""
+        return (f"{self.name} with sampling {d.get('sampling', 'none')!r} under "
+                f"{REL.normalize(d.get('neighbouring', NEIGHBOURING))!r}")
 
     def relation_free(self, d: dict) -> bool:
         """Entry ``d`` is a q = 1 release whose privacy curve is a function of its noise
@@ -290,6 +313,7 @@ class GaussianMechanism(Mechanism):
     An entry with ``sample_rate`` < 1 is accounted at q = 1 (no amplification), with a note."""
 
     name = "gaussian"
+    family = "gaussian"
     summary = "Gaussian mechanism, every client takes part (q = 1)"
 
     def key(self, d: dict, who: str, notes: list) -> tuple:
@@ -373,12 +397,13 @@ class SubsampledGaussianMechanism(GaussianMechanism):
     papers' convention, which accounts it as Poisson at q = L/N (NOT a DP guarantee)."""
 
     name = "subsampled_gaussian"
+    family = "subsampled_gaussian"
     summary = "Gaussian mechanism on a Poisson (add/remove) or fixed-size (replace-one) sample"
 
     def unproven(self, d: dict) -> str | None:
         why = super().unproven(d)
         rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
-        if why is None and d.get("sampling") == "poisson" and rel not in ADD_REMOVE:
+        if why is not None and d.get("sampling") == "poisson" and rel not in ADD_REMOVE:
             why = (f"Poisson sampling is accounted under add/remove only, not {rel!r} (no "
                    "analysis of it under that relation is offered here)")
         return why
@@ -416,6 +441,7 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
     ``noise_multiplier`` (sqrt(noisy) local_sigma / delta2) is for reading; the params decide."""
 
     name = "distributed_discrete_gaussian"
+    family = "distributed_discrete_gaussian"
     summary = "distributed discrete Gaussian (secure aggregation mod m), concentrated DP"
     params_fields = ("dim", "noisy", "local_sigma", "delta2")
 
@@ -441,8 +467,7 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
     def unproven(self, d: dict) -> str | None:
         why = super().unproven(d)
         rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
-        if (why is None and d.get("sampling") == "poisson" and float(d["sample_rate"]) < 1
-                and rel not in ADD_REMOVE):
+        if why is not None and d.get("sampling") == "poisson" and rel not in ADD_REMOVE:
             why = (f"the distributed discrete Gaussian's subsampling bound (Zhu & Wang) is "
                    f"for Poisson sampling under add/remove, not {rel!r}")
         return why
@@ -509,6 +534,7 @@ class TreeAggregationMechanism(GaussianMechanism):
     accounted at q = 1, with a note: no amplification by sampling is claimed for trees."""
 
     name = "tree_aggregation"
+    family = "tree_aggregation"
     summary = "tree-aggregation Gaussian noise of DP-FTRL (restarts every params.leaves rounds)"
     params_fields = ("leaves",)
 
@@ -520,15 +546,34 @@ class TreeAggregationMechanism(GaussianMechanism):
 
     def unproven(self, d: dict) -> str | None:
         why = super().unproven(d)
-        rel = REL.normalize(d.get("neighbouring", NEIGHBOURING))
-        p = d.get("params") or {}
-        if (why is None and rel in ADD_REMOVE and p.get("restart") == "epoch"
-                and p.get("assignment", "blocks") == "blocks" and int(p.get("leaves", 1)) > 1):
+        if why is None and self._blocks_add_remove(d):
             why = ("a DP-FTRL tree over blocks of a permutation (fl.assignment: blocks) holds "
                    "under zero-out one client, not add/remove: an added client takes a slot and "
                    "pushes another out of its leaf (Kairouz et al. 2021 and dp-accounting "
                    "account trees under zero-out)")
+        p = d.get("params") or {}
+        if (why is None and d.get("sampling") in ("poisson", "fixed")
+                and int(p.get("leaves", 1)) > 1):
+            why = (f"a tree of {int(p['leaves'])} leaves on a fresh sample every round: a client "
+                   "can sit in several leaves, and the tree's accounting needs each client in "
+                   "one leaf (a sampled round is a one-leaf tree, fl.restart: round)")
         return why
+
+    @staticmethod
+    def _blocks_add_remove(d: dict) -> bool:
+        """A block tree (epoch restarts, ``fl.assignment: blocks``) recorded under add/remove,
+        as popri <= 0.3 did."""
+        p = d.get("params") or {}
+        return (REL.normalize(d.get("neighbouring", NEIGHBOURING)) in ADD_REMOVE
+                and p.get("restart") == "epoch" and p.get("assignment", "blocks") == "blocks"
+                and int(p.get("leaves", 1)) > 1)
+
+    def papers(self, d: dict) -> bool:
+        """Also popri <= 0.3's block trees under add/remove (totalled as if add/remove)."""
+        if super().papers(d):
+            return True
+        return self._blocks_add_remove(d) and REL.pair_status(
+            self.family, d.get("sampling", "none"), d.get("neighbouring", NEIGHBOURING)) == "proven"
 
     def relation_free(self, d: dict) -> bool:
         return True  # accounted at q = 1: the Gaussian at z / sqrt(depth)

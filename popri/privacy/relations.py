@@ -65,6 +65,16 @@ Conversions a total may apply (:func:`conversion`; anything else is refused with
   inequality), so the same mechanism is the Gaussian at multiplier z/2 under that relation;
 - a replace-one entry counts under zero-out as it is: zero-out is the replacement by one
   particular record.
+
+Which (sampling, neighbouring) pair of which mechanism a ledger entry may record at all is ONE
+table, :data:`PROVEN` (with the proof of each row), shared by the ledger reader
+(:meth:`popri.privacy.ledger.LedgerEntry.from_dict`: any ledger line, sidecar or hand-written
+entry), the writer (:class:`popri.privacy.ledger.LockedLedgers`), the totals
+(:meth:`popri.privacy.mechanisms.Mechanism.unproven`) and the table "Ledger entries popri
+accepts" of docs/privacy.md (``tests/test_relations.py`` checks that the two are equal).  Any
+other pair is refused with one line naming the file, line and pair -- except
+:data:`PAPERS_PAIRS` (fixed-size sampling under add/remove, what popri <= 0.3 recorded), which
+only the papers' convention totals, by name.
 """
 
 from __future__ import annotations
@@ -89,6 +99,83 @@ PAPERS_NOTE = ("NOT A DP GUARANTEE: totalled under the papers' convention (--con
                "q = L/N under add/remove one client, and DP-FTRL's block trees as if add/remove, "
                "as POPri D.1 and PrE-Text D.1 did; an added client displaces another, so the "
                "true epsilon can be much larger (docs/privacy.md)")
+
+
+#: the sampling schemes a ledger entry may name (``sampling``)
+SAMPLINGS = ("none", "poisson", "fixed")
+
+_GAUSS = ("the Gaussian mechanism at the sum's L2 sensitivity under this relation: its curve "
+          "is a function of z alone (Balle & Wang, ICML 2018; Mironov 2017)")
+_Q1_POISSON = ("accounted at q = 1 (no amplification): given the sample the Gaussian; an added "
+               "client is sampled or not, a mixture with common weights")
+_Q1_FIXED = ("accounted at q = 1 (no amplification): the sample's law is the same under replace "
+             "one client, and given it the Gaussian at 2C")
+_GAUSSIAN_ROWS = {
+    **{("none", r): _GAUSS for r in RELATIONS},
+    ("poisson", ADD_REMOVE): _Q1_POISSON,
+    ("fixed", REPLACE): _Q1_FIXED,
+}
+#: mechanism (its ``family``: a registered subclass inherits its parent's) -> {(sampling,
+#: neighbouring): the proof its accounting rests on}.  THE table of proven pairs (module
+#: docstring); docs/privacy.md's "Ledger entries popri accepts" is this table.
+PROVEN: dict[str, dict[tuple[str, str], str]] = {
+    "gaussian": dict(_GAUSSIAN_ROWS),
+    "subsampled_gaussian": {
+        **_GAUSSIAN_ROWS,
+        ("poisson", ADD_REMOVE): "Poisson subsampled Gaussian (Mironov, Talwar, Zhang 2019, "
+                                 "arXiv:1908.10530; dp-accounting PoissonSampledDpEvent)",
+        ("fixed", REPLACE): "sampling without replacement under replace one client (Wang, Balle, "
+                            "Kasiviswanathan 2019, arXiv:1808.00087, Thm 27)",
+    },
+    "tree_aggregation": {
+        ("none", ADD_REMOVE): "a tree whose clients are each in one leaf, drawn independently "
+                              "(fl.assignment: bins), or a one-leaf tree: the Gaussian at "
+                              "z / sqrt(depth) (Kairouz et al. 2021, arXiv:2103.00039)",
+        ("none", ZERO_OUT): "a tree over blocks of a permutation (fl.assignment: blocks): "
+                            "dp-accounting SingleEpochTreeAggregationDpEvent, REPLACE_SPECIAL",
+        ("poisson", ADD_REMOVE): "a one-leaf tree (params.leaves = 1, fl.restart: round): "
+                                 + _Q1_POISSON,
+        ("fixed", REPLACE): "a one-leaf tree (params.leaves = 1, fl.restart: round): " + _Q1_FIXED,
+    },
+    "distributed_discrete_gaussian": {
+        **{("none", r): "the DDG at q = 1 at the sum's sensitivity under this relation "
+                        "(Kairouz, Liu, Steinke 2021, arXiv:2102.06387, Thm 1)"
+           for r in (ADD_REMOVE, REPLACE, ZERO_OUT)},
+        ("poisson", ADD_REMOVE): "the DDG on a Poisson sample: Zhu & Wang 2019's subsampling "
+                                 "bound",
+        ("fixed", REPLACE): "the DDG at q = 1 (no amplification): the sample's law is the same "
+                            "under replace one client",
+    },
+}
+#: pairs with NO proven accounting that only the papers' convention totals, by name (NOT a DP
+#: guarantee): fixed-size sampling under add/remove (the displacement pair), of any mechanism
+PAPERS_PAIRS = frozenset({("fixed", ADD_REMOVE)})
+
+
+def proven_pairs(family: str) -> dict[tuple[str, str], str]:
+    """The proven (sampling, neighbouring) pairs of a mechanism family (:data:`PROVEN`; {} for
+    a family the table does not know: nothing is accepted)."""
+    return PROVEN.get(family, {})
+
+
+def pair_status(family: str, sampling: str, relation: str) -> str | None:
+    """``"proven"`` (in :data:`PROVEN`), ``"papers"`` (in :data:`PAPERS_PAIRS`: totalled only
+    under the papers' convention, NOT DP) or None (refused everywhere)."""
+    pair = (sampling, normalize(relation))
+    if pair in proven_pairs(family):
+        return "proven"
+    if pair in PAPERS_PAIRS:
+        return "papers"
+    return None
+
+
+def describe_pairs(family: str) -> str:
+    """The proven pairs of ``family`` for a one-line message: ``SAMPLING under RELATION or
+    ...; ...``."""
+    rows = proven_pairs(family)
+    parts = [f"{s} under " + " or ".join(r for r in RELATIONS if (s, r) in rows)
+             for s in SAMPLINGS if any((s, r) in rows for r in RELATIONS)]
+    return "; ".join(parts) or "no pair"
 
 
 def normalize(relation: str) -> str:

@@ -6,15 +6,22 @@ untuned generator, T = 0) and to eps = 0 with 95 % intervals, and one sentence i
 
 The numbers are ``results.json``'s (docs/formats.md):
 
-- against the control: ``control.acc_minus_control`` +- 1.96 ``acc_minus_control_se`` (the SE
-  of a paired bootstrap over test clients), or, with ``control.draws`` (n >= 2 draws of both
-  synthetic sets), the mean over draws +- t(0.975, n - 1) x ``se_between`` (Student's t: the
-  SE between draws has n - 1 degrees of freedom);
+- against the control: from one draw, ``control.acc_minus_control`` with the interval stored
+  beside it (``acc_minus_control_ci``: the paired bootstrap's over test clients; +- 1.96
+  ``acc_minus_control_se`` where a results.json has none); with ``control.draws`` (n >= 2 draws
+  of both synthetic sets), the mean over draws +- t(0.975, n - 1) x ``se_between`` (Student's
+  t: the SE between draws has n - 1 degrees of freedom);
 - against eps = 0: ``gap_closed.acc_minus_eps0`` +- 1.96 ``acc_minus_eps0_se`` (paired over test
   clients); where results.json has none, the same paired bootstrap on ``RUN/eval/METHOD
   .clients.jsonl`` and ``RUN/eval/eps0.clients.jsonl`` if both exist
   (:func:`popri.eval.stats.paired_bootstrap`), else the unpaired difference of the two
   accuracies with their SEs combined as if independent (said so).
+
+Only draws decide (issue 43: one draw's interval over test clients leaves out the randomness of
+generation and training, and a second machine's draw landed outside it).  From one draw -- and
+from two -- the verdict never says "beat": it gives the draw's difference, says what its
+interval leaves out and how to get a verdict (``draws: 3``).  From n >= 3 draws it says whether
+the t interval between draws excludes 0 (:data:`MIN_DRAWS`).
 
 A release-mode run evaluates nothing on the private data: its verdict says what was released and
 at which epsilon, and nothing about accuracy.
@@ -27,10 +34,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from popri.eval.stats import MIN_DRAWS
 from popri.report.read import as_dict, num
 from popri.report.style import colour, h, md_text, method_label, role
 
 Z95 = 1.959963984540054
+#: what one draw's interval over test clients leaves out
+ONE_DRAW = ("its interval is over test clients and leaves out the randomness of generation and "
+            "training, so a second draw can land outside it")
 
 
 @dataclass
@@ -52,6 +63,11 @@ class Diff:
     @property
     def interval(self) -> bool:
         return self.low is not None and self.high is not None
+
+    @property
+    def decides(self) -> bool:
+        """Can this difference carry a verdict?  Only a mean over >= MIN_DRAWS draws."""
+        return self.unit == "draws" and (self.n or 0) >= MIN_DRAWS and self.interval
 
     def text(self) -> str:
         """'-0.0022, 95% CI [-0.0089, +0.0045]'"""
@@ -100,9 +116,17 @@ def _control_diff(r: dict, own: dict) -> Diff | None:
     who = f"{k} test client{'s' if k != 1 else ''}" if k is not None else "the test clients"
     if se is None or se == 0 and (k or 0) < 2:
         return Diff("t0", label, v, None, None, None,
-                    f"paired over {who}; no SE (fewer than 2 test clients): no interval", n=k)
+                    f"one draw, paired over {who}; no SE (fewer than 2 test clients): no "
+                    "interval", n=k)
+    ci = c.get("acc_minus_control_ci")  # the interval the evaluation stored: read, not remade
+    if isinstance(ci, list) and len(ci) == 2 and all(num(x) is not None for x in ci) \
+            and ci[0] <= ci[1]:
+        return Diff("t0", label, v, se, float(ci[0]), float(ci[1]),
+                    f"one draw, paired over {who}; 95% interval of the paired bootstrap "
+                    f"(results.json), SE {se:.4f}", n=k)
     return Diff("t0", label, v, se, v - Z95 * se, v + Z95 * se,
-                f"paired over {who}; 95% interval +-1.96 x bootstrap SE {se:.4f}", n=k)
+                f"one draw, paired over {who}; 95% interval +-1.96 x bootstrap SE {se:.4f}",
+                n=k)
 
 
 def _paired_from_files(run_path: Path, method: str, seed: int) -> dict | None:
@@ -156,10 +180,21 @@ def _eps0_diff(run_path: Path, r: dict, method: str, own: dict) -> Diff | None:
 
 
 def _words(subject: str, d: Diff) -> str:
-    """'POPri did not beat its untuned generator (T = 0): -0.0022, 95% CI [...]'."""
+    """From >= MIN_DRAWS draws: 'POPri did not beat its untuned generator (T = 0): -0.0022, 95%
+    CI [...]'; from fewer, the difference, what its interval leaves out and how to get a
+    verdict -- never 'beat'."""
     if not d.interval:
         return (f"{subject} against {_the(d.label)}: {d.value:+.4f} with no interval "
                 f"({d.how}): the report cannot tell whether it beat it")
+    if d.unit != "draws":
+        how = ("run with draws: 3 or more (the t interval between draws) for a verdict"
+               if d.against == "t0" else "the comparison with the untuned generator over "
+               "draws: 3 or more is the verdict")
+        return (f"one draw: {subject} minus {_the(d.label)} is {d.text()}; {ONE_DRAW}: no "
+                f"verdict from it ({how})")
+    if not d.decides:
+        return (f"{subject} minus {_the(d.label)} over {d.n} draws: {d.text()}; {d.n} draws "
+                f"are too few for a verdict (run with draws: {MIN_DRAWS} or more)")
     if d.low > 0:
         return f"{subject} beat {_the(d.label)}: {d.text()}"
     if d.high < 0:
@@ -362,8 +397,9 @@ def verdict_markdown(v: dict) -> list[str]:
 
 def verdict_html(v: dict) -> str:
     kind = "none"
-    c = v.get("control") or v.get("eps0")
-    if c and c.get("low") is not None:
+    c = v.get("control")
+    if c and c.get("low") is not None and c.get("unit") == "draws" \
+            and (c.get("n") or 0) >= MIN_DRAWS:  # only draws decide (Diff.decides)
         kind = "good" if c["low"] > 0 else ("bad" if c["high"] < 0 else "flat")
     head = h(v["run"]) + (f": {h(v['method_label'])}" if v.get("method_label") else "")
     out = [f'<div class="verdict v-{kind}"><h3>{head}</h3>']
@@ -421,10 +457,15 @@ def fig_paired_differences(verdicts: list[dict], new_fig):
     ax.margins(x=0.25)
     ax.set_xlabel("difference in next-token accuracy on the private test split\n"
                   "(bars: 95% interval; right of 0: the method is better)")
-    ax.set_title("Paired differences: did the method beat its comparison?")
+    if any(d.get("unit") != "draws" for _, d in rows):
+        ax.set_title("Paired differences of one draw (intervals over test clients: they leave "
+                     "out\nthe randomness of generation and training; a verdict needs draws >= "
+                     f"{MIN_DRAWS})", fontsize=10)
+    else:
+        ax.set_title("Paired differences over draws: did the method beat its comparison?")
     ax.grid(axis="y", alpha=0)
     return fig
 
 
 __all__ = ["verdict", "verdict_markdown", "verdict_html", "fig_paired_differences",
-           "privacy_words", "t_quantile", "Diff", "Z95"]
+           "privacy_words", "t_quantile", "Diff", "Z95", "MIN_DRAWS"]

@@ -95,9 +95,13 @@ class FLSpec(SequenceSpec, PrecisionSpec, LoraSpec, EngineSpec):
     sample_rate: float | None = same(ScoreSpec, "sample_rate")
     convention: str | None = same(ScoreSpec, "convention")
     public_clients: int | None = param(
-        None, "Release mode on Flower with the distributed discrete Gaussian: the enrolled "
-              "clients, declared PUBLIC, an upper bound on a round's participants that sizes the "
-              "secure aggregation plan (their realised count is private).", lo=1)
+        None, "N_pub: the enrolled clients, declared PUBLIC -- a number you state, never one "
+              "computed from the clients' data. The round's noisy sum of updates is divided by "
+              "q N_pub (Poisson; DP-FTRL bins: N_pub / R; everyone: N_pub), McMahan et al.'s "
+              "fixed-denominator estimator (arXiv:1710.06963, section 2); an estimate only "
+              "scales the step. Needed unless a fixed --clients-per-round L is the divisor. "
+              "Release mode on Flower (distributed discrete Gaussian): also the upper bound on "
+              "a round's participants that sizes the secure aggregation plan.", lo=1)
     delta: float = same(ScoreSpec, "delta")
     release: bool = same(ScoreSpec, "release")
 

@@ -119,11 +119,14 @@ class ReleasesSpec(Spec):
     sampling: str = param(
         "poisson", "poisson: each client independently at rate q, add/remove one client (the "
                    "default). fixed: L of N without replacement (q = L/N), replace one client; "
-                   "z relative to the replace-one sensitivity (2C); rdp only.",
+                   "z relative to the replace-one sensitivity (2C), at q = 1 too (a fixed L = N "
+                   "is L of the N + 1 clients of an added-to neighbour); rdp only below q = 1.",
         choices=SAMPLINGS)
 
     def check(self) -> None:
-        if self.sampling == "fixed" and getattr(self, "accountant", None) == "pld":
+        if self.sampling == "fixed" and getattr(self, "accountant", None) == "pld" \
+                and not (self.sample_rate is not None and self.sample_rate >= 1):
+            # at q = 1 it is full participation (the Gaussian), which pld accounts
             raise ConfigError("fixed-size sampling has no PLD analysis (dp-accounting's "
                               "SampledWithoutReplacementDpEvent is RDP only): --accountant rdp",
                               field="accountant")

@@ -23,9 +23,10 @@ from popri.specs.privacy import FIXED, EpsilonSpec, LedgerTotalSpec, SigmaSpec
 NEIGHBOURS = (
     "Neighbouring datasets differ by one client's whole data (user-level DP): added or removed "
     "under Poisson sampling and full participation (the default), replaced under fixed-size "
-    "sampling (--sampling fixed); every ledger entry names its relation (docs/privacy.md). The "
-    "noise multiplier z is (noise std on the aggregate) / (L2 sensitivity under that relation: "
-    "the per-client clip C for add/remove, 2C for replace).")
+    "sampling (--sampling fixed, at any q: a fixed L = N is still L of the N + 1 clients of an "
+    "added-to neighbour); every ledger entry names its relation (docs/privacy.md), and so does "
+    "every line printed here. The noise multiplier z is (noise std on the aggregate) / (L2 "
+    "sensitivity under that relation: the per-client clip C for add/remove, 2C for replace).")
 
 app = typer.Typer(
     help="Privacy accounting for the Gaussian releases of POPri / PrE-Text (user-level DP).\n\n"
@@ -60,11 +61,23 @@ def _up(x: float, places: int = 4) -> str:
 
 
 def _relation(spec) -> str:
-    """The relation a ReleasesSpec's sampling is accounted under (popri.privacy.relations)."""
+    """The relation the printed number holds under: the stages' rule
+    (popri.privacy.relations.of_sampling): Poisson (and q = 1 of it: everyone) add/remove one
+    client, z relative to C; a fixed L of N replace one client, z relative to 2C -- at q = 1
+    too (popri.federated.participation.sample_clients records a fixed L = N as 'fixed': on an
+    added-to neighbour it is L of N + 1).  At q = 1 the number is the Gaussian's at z either
+    way (popri.privacy.accounting.history_of); the relation says what z is relative to."""
     from popri.privacy.relations import of_sampling
 
-    return of_sampling("fixed" if spec.sampling == "fixed" and spec.sample_rate < 1 else
-                       "poisson")
+    return of_sampling(spec.sampling)
+
+
+def _label(spec) -> str:
+    return _relation(spec)
+
+
+def _relation_fields(spec) -> dict:
+    return {"neighbouring": _relation(spec)}
 
 
 def _emit(obj: dict, as_json: bool, line: str) -> None:
@@ -103,7 +116,7 @@ def epsilon_cmd(
     obj = {"epsilon": r.epsilon if math.isfinite(r.epsilon) else None,
            "noise_multiplier": noise_multiplier, "sample_rate": sample_rate, "steps": steps,
            "delta": spec.delta, "accountant": spec.accountant, "sampling": spec.sampling,
-           "neighbouring": _relation(spec)}
+           **_relation_fields(spec)}
     if r.order is not None:
         obj["order"] = r.order
     if spec.accountant == "pld":
@@ -112,7 +125,7 @@ def epsilon_cmd(
         obj["note"] = r.warnings[0] if r.warnings else A.INF_NOTE
     _emit(obj, as_json, f"epsilon = {_up(r.epsilon)} ({spec.accountant}, q={_g(sample_rate)}, "
                         f"T={steps}, delta={_g(spec.delta)}, z={_g(noise_multiplier)}; "
-                        f"{_relation(spec)})")
+                        f"{_label(spec)})")
 
 
 @app.command("sigma", help=(
@@ -143,12 +156,12 @@ def sigma_cmd(
         log.warn(w)
     obj = {"noise_multiplier": z, "epsilon_achieved": r.epsilon, "epsilon": epsilon,
            "sample_rate": sample_rate, "steps": steps, "delta": spec.delta, "accountant": spec.accountant,
-           "tol": spec.tol, "sampling": spec.sampling, "neighbouring": _relation(spec)}
+           "tol": spec.tol, "sampling": spec.sampling, **_relation_fields(spec)}
     if spec.accountant == "pld":
         obj["value_discretization_interval"] = A.PLD_INTERVAL
     _emit(obj, as_json, f"noise_multiplier = {_up(z)} ({spec.accountant}, q={_g(sample_rate)}, "
                         f"T={steps}, delta={_g(spec.delta)}, "
-                        f"epsilon={_up(r.epsilon)} <= {_g(epsilon)}; {_relation(spec)})")
+                        f"epsilon={_up(r.epsilon)} <= {_g(epsilon)}; {_label(spec)})")
 
 
 @app.command("ledger", help=(

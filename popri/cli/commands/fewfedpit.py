@@ -156,8 +156,15 @@ def aggregate_cmd(
     out: str = typer.Option(..., "--out", "-o", help="Round r's global weights directory "
                             "(with model/ for eval and audit)."),
     clients_total: Optional[int] = typer.Option(None, "--clients-total", min=1, help="N, the "
-                                                "clients sampled from (the extension's q = K / "
-                                                "N; default K)."),
+                                                "clients the K uploads were drawn from (the "
+                                                "extension's q = K / N: fixed sampling, replace "
+                                                "one client)."),
+    public_clients: Optional[int] = typer.Option(None, "--public-clients", min=1, help="With "
+                                                 "--noise-multiplier and everyone taking part: "
+                                                 "N_pub, the clients, declared PUBLIC (a number "
+                                                 "you state, never the count of uploads, which "
+                                                 "is private under add/remove one client); the "
+                                                 "noisy sum is divided by it."),
     delta: float = typer.Option(3e-6, "--delta", help="delta of the ledger entry."),
     release: bool = typer.Option(False, "--release/--research", envvar="POPRI_RELEASE",
                                  help="Release mode: noise from the OS CSPRNG, discrete Gaussian "
@@ -185,6 +192,7 @@ def aggregate_cmd(
                          "exact statistics)", field="--diagnostics")
     check_outputs([out], [init, *uploads])
     aggregate(uploads, out, spec, round_=round_, init=init, clients_total=clients_total,
+              public_clients=public_clients,
               delta=delta, release=release, diagnostics=diagnostics)
 
 

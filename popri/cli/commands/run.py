@@ -19,7 +19,9 @@ def run(
     set_: List[str] = typer.Option(
         [], "--set", "-s", help="Override any config key: --set dpo.lr=2e-5 (repeatable; the "
                                 "value is parsed as YAML)."),
-    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Shortcut for --set run_dir=DIR."),
+    run_dir: Optional[str] = typer.Option(
+        None, "--run-dir", help="Shortcut for --set run_dir=DIR (DIR taken as written, not "
+                                "parsed as YAML); an empty or blank DIR is refused."),
     dry_run: bool = typer.Option(
         False, "--dry-run",
         help="Print the plan on stdout (how z is set, then every stage command; '# up to date' "
@@ -70,7 +72,7 @@ def run(
     from popri.pipeline import config as C
     from popri.pipeline.driver import Run, results_table
 
-    overrides = (list(set_) + ([f"run_dir={run_dir}"] if run_dir else [])
+    overrides = (list(set_) + _run_dir_override(run_dir)
                  + (["release=true"] if release else []))
     cfg = C.load(config, overrides)
     if show_config:
@@ -88,12 +90,35 @@ def run(
     R = Path(cfg.run_dir)
     check_outputs([R, R / "results.json", R / "results.md", R / "commands.sh"],
                   [config, cfg.data.dir])
-    pipeline = Run(cfg, dry_run=dry_run, rerun=rerun)
+    pipeline = Run(cfg, dry_run=dry_run, rerun=rerun, inputs=[config] if config else [])
     results = pipeline.execute()
     if dry_run:
         typer.echo(pipeline.plan_text())
     elif results:
         typer.echo(results_table(results))
+
+
+def _run_dir_override(run_dir: str | None) -> list[str]:
+    """``--run-dir DIR`` as the ``--set run_dir=...`` it stands for, DIR quoted so that YAML
+    reads it back as the same string ('null', '7' and '~' are directory names here).  An empty
+    or blank DIR, or one with a control character (the rule of --set values,
+    popri.pipeline.config), is a ConfigError naming --run-dir (before: '' was ignored, so the
+    YAML's run_dir was used, and ' ' read as null)."""
+    import json
+
+    from popri.core.errors import ConfigError
+    from popri.pipeline.config import _control_char
+
+    if run_dir is None:
+        return []
+    if not run_dir.strip():
+        raise ConfigError(f"{run_dir!r} is not a directory name: give --run-dir a directory "
+                          "(or leave it out to use the config's run_dir)", path="--run-dir")
+    bad = _control_char(run_dir)
+    if bad is not None:
+        raise ConfigError(f"holds {bad} ({run_dir!r}): a path with control characters is "
+                          "refused", path="--run-dir")
+    return [f"run_dir={json.dumps(run_dir, ensure_ascii=False)}"]
 
 
 def register(app: typer.Typer) -> None:

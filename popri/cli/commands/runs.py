@@ -40,9 +40,9 @@ def _table(lines: list, indent: str = "") -> None:
 def list_cmd(
     dirs: List[str] = typer.Argument(None, metavar="DIRS...", help="Run directories or folders "
                                      "holding them (default: runs)."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON list on stdout (NaN and "
-                                 "Infinity as null; a run that could not be read has "
-                                 "\"error\")."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON list on stdout (+/-Infinity "
+                                 "as the strings \"inf\" / \"-inf\", NaN as null; a run that "
+                                 "could not be read has \"error\")."),
 ) -> None:
     """One line per run directory found in DIRS (and below): method, epsilon spent of the
     budget, accuracy, gap closed, the method minus its T = 0 row, seed, popri version, when it
@@ -101,7 +101,8 @@ def show_cmd(
     run_dir: str = typer.Argument(..., metavar="RUN_DIR"),
     as_json: bool = typer.Option(False, "--json", help="run_dir, config, results, metrics "
                                  "(metrics.jsonl's rows, as written) and notes as one JSON "
-                                 "object (NaN and Infinity as null)."),
+                                 "object (+/-Infinity as the strings \"inf\" / \"-inf\", "
+                                 "NaN as null)."),
     every: bool = typer.Option(False, "--all", help="Every round in the per-round table "
                                "(default: the first and last five when there are more than "
                                "eleven, the middle as '...')."),
@@ -220,11 +221,16 @@ def diff_cmd(
     keys: List[str] = typer.Option(None, "--keys", metavar="PATTERN", help="Only the keys "
                                    "that match PATTERN: a glob (privacy.*, *_se) or a "
                                    "substring (gap_closed); repeatable. Metrics: every "
-                                   "matching one that differs instead of the headline."),
+                                   "matching one that differs instead of the headline. A "
+                                   "PATTERN that matches no key of either run is named on "
+                                   "stderr (exit 0: an empty selection, not an error)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object: every setting and "
-                                 "metric that differs (exact values; --all: every one; --keys "
-                                 "filters), the headline with its precision, the counts; NaN "
-                                 "and Infinity as null."),
+                                 "metric that differs (by the rule of the counts; values "
+                                 "exact; --all: every one; --keys filters; \"keys_unmatched\": "
+                                 "the patterns that matched no key), the headline with its "
+                                 "precision, the counts; "
+                                 "+/-Infinity as the strings \"inf\" / \"-inf\", NaN as "
+                                 "null."),
 ) -> None:
     """Two runs side by side (as 'dvc params diff' and 'dvc metrics diff'): the settings that
     differ (config.resolved.json), then the headline metrics (results.json: the method's
@@ -240,6 +246,12 @@ def diff_cmd(
     _notes(rb)
     keys = list(keys or [])
     d = R.diff(ra, rb, everything=everything, keys=keys)
+    if d["keys_unmatched"]:
+        from popri.core import log
+
+        log.warn("--keys " + ", ".join(repr(k) for k in d["keys_unmatched"]) + " matched no "
+                 "setting or metric key of either run (a glob such as 'privacy.*' or a "
+                 "substring such as 'gap_closed'; --all lists every key)")
     if as_json:
         typer.echo(dumps(R.jsonable(d)))
         return

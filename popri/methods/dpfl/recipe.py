@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from popri.core.errors import ConfigError
 from popri.kit import Z_LATER, DPRelease, Stage, step_argv
 from popri.methods.base import Method
 from popri.privacy.plan import Noise
@@ -143,6 +144,14 @@ def fl_args(run, z) -> list[str]:
 def recipe(run) -> Iterator[Stage]:
     """T rounds of ``popri fl round``, each from the previous round's directory."""
     c = run.cfg
+    if c.fl.clients_per_round is None and c.fl.public_clients is None:
+        # each round divides its noisy sum by a PUBLIC count (aggregation.public_count): a fixed
+        # L, else q times the enrolled clients the operator declares public
+        raise ConfigError("a DP-FL round divides its noisy sum by a PUBLIC count, and "
+                          "without a fixed fl.clients_per_round the number of clients is private "
+                          "(add/remove one client): declare the enrolled clients N_pub (a number "
+                          "you state, not one computed from the data; an estimate only scales "
+                          "the step)", field="fl.public_clients")
     priv = str(run.paths.private)
     noise = run.noise
     z = noise.arg if noise else None

@@ -54,6 +54,7 @@ import numpy as np
 
 from popri.core import log, runtime
 from popri.core.errors import InputError
+from popri.federated.aggregation import public_count
 from popri.kit import round_seed
 from popri.privacy.relations import round_relation
 from popri.specs.fl import FLSpec
@@ -486,6 +487,51 @@ def _ftrl_epoch(data, split, spec, z, n, clients_per_round, round_, prev, init, 
     return R, e, r, order, tree_id, state
 
 
+def _tree_ledgers(out: str, init: str | None) -> list[Path]:
+    """The ledgers a DP-FTRL round of an epoch tree records its leaf in: ``OUT/../ledger.jsonl``
+    and, when it is another file, ``INIT/../ledger.jsonl`` -- the tree's ledger, where the
+    previous leaves were recorded.  Every release of a leaf from one ``--init`` thus meets the
+    others in that ledger, wherever its ``--out`` is."""
+    from popri.privacy.ledger import LEDGER_NAME
+
+    out_l = Path(out).parent / LEDGER_NAME
+    found = [out_l]
+    if init is not None:
+        init_l = Path(init).parent / LEDGER_NAME
+        if os.path.realpath(init_l) != os.path.realpath(out_l):
+            found.append(init_l)
+    return found
+
+
+def _leaf_release_id(data, split, round_, spec, z, clients_per_round, sample_rate, init, base,
+                     seed) -> str:
+    """Research mode: the release id :func:`run_round` records for this round (its
+    ``rel.release_id(...)``, the same parts): a rerun with equal inputs reproduces the round
+    bit for bit, the same release."""
+    from popri.core.artifacts import path_digest
+    from popri.privacy.ledger import make_release_id
+
+    return make_release_id(LEDGER_STAGE, "research", round_seed(seed, round_), path_digest(data),
+                           split, round_, spec.to_dict(), float(z), clients_per_round,
+                           sample_rate, init and path_digest(Path(init) / THETA), base)
+
+
+def _refuse_released_leaf(epoch, ledgers: list[Path], leaf_id: str | None, out: str) -> None:
+    """Before any noise is drawn: an :class:`InputError` if leaf r of the epoch's tree is
+    recorded in ``ledgers`` by another release (release mode: by any; research mode: by one
+    whose id is not ``leaf_id``, i.e. not this very round reproduced).  A leaf released twice
+    with fresh noise would let the noises average out while the ledger counted the tree once
+    (Kairouz et al. 2021, arXiv:2103.00039: each node's noise is drawn once)."""
+    from popri.privacy.ledger import leaf_message, leaf_releases
+
+    r, tree_id = epoch[2], epoch[4]
+    done = leaf_releases(ledgers, tree_id, r)
+    other = sorted(k for k in done if k != leaf_id)
+    if other:
+        raise InputError(leaf_message(r, tree_id, done[other[0]]), path=str(out),
+                         field="--out")
+
+
 def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplier: float,
               model: str = "smollm2-135m", init: str | None = None,
               clients_per_round: int | None = None, sample_rate: float | None = None,
@@ -521,6 +567,11 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
     if init is not None:
         prev, theta0, vel0 = load_init(init, round_, spec)
         base = prev["model"]
+    what = f"DP-{spec.algorithm}'s noisy sum of the updates"
+    if clients_per_round is None:  # no fixed L: refuse before any work if no N_pub is declared
+        public_count("poisson" if sample_rate is not None and sample_rate < 1 else "none",
+                     sample_rate=sample_rate or 1.0, clients_per_round=None,
+                     public_clients=spec.public_clients, what=what)
     epoch = None  # DP-FTRL's tree per epoch: (leaves R, epoch e, leaf r, order, tree id, state)
     tree = None
     if spec.epoch_trees:
@@ -535,6 +586,12 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
                 raise InputError(f"holds leaf {epoch[2]} of this DP-FTRL tree, released "
                                  "already; releasing it again with fresh noise would let the "
                                  "two noises average out", path=str(out), field="--out")
+        # ... into any directory: the ledgers of the tree (next to --out and to --init) record
+        # every leaf released; checked again under their lock when the entry is appended
+        tree_ledgers = _tree_ledgers(out, init)
+        _refuse_released_leaf(epoch, tree_ledgers, None if release else _leaf_release_id(
+            data, split, round_, spec, float(noise_multiplier), clients_per_round, sample_rate,
+            init, base, seed), out)
     m, tok, params = build_model(base, spec, seed, device)
     theta = flat(params) if init is None else theta0
     vel = np.zeros_like(theta) if init is None else vel0
@@ -543,7 +600,8 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
     pad = prepare_tokenizer(tok, spec)
     rseed = round_seed(seed, round_)
     ledger = out_p.parent / "ledger.jsonl"
-    with Release(LEDGER_STAGE, rseed, secure=release, ledgers=[ledger]) as rel:
+    with Release(LEDGER_STAGE, rseed, secure=release,
+                 ledgers=[ledger, *(tree_ledgers[1:] if epoch is not None else [])]) as rel:
         rel.check_ledgers()
         if epoch is not None and spec.assignment == "bins":  # the clients drawn to leaf r
             R, e, r, order, tree_id, _ = epoch
@@ -602,9 +660,14 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
             else:
                 noisy, z_eff = add_noise(total, spec, float(noise_multiplier), round_, rel,
                                          seed, sensitivity=sens)
-        denom = part.denominator or 1.0
+        # the mean's divisor: a PUBLIC count (a fixed L, or q times the declared N), never the
+        # realised or total client count (aggregation.public_count)
+        denom = public_count(part.sampling, sample_rate=part.sample_rate,
+                             clients_per_round=clients_per_round if epoch is None
+                             or spec.assignment != "bins" else None,
+                             public_clients=spec.public_clients, what=what)
         mu = spec.momentum_value()
-        vel = (mu * vel.astype(np.float64) + noisy / max(denom, 1e-12)).astype(np.float32)
+        vel = (mu * vel.astype(np.float64) + noisy / denom).astype(np.float32)
         theta = (theta.astype(np.float64) + spec.server_lr_value() * vel).astype(np.float32)
         rid = rel.release_id(path_digest(data), split, round_, spec.to_dict(),
                              float(noise_multiplier), clients_per_round, sample_rate,
@@ -634,6 +697,8 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
             "noise_multiplier": float(noise_multiplier), "noise_multiplier_guaranteed": z_eff,
             "noise_std": float(noise_multiplier) * sens, "neighbouring": relation,
             "sensitivity": sens, "momentum": mu,
+            # public: a fixed L or q times the declared --public-clients (public_count)
+            "divisor": denom, "public_clients": spec.public_clients,
             "server_lr": spec.server_lr_value(),
             "mode": rel.mode, "release_id": rid, "source": src, "engine": spec.engine,
         }
@@ -655,7 +720,6 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         private = {
             "private": False, "note": NOT_PRIVATE, "seed": seed,
             "clients": n, "participants": int(len(part.members)),
-            "denominator": float(denom),
             "update_norm_mean": float(arr.mean()) if arr.size else None,
             "update_norm_max": float(arr.max()) if arr.size else None,
             "clipped_share": float((arr > spec.clip).mean()) if arr.size else None,
@@ -708,10 +772,13 @@ def round_entry(spec: FLSpec, part, *, z_eff: float, delta: float, rid: str, mod
                   mode=mode, tree=spec.algorithm == "ftrl", neighbouring=relation)
     if epoch is not None:
         R, e, r = epoch[:3]
+        # leaf and leaf_release_id (this round's own id): which leaf of the tree this line
+        # released, so that no ledger lets a leaf be released twice (LedgerEntry.leaf)
         return round_release(spec, LEDGER_STAGE, sample_rate=1.0, sampling="none",
                              release_id=epoch[4], leaves=R,
                              params={**info, "tree": e, "restart": "epoch",
-                                     "assignment": spec.assignment}, **common)
+                                     "assignment": spec.assignment, "leaf": int(r),
+                                     "leaf_release_id": rid}, **common)
     ddg = None
     if flower is not None:
         if not release:

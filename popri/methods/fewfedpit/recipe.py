@@ -159,7 +159,7 @@ def round_entries(cfg, t: int, q: float | None, *, release: bool) -> list:
     if not f.noise_multiplier or q is None:
         return []
     n = Noise.of_round(float(f.noise_multiplier), sample_rate=float(q),
-                       sampling="fixed" if q < 1 else "none", spec=FewFedPITSpec(clip=f.clip),
+                       sampling="fixed", spec=FewFedPITSpec(clip=f.clip),
                        mode=mode_of(release))
     return [gaussian("fewfedpit", noise_multiplier=n.z, sample_rate=n.sample_rate,
                      delta=cfg.privacy.delta, sensitivity=n.sensitivity, sampling=n.sampling,
@@ -178,6 +178,8 @@ def recipe(run) -> Iterator[Stage]:
                 outputs=[str(r0)])
     clients = train_clients(run)
     n = len(clients) if clients else None
+    # the aggregate's --clients-total N: K = L of N drawn (q = L / N in the ledger, L = N too),
+    # replace one client; the mean divides by K (aggregation.public_count)
     prev = r0
     samples = round_samples(run, clients, f.clients_per_round) if clients else {}
     for t in range(1, c.rounds + 1):

@@ -13,8 +13,11 @@ popri extension (not in the paper), ``--clip C --noise-multiplier z``: each uplo
 W^a_k - W^g_{r-1} is clipped to C on the client (``fewfedpit mix --clip``; the server refuses
 an upload above C), the server adds
 N(0, z^2 C^2) to their sum (release mode: the discrete Gaussian on a grid) and divides by the
-number of uploads -- uniform weights, since n_k-weights would let one client's data size move
-the average beyond C -- and the ledger gets ``subsampled_gaussian`` at q = K / N.  Local
+number of uploads K when K of N clients were drawn (a public count there: q = K / N is in the
+ledger, ``--clients-total N``), by the declared ``--public-clients N`` when everyone took part
+(the count of uploads is private then: :func:`popri.federated.aggregation.public_count`) -- uniform weights, since
+n_k-weights would let one client's data size move the average beyond C -- and the ledger gets
+``subsampled_gaussian`` at q = K / N.  Local
 training is still not DP within a client round; the guarantee is client-level, for the
 uploaded weights.
 """
@@ -30,6 +33,7 @@ import numpy as np
 
 from popri.core import log
 from popri.core.errors import InputError
+from popri.federated.aggregation import public_count
 from popri.methods.fewfedpit import client as C
 from popri.methods.fewfedpit.weights import WeightedSum
 from popri.specs.fewfedpit import FewFedPITSpec
@@ -40,7 +44,8 @@ NO_DP = "no DP guarantee (eps = inf): FewFedPIT is an empirical defence against 
 
 
 def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: int,
-              init: str, clients_total: int | None = None, delta: float = 3e-6,
+              init: str, clients_total: int | None = None,
+              public_clients: int | None = None, delta: float = 3e-6,
               release: bool = False, device: str | None = None,
               diagnostics: bool = False) -> dict:
     """Average the ``uploads`` (mixed weights directories of round ``round_``) into the global
@@ -93,11 +98,16 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
     out_p = Path(out)
     ledger = out_p.parent / "ledger.jsonl"
     K = len(n_k)
-    N = clients_total or K
+    if clients_total is not None and public_clients is not None:
+        raise InputError("give --clients-total N (K of N drawn) or --public-clients N (everyone "
+                         "takes part), not both", field="public_clients")
+    N = clients_total or public_clients or K
     if N < K:
         raise InputError(f"{K} uploads but --clients-total {N}", field="clients_total")
     private = z > 0
-    sampling = ("fixed" if K < N else "none") if private else "none"
+    # the scheme is what the operator declares, never read off the count of uploads: K of a
+    # declared N drawn (fixed, q = K / N), or everyone (none; the mean divides by N_pub)
+    sampling = "fixed" if private and clients_total is not None else "none"
     # K of N clients drawn without replacement: replace one client, the clipped updates' sum
     # moves by 2C under it (popri.privacy.relations); everyone: add/remove, C
     relation, sens = round_relation(spec.sensitivity, sampling, spec.convention)
@@ -106,7 +116,14 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
         if spec.clip is not None:
             fl = FLSpec(algorithm="fedavg", clip=float(spec.clip))
             noisy, z_eff = add_noise(uniform.total, fl, z, round_, rel, seed, sensitivity=sens)
-            new = (theta_g.astype(np.float64) + noisy / K).astype(np.float32)
+            # a PUBLIC divisor (aggregation.public_count): K = L of N under fixed sampling
+            # (q = K / N is in the ledger, replace-one neighbours keep K); with everyone the
+            # declared --clients-total, never the count of uploads (private under add/remove)
+            div = public_count(sampling, sample_rate=K / N,
+                               clients_per_round=K if sampling == "fixed" else None,
+                               public_clients=public_clients,
+                               what="the noisy sum of the clipped updates") if private else K
+            new = (theta_g.astype(np.float64) + noisy / div).astype(np.float32)
             weights = "uniform (clipped updates)"
         else:
             new, z_eff = acc.average(), 0.0
