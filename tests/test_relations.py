@@ -86,7 +86,8 @@ def test_a_fewfedpit_dp_round_plans_replace_one_at_twice_the_clip(tmp_path):
     (e,) = run.method.round_entries(cfg, 1, Noise(None, None, sample_rate=0.2), None)
     assert (e.sampling, e.neighbouring, e.sensitivity) == ("fixed", REL.REPLACE, 1.0)
     (full,) = run.method.round_entries(cfg, 1, Noise(None, None, sample_rate=1.0), None)
-    assert (full.sampling, full.neighbouring, full.sensitivity) == ("none", REL.ADD_REMOVE, 0.5)
+    # L = N is still L drawn of N (an added-to neighbour has N + 1): replace one at q = 1
+    assert (full.sampling, full.neighbouring, full.sensitivity) == ("fixed", REL.REPLACE, 1.0)
 
 
 def test_the_score_command_doubles_the_noise_for_a_fixed_count(tmp_path, run_popri):
