@@ -166,7 +166,9 @@ def test_d05_full_participation_runs(tiny_inputs, tiny_lm, tiny_st_model, tmp_pa
     chk = res["ledger_check"]
     assert chk["agree"] is True and chk["stages"]["round1-score"]["recorded"] == 1, chk
     (e,) = read_ledger(run / "round1" / "ledger.jsonl")
-    assert e.sample_rate == 1.0 and e.sampling == "none"
+    # a fixed L = N is still L drawn of N: replace one client at q = 1 (issue 43)
+    assert e.sample_rate == 1.0 and e.sampling == "fixed"
+    assert e.neighbouring == "replace one client"
     p = _popri(_run_args(ov))
     assert p.returncode == 0 and "0 to run" in p.stderr, p.stderr[-2000:]
     again = json.loads((run / "results.json").read_text())["ledger_check"]
