@@ -72,14 +72,6 @@ def _relation(spec) -> str:
     return of_sampling(spec.sampling)
 
 
-def _label(spec) -> str:
-    return _relation(spec)
-
-
-def _relation_fields(spec) -> dict:
-    return {"neighbouring": _relation(spec)}
-
-
 def _emit(obj: dict, as_json: bool, line: str) -> None:
     from popri.core.io import dumps
 
@@ -116,7 +108,7 @@ def epsilon_cmd(
     obj = {"epsilon": r.epsilon if math.isfinite(r.epsilon) else None,
            "noise_multiplier": noise_multiplier, "sample_rate": sample_rate, "steps": steps,
            "delta": spec.delta, "accountant": spec.accountant, "sampling": spec.sampling,
-           **_relation_fields(spec)}
+           "neighbouring": _relation(spec)}
     if r.order is not None:
         obj["order"] = r.order
     if spec.accountant == "pld":
@@ -125,7 +117,7 @@ def epsilon_cmd(
         obj["note"] = r.warnings[0] if r.warnings else A.INF_NOTE
     _emit(obj, as_json, f"epsilon = {_up(r.epsilon)} ({spec.accountant}, q={_g(sample_rate)}, "
                         f"T={steps}, delta={_g(spec.delta)}, z={_g(noise_multiplier)}; "
-                        f"{_label(spec)})")
+                        f"{_relation(spec)})")
 
 
 @app.command("sigma", help=(
@@ -156,12 +148,12 @@ def sigma_cmd(
         log.warn(w)
     obj = {"noise_multiplier": z, "epsilon_achieved": r.epsilon, "epsilon": epsilon,
            "sample_rate": sample_rate, "steps": steps, "delta": spec.delta, "accountant": spec.accountant,
-           "tol": spec.tol, "sampling": spec.sampling, **_relation_fields(spec)}
+           "tol": spec.tol, "sampling": spec.sampling, "neighbouring": _relation(spec)}
     if spec.accountant == "pld":
         obj["value_discretization_interval"] = A.PLD_INTERVAL
     _emit(obj, as_json, f"noise_multiplier = {_up(z)} ({spec.accountant}, q={_g(sample_rate)}, "
                         f"T={steps}, delta={_g(spec.delta)}, "
-                        f"epsilon={_up(r.epsilon)} <= {_g(epsilon)}; {_label(spec)})")
+                        f"epsilon={_up(r.epsilon)} <= {_g(epsilon)}; {_relation(spec)})")
 
 
 @app.command("ledger", help=(
