@@ -247,7 +247,21 @@ def test_an_empty_ledger_says_it_holds_no_entries(run_popri, tmp_path):
                                                 "nothing to total"), lines
 
 
-def test_every_printed_epsilon_names_the_relation_the_rule_gives(run_popri, tmp_path):
+def _in_process(capsys, args):
+    """`popri ARGS` in this process (popri.cli.process.run: the console script's exit codes and
+    one-line errors), for the option loop below: ~46 invocations at ~1.5 s of start-up each as
+    processes (the other tests of this file run the real console script)."""
+    from types import SimpleNamespace
+
+    from popri.cli import app, process
+
+    capsys.readouterr()
+    rc = process.run(app.command(), [str(a) for a in args])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=rc, stdout=out.out, stderr=out.err)
+
+
+def test_every_printed_epsilon_names_the_relation_the_rule_gives(capsys, tmp_path):
     """Each sub-command over its sampling options (poisson | fixed, and the ledger's none),
     q < 1 and q = 1, --convention where it exists, each accountant: the relation printed (text
     and --json) is the one popri.privacy.relations.of_sampling gives -- a fixed L of N is
@@ -255,6 +269,9 @@ def test_every_printed_epsilon_names_the_relation_the_rule_gives(run_popri, tmp_
     fixed L = N as 'fixed').  Before: --sampling fixed at q = 1 printed add/remove where its help
     said replace one (z relative to 2C) (issue 43, item 4)."""
     from popri.privacy.relations import PAPERS_NOTE, of_sampling
+
+    def run_popri(args):
+        return _in_process(capsys, args)
 
     def rule(sampling, q, convention=None):
         return of_sampling(sampling, convention)

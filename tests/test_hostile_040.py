@@ -100,8 +100,6 @@ def test_n02_pld_refuses_an_absurd_number_of_steps_at_once():
         line = _one_line(_popri(["account", *args, "--accountant", "pld"], timeout=120))
         assert time.monotonic() - t < 60  # not computed: refused (~1 s)
         assert "--steps" in line and f"{PLD_MAX_STEPS:,}" in line and "rdp" in line, line
-    p = _popri(["account", "sigma", "-e", 1, "-q", 0.5, "-T", 10 ** 12])  # rdp: its own line
-    assert p.returncode == 2
     p = _popri(["account", "epsilon", "-z", 30, "-q", 0.5, "-T", 1000, "-a", "pld"])
     assert p.returncode == 0 and p.stdout.startswith("epsilon = "), p.stderr
 

@@ -92,3 +92,23 @@ def test_opting_in_to_cpu_bf16_is_in_every_stage_key(tmp_path, monkeypatch):
     monkeypatch.delenv("POPRI_CPU_BF16", raising=False)
     monkeypatch.setattr(S, "KEYED_ENV", ())
     assert S.StageRunner(tmp_path / "old").key(st) == keys[None]  # unchanged when unset
+
+
+def test_cpu_bf16_needs_the_instructions_not_onednns_flag(monkeypatch):
+    """oneDNN says it supports bf16 on AVX512F alone, where it only converts (the main job took
+    2.0x its fp32 time so on this project's box): native means AVX512-BF16 or AMX."""
+    import torch
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True,
+                        raising=False)
+    for avx, amx, want in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda a=avx: a,
+                            raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda a=amx: a, raising=False)
+        assert llm.bf16_native("cpu") is want
+    # opted in on a CPU without them: fp32, and the results say so
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    monkeypatch.setattr(llm, "default_device", lambda: "cpu")
+    monkeypatch.setenv(llm.CPU_BF16_ENV, "1")
+    assert llm.use_bf16(True, "cpu") is False and run_precision() == "cpu fp32"

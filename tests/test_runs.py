@@ -190,3 +190,27 @@ def test_heartbeat_progress_prints_plain_lines_and_no_private_count(capsys):
     private = [x for x in err.splitlines() if "round 1 clients" in x]
     assert private and not any(ch.isdigit() for x in private for ch in x.split(":", 1)[1]
                                .replace(" 0 s", "")), private
+
+
+def test_runs_diff_names_the_numeric_path_of_each_run(tmp_path):
+    """Issue 43, item 6: two runs on different numeric paths (fp32 by default on CPU, bf16 by
+    POPRI_CPU_BF16=1) need not agree in their last digits; `runs diff` shows the path of each in
+    its headline, and only there when the runs have one."""
+    from popri.pipeline import runs as R
+
+    a, b = _fake_run(tmp_path / "a", 1.0, 0.30), _fake_run(tmp_path / "b", 1.0, 0.31)
+    for d, prec in ((a, "cpu fp32"), (b, "cpu bf16")):
+        res = json.loads((d / "results.json").read_text())
+        res["precision"] = prec
+        (d / "results.json").write_text(json.dumps(res))
+    d = R.diff(R.load_run(a), R.load_run(b))
+    row = next(h for h in d["headline"] if h["key"] == "precision")
+    assert (row["a"], row["b"], row["differs"]) == ("cpu fp32", "cpu bf16", True)
+    rows = R.diff_rows(d, R.load_run(a), R.load_run(b))
+    assert ("precision", "cpu fp32", "cpu bf16") in [r[:3] for r in rows]
+    # the same path: shown, not differing
+    same = R.diff(R.load_run(a), R.load_run(a))
+    assert next(h for h in same["headline"] if h["key"] == "precision")["differs"] is False
+    # runs from before issue 43 have no precision: no row
+    c, e = _fake_run(tmp_path / "c", 1.0, 0.3), _fake_run(tmp_path / "e", 1.0, 0.3)
+    assert all(h["key"] != "precision" for h in R.diff(R.load_run(c), R.load_run(e))["headline"])

@@ -216,19 +216,27 @@ _BF16_WARNED: set[str] = set()
 
 def bf16_native(device: str) -> bool:
     """Does ``device`` compute in bf16 in hardware?  CUDA: ``torch.cuda.is_bf16_supported()``;
-    CPU: oneDNN's bf16 path (AVX512-BF16 or AMX: ``torch.ops.mkldnn._is_mkldnn_bf16_supported``).
-    Without it bf16 is emulated: on an AVX2-only 2-core EPYC a bf16-autocast matmul with its
-    backward took 15-20x the fp32 one (fp32 0.09-0.14 s, bf16 1.87 s), and a study round's
+    CPU: the AVX512-BF16 or AMX instructions (``torch.cpu._is_avx512_bf16_supported`` /
+    ``_is_amx_tile_supported``).  oneDNN's own flag (``torch.ops.mkldnn._is_mkldnn_bf16_supported``)
+    is not enough, and is only the fallback where torch has neither function: it is True on
+    AVX512F alone, where oneDNN converts to and from bf16 without computing in it -- the main
+    job took 2.0x its fp32 time that way on a 2-core Xeon (docs/results.md, issue 43).  Without
+    the instructions bf16 is emulated: on an AVX2-only 2-core EPYC a bf16-autocast matmul with
+    its backward took 15-20x the fp32 one (fp32 0.09-0.14 s, bf16 1.87 s), and a study round's
     generation and DPO 8x and more."""
     import torch
 
     if device.startswith("cuda"):
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    if avx512_bf16 is not None or amx is not None:
+        return bool((avx512_bf16 is not None and avx512_bf16())
+                    or (amx is not None and amx()))
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
-        return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-                    or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+        return False
 
 
 #: the explicit opt-in to bf16 on a CPU (``POPRI_CPU_BF16=1``): CPU runs compute in fp32 by

@@ -357,7 +357,8 @@ def differs(key: str, x: Any, y: Any, nd: int | None = None) -> bool:
 def headline_keys(a: LoadedRun, b: LoadedRun) -> list[tuple[str, str]]:
     """(key, label) of the metrics ``popri runs diff`` shows by default: the method's accuracy,
     epsilon and its relation, the learning line (the method minus its T = 0 row), gap closed,
-    FID."""
+    FID, and the numeric path the models ran on (``precision``: 'cpu fp32', 'cpu bf16', ...;
+    two runs on different paths need not agree in their last digits, issue 43)."""
     out: list[tuple[str, str]] = []
     names = []
     for r in (a.results, b.results):
@@ -371,7 +372,8 @@ def headline_keys(a: LoadedRun, b: LoadedRun) -> list[tuple[str, str]]:
     out += [("epsilon", "epsilon spent"), ("neighbouring", "relation"),
             ("control.acc_minus_control", "minus its T = 0 row"),
             ("control.draws.mean", "minus its T = 0 row, mean over draws"),
-            ("gap_closed.gap_closed", "gap closed"), ("fid_to_val", "FID to val")]
+            ("gap_closed.gap_closed", "gap closed"), ("fid_to_val", "FID to val"),
+            ("precision", "numeric path")]
     return out
 
 
