@@ -228,11 +228,10 @@ def bf16_native(device: str) -> bool:
 
     if device.startswith("cuda"):
         return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    avx512_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    if avx512_bf16 is not None or amx is not None:
-        return bool((avx512_bf16 is not None and avx512_bf16())
-                    or (amx is not None and amx()))
+    checks = [f for f in (getattr(torch.cpu, "_is_avx512_bf16_supported", None),
+                          getattr(torch.cpu, "_is_amx_tile_supported", None)) if f is not None]
+    if checks:
+        return any(bool(f()) for f in checks)
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
