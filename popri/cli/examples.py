@@ -82,6 +82,12 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "prefs build": (
         "popri prefs build --samples runs/r1/samples.jsonl --scores runs/r1/scores.npy "
         "--rejected-rank 5 --out runs/r1/prefs.jsonl",
+        "popri prefs build --samples runs/r1/samples.jsonl --scores runs/r1/scores.npy "
+        "--pair-rule fluent --fluency runs/r1/fluency.jsonl --out runs/r1/prefs.jsonl",
+    ),
+    "prefs gate": (
+        "popri prefs gate --samples runs/r1/samples.jsonl --fluency runs/r1/fluency.jsonl "
+        "--drop 0.25 --out runs/r1/samples_gated.jsonl",
     ),
     "prefs pool": (
         "popri prefs pool --samples runs/r1/samples.jsonl --scores runs/r1/scores.npy "
@@ -91,6 +97,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "popri eval accuracy --model runs/downstream --data data/sotu --split test --json",
     ),
     "eval probe": ("popri eval probe runs/r1/probe.jsonl --target data/sotu --split val",),
+    "eval fluency": (
+        "popri eval fluency runs/r1/prefs.jsonl --json",
+        "popri eval fluency runs/r1/samples.jsonl --out runs/r1/fluency.jsonl",
+        "popri eval fluency runs/probe/round0.jsonl --adapter runs/r3/dpo/adapter",
+    ),
     "eval diff": (
         "popri eval diff --method runs/eval/popri.clients.jsonl "
         "--control runs/eval/t0.clients.jsonl --json",

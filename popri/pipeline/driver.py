@@ -273,10 +273,12 @@ class Run:
                 outputs=[str(self.paths.emb_public)], inputs=self.omega_inputs)
 
     # ------------------------------------------------------------------ shared builders
-    def gen_args(self, *, adapter: str | None, seed: int) -> list[str]:
+    def gen_args(self, *, adapter: str | None, seed: int, top_p: float | None = None) -> list[str]:
         """The generator section (a :class:`~popri.specs.generation.GeneratorSpec`) as
-        options of ``popri gen`` / ``popri expand``, plus the stage's seed and adapter."""
-        return [*to_argv(self.cfg.generator), "--seed", str(seed), *opt("--adapter", adapter)]
+        options of ``popri gen`` / ``popri expand``, plus the stage's seed and adapter;
+        ``top_p``: instead of the section's (the final set's ``final_top_p``)."""
+        g = self.cfg.generator if top_p is None else self.cfg.generator.replace(top_p=top_p)
+        return [*to_argv(g), "--seed", str(seed), *opt("--adapter", adapter)]
 
     def score_args(self, z: float | None, seed: int, t: int, *, mode: str | None = None,
                    threshold: float | str | None = None) -> list[str]:

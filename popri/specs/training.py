@@ -122,6 +122,29 @@ class PrefsSpec(Spec):
     rejected_rank: int = param(
         5, "1-based rank of the rejected sample (chosen = rank 1; POPri 4.2 / E.5: 5th of J = 10, "
         "the reference code's zero-based reject_rank 4).", cite="POPri B.1", short="-l", lo=2)
+    pair_rule: str | None = param(
+        None, "Which sample is chosen: unset or 'score' = POPri (rank 1 under the released "
+        "scores); 'fluent' = a popri remedy (issue 44), not in POPri: the best-scored sample "
+        "ranked above the rejected one whose public-model NLL ('popri eval fluency', --fluency) "
+        "is no higher than the rejected one's; a prompt with none is skipped.  Post-processing "
+        "of the release and of public samples: no privacy cost.", choices=("score", "fluent"))
+
+
+#: the share of a round's samples a fluency gate may leave out at most
+GATE_MAX = 0.9
+
+
+@dataclass(frozen=True)
+class GateSpec(Spec):
+    """``popri prefs gate``: a fluency gate on a round's candidates before they are scored, a
+    popri remedy beyond POPri (issue 44): the samples the public model finds least likely
+    (highest mean NLL, 'popri eval fluency') are left out before the clients score the rest.
+    The public model's likelihood of a synthetic sample is public: no privacy cost."""
+
+    drop: float = param(0.25, "Share of the round's samples left out, the least fluent first "
+                        "(an empty text before any other).", lo=0, hi=GATE_MAX)
+    min_per_prompt: int = param(0, "Never leave a prompt fewer samples than this (popri run "
+                                "sets the rejected rank: the gate then costs no pair).", lo=0)
 
 
 #: where round t+1's few-shot examples come from (issue 24): static (Omega, the paper), union

@@ -4,6 +4,7 @@ EvalSpec, GapSpec).
 
     popri eval accuracy --model runs/ds --data data/sotu --split test --per-client-out m.jsonl --json
     popri eval fid samples.jsonl data/sotu --split val
+    popri eval fluency runs/x/round1/prefs.jsonl --json
     popri eval gap --method m.jsonl --eps0 e0.jsonl --epsinf ei.jsonl
     popri eval gap --acc 0.41 --eps0 0.35 --epsinf 0.45
 """
@@ -296,9 +297,81 @@ def probe(
                    + (f"  perplexity {res['perplexity']:.2f}" if model else ""))
 
 
+def fluency(
+    samples: str = typer.Argument(..., metavar="SAMPLES", help="Synthetic samples (JSONL with "
+                                  "'text', e.g. 'popri gen' output) or preference pairs (JSONL "
+                                  "with 'chosen' and 'rejected', 'popri prefs build' output)."),
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help="The public model whose "
+                              "likelihood measures fluency."),
+    adapter: Optional[str] = typer.Option(None, "--adapter", help="PEFT adapter on top of "
+                                          "--model (e.g. a round's DPO adapter: how far the "
+                                          "tuning moved these texts' log-probability)."),
+    max_tokens: int = typer.Option(128, "--max-tokens", min=2, help="Tokens of each text "
+                                   "scored (its first ones)."),
+    batch_size: int = typer.Option(16, "--batch-size", min=1),
+    bf16: bool = option(EvalSpec, "bf16"),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write one record per text "
+                                      "(per pair: chosen_* and rejected_*) to this JSONL file."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
+) -> None:
+    """Per-text fluency of synthetic samples under the public model (popri/eval/fluency.py):
+    mean next-token NLL of the text alone (its first --max-tokens tokens), words, distinct-2
+    and a degenerate flag (fewer than 3 words, or a loop: half its word trigrams repeat); the
+    set's mean NLL, perplexity, quantiles and degenerate share.  Given preference pairs, the
+    same for the chosen and the rejected texts and their paired difference: is DPO taught that
+    the less fluent text is the better one?  Post-processing of public samples: releases
+    nothing about the clients."""
+    from popri.core.errors import InputError
+    from popri.core.io import dumps, iter_jsonl, write_jsonl
+    from popri.eval import fluency as F
+
+    recs = list(iter_jsonl(samples, locate=True))
+    if not recs:
+        raise InputError("no records", path=samples)
+    pairs = "chosen" in recs[0] or "rejected" in recs[0]
+    fields = ("chosen", "rejected") if pairs else ("text",)
+    for r in recs:
+        for f in fields:
+            if not isinstance(r.get(f), str):
+                raise InputError("missing or not a string" if f in r else "missing required field",
+                                 path=samples, line=r.get("_line"), field=f)
+    texts = [r[f] for r in recs for f in fields]
+    nll, cnt = F.text_nll(model, texts, adapter=adapter, bf16=bf16, batch_size=batch_size,
+                          max_tokens=max_tokens)
+    rows = F.per_text(texts, nll, cnt)
+    res: dict = {"model": model, "adapter": adapter, "max_tokens": int(max_tokens),
+                 "public": True}
+    if pairs:
+        ch, rj = rows[0::2], rows[1::2]
+        res |= {"chosen": F.summary(ch), "rejected": F.summary(rj), **F.paired(ch, rj)}
+        per = [{"pair": k, "prompt_id": r.get("prompt_id"),
+                **{f"chosen_{a}": v for a, v in c.items() if a != "id"},
+                **{f"rejected_{a}": v for a, v in j.items() if a != "id"}}
+               for k, (r, c, j) in enumerate(zip(recs, ch, rj))]
+    else:
+        res |= F.summary(rows)
+        per = [{**row, "id": r.get("id", k)} for k, (r, row) in enumerate(zip(recs, rows))]
+    if out:
+        write_jsonl(per, out)
+    if json_out:
+        typer.echo(dumps(res))
+    elif pairs:
+        se = res["nll_chosen_minus_rejected_se"]
+        typer.echo(f"NLL chosen {res['chosen']['mean_nll']:.3f} rejected "
+                   f"{res['rejected']['mean_nll']:.3f}  chosen minus rejected "
+                   f"{res['nll_chosen_minus_rejected']:+.3f}"
+                   + (f" +- {se:.3f}" if se is not None else "")
+                   + f"  chosen less fluent in {res['chosen_less_fluent']} of "
+                     f"{res['scored_pairs']} pairs")
+    else:
+        typer.echo(f"mean NLL {res['mean_nll']:.3f}  perplexity {res['perplexity']:.1f}  "
+                   f"degenerate {res['degenerate_share']:.3f}  texts {res['texts']}")
+
+
 def register(app: typer.Typer) -> None:
     eval_app.command("accuracy", help=unwrap(_ACC_HELP.strip()))(accuracy)
     eval_app.command("probe", help=unwrap(probe.__doc__.strip()))(probe)
+    eval_app.command("fluency", help=unwrap(fluency.__doc__.strip()))(fluency)
     eval_app.command("diff", help=unwrap(diff.__doc__.strip()))(diff)
     eval_app.command("fid", help=unwrap(fid.__doc__.strip()))(fid)
     eval_app.command("gap", help=unwrap(gap.__doc__.strip()))(gap)

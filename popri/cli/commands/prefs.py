@@ -2,6 +2,7 @@
 
     popri prefs build --samples runs/r0/samples.jsonl --scores runs/r0/scores.npy --out runs/r0/pairs.jsonl
     popri prefs build --samples s.jsonl --scores s.npy --true-scores exact.npy --report-out rep.json
+    popri prefs gate --samples s.jsonl --fluency fluency.jsonl --drop 0.25 --out kept.jsonl
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
-from popri.specs.training import PoolSpec, PrefsSpec
+from popri.specs.training import GateSpec, PoolSpec, PrefsSpec
 
 HELP = """Build DPO preference pairs from scored samples (POPri Algorithm 1, lines 21-26).
 
@@ -29,7 +30,12 @@ Output: JSONL {"prompt", "chosen", "rejected", "prompt_id", "chosen_score", "rej
 --true-scores: exact, noise-free scores of the same samples (e.g. 'popri score
 --noise-multiplier 0 --no-standardize'): the recovery rate (POPri Figure 6, right: share of
 pairs with true(chosen) > true(rejected)) is printed on stderr and written to --report-out. It
-is a diagnostic: exact scores are not private and must not be released."""
+is a diagnostic: exact scores are not private and must not be released.
+
+--pair-rule fluent (a popri remedy beyond POPri, issue 44) needs --fluency, the per-text JSONL
+of 'popri eval fluency SAMPLES --out FILE': the chosen sample is then the best-scored one
+ranked above the rejected one whose public-model NLL is no higher than the rejected one's
+(a prompt with none is skipped). Post-processing: no privacy cost."""
 
 
 @spec_options(PrefsSpec)
@@ -42,20 +48,30 @@ def build(
     out: str = typer.Option("-", "--out", "-o", help="Pairs JSONL, or '-' for stdout."),
     report_out: Optional[str] = typer.Option(None, "--report-out", help="JSON report: counts, "
                                              "skipped prompts, mean score gap, recovery rate."),
+    fluency: Optional[str] = typer.Option(None, "--fluency", help="Per-sample public-model NLL "
+                                          "('popri eval fluency SAMPLES --out FILE'): needed by "
+                                          "--pair-rule fluent."),
     *, spec: PrefsSpec,
 ) -> None:
     from popri.core import log
+    from popri.core.errors import InputError
     from popri.core.guard import check_outputs
     from popri.methods.popri.prefs import build_pairs_file
 
-    check_outputs([out, report_out], [samples, scores, true_scores])
+    if fluency and spec.pair_rule != "fluent":
+        raise InputError("--fluency is read only by --pair-rule fluent", field="--fluency")
+    check_outputs([out, report_out], [samples, scores, true_scores, fluency])
     report = build_pairs_file(samples, scores, spec, out=out, report_out=report_out,
-                              true_scores=true_scores)
+                              true_scores=true_scores, fluency=fluency)
     if report["skipped_prompts"]:
         log.warn(f"prefs: skipped {report['skipped_prompts']} prompt(s) with fewer than "
-                 f"{spec.rejected_rank} samples")
+                 f"{spec.rejected_rank} samples" + (
+                     " or no chosen sample as fluent as the rejected one"
+                     if spec.pair_rule == "fluent" else ""))
+    chosen = ("the best-ranked no less fluent than the rejected one"
+              if spec.pair_rule == "fluent" else "rank 1")
     msg = (f"prefs: {report['pairs']} pairs from {report['samples']} samples "
-           f"(chosen = rank 1, rejected = rank {spec.rejected_rank})")
+           f"(chosen = {chosen}, rejected = rank {spec.rejected_rank})")
     if "mean_score_gap" in report:
         msg += f", mean score gap {report['mean_score_gap']:.4g}"
     log.info(msg)
@@ -109,8 +125,44 @@ def pool(
              f"chosen in round {r['round']})")
 
 
+GATE_HELP = """A fluency gate on a round's candidates before the clients score them (a popri
+remedy beyond POPri, issue 44; maths: popri/methods/popri/prefs.py gate): the --drop share of
+the samples with the highest public-model NLL ('popri eval fluency SAMPLES --out FILE') is left
+out, the rest written in their order. The public model's likelihood of a synthetic sample is
+public: no privacy cost. A prompt left with fewer samples than the rejected rank gets no pair.
+
+Output: the kept samples (JSONL, as 'popri gen' wrote them) on stdout or --out (atomic); counts
+on stderr."""
+
+
+@spec_options(GateSpec)
+def gate(
+    samples: str = typer.Option(..., "--samples", "-s", help="A round's samples JSONL ('popri "
+                                "gen')."),
+    fluency: str = typer.Option(..., "--fluency", help="Their per-sample public-model NLL "
+                                "('popri eval fluency SAMPLES --out FILE')."),
+    out: str = typer.Option("-", "--out", "-o", help="Kept samples JSONL, or '-' for stdout."),
+    *, spec: GateSpec,
+) -> None:
+    from popri.core import io, log
+    from popri.core.guard import check_outputs
+    from popri.methods.popri.prefs import gate as gate_samples
+    from popri.methods.popri.prefs import load_fluency, read_samples
+
+    check_outputs([out], [samples, fluency])
+    recs = read_samples(samples)
+    kept, r = gate_samples(recs, load_fluency(fluency), spec.drop,
+                           min_per_prompt=spec.min_per_prompt, fluency_path=fluency)
+    io.write_jsonl([{k: v for k, v in x.items() if not k.startswith("_")} for x in kept], out)
+    mx = r["max_kept_nll"]
+    log.info(f"prefs gate: kept {r['kept']} of {r['samples']} samples (left out the "
+             f"{r['dropped']} least fluent" + (f"; NLL <= {mx:.3f} kept)" if mx is not None
+                                              else ")"))
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Preference data for DPO (POPri).", no_args_is_help=True)
     group.command("build", help=unwrap(HELP))(build)
     group.command("pool", help=unwrap(POOL_HELP))(pool)
+    group.command("gate", help=unwrap(GATE_HELP))(gate)
     app.add_typer(group, name="prefs")

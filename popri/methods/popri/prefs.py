@@ -102,16 +102,30 @@ def check_samples(samples: Sequence[dict], path: str = "samples") -> None:
                 raise InputError("must be a string", path=s.get("_path", path), line=line, field=f)
 
 
+def fluent_chosen(members: Sequence[int], rejected_rank: int, nll: np.ndarray) -> int | None:
+    """The ``fluent`` pair rule (issue 44, a popri remedy beyond POPri): among the samples
+    ranked above the rejected one (``members``: one prompt's, best score first), the
+    best-ranked whose public-model NLL is no higher than the rejected sample's (NaN, an empty
+    text, is never no higher); None when there is none."""
+    r = nll[members[rejected_rank - 1]]
+    for n in members[:rejected_rank - 1]:
+        if np.isfinite(nll[n]) and (not np.isfinite(r) or nll[n] <= r):
+            return n
+    return None
+
+
 def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
                 spec: PrefsSpec | None = None, *, true_scores: np.ndarray | None = None,
                 true_ids: list[str] | None = None, scores_path: str = "scores",
-                true_scores_path: str = "true-scores", **overrides) -> tuple[list[dict], dict]:
+                true_scores_path: str = "true-scores", fluency: dict | None = None,
+                fluency_path: str = "fluency", **overrides) -> tuple[list[dict], dict]:
     """Pairs ``{"prompt", "chosen", "rejected", "prompt_id", "chosen_score", "rejected_score",
     "chosen_id", "rejected_id"}`` and a report (counts, skipped prompts, recovery rate).
 
     ``spec``: the settings (default ``PrefsSpec()``; ``overrides``: field values on top, e.g.
     ``rejected_rank=4``).  ``ids``: the score sidecar's ids (None = scores row-aligned with
-    ``samples``); likewise ``true_ids`` for ``true_scores``.
+    ``samples``); likewise ``true_ids`` for ``true_scores``.  ``fluency``: sample id -> the
+    public model's mean NLL (None: an empty text), needed by ``pair_rule: fluent``.
     """
     spec = PrefsSpec(**overrides) if spec is None else spec.replace(**overrides)
     rejected_rank = spec.rejected_rank
@@ -121,7 +135,21 @@ def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
     s = align_scores(samples, scores, ids, path=scores_path)
     t = None if true_scores is None else align_scores(samples, true_scores, true_ids,
                                                       path=true_scores_path)
-    pairs, skipped, recovered = [], [], 0
+    rule = spec.pair_rule or "score"
+    nll = None
+    if rule == "fluent":
+        if fluency is None:
+            raise InputError("pair rule 'fluent' needs the samples' fluency ('popri eval "
+                             "fluency SAMPLES --out FILE')", field="--fluency")
+        nll = np.empty(len(samples))
+        for n, rec in enumerate(samples):
+            if str(rec["id"]) not in fluency:
+                raise InputError(f"sample id {rec['id']!r} has no NLL in {fluency_path} "
+                                 "(the fluency of another sample file?)", path=rec.get("_path"),
+                                 line=rec.get("_line", n + 1), field="id")
+            v = fluency[str(rec["id"])]
+            nll[n] = np.nan if v is None else float(v)
+    pairs, skipped, recovered, moved = [], [], 0, 0
     for members in rank_groups(samples, s):
         first = samples[members[0]]
         for n in members[1:]:
@@ -133,6 +161,13 @@ def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
             skipped.append({"prompt_id": first["prompt_id"], "samples": len(members)})
             continue
         c, r = members[0], members[rejected_rank - 1]
+        if nll is not None:
+            c = fluent_chosen(members, rejected_rank, nll)
+            if c is None:
+                skipped.append({"prompt_id": first["prompt_id"], "samples": len(members),
+                                "reason": "no sample above the rejected one is as fluent"})
+                continue
+            moved += c != members[0]
         pairs.append({"prompt": first["prompt"], "chosen": samples[c]["text"],
                       "rejected": samples[r]["text"], "prompt_id": first["prompt_id"],
                       "chosen_score": float(s[c]), "rejected_score": float(s[r]),
@@ -141,7 +176,9 @@ def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
             recovered += 1
     report = {"samples": len(samples), "prompts": len(pairs) + len(skipped), "pairs": len(pairs),
               "skipped_prompts": len(skipped), "skipped": skipped[:20],
-              "rejected_rank": rejected_rank}
+              "rejected_rank": rejected_rank, "pair_rule": rule}
+    if nll is not None:
+        report["chosen_below_rank_1"] = moved
     if pairs:
         gap = np.array([p["chosen_score"] - p["rejected_score"] for p in pairs])
         report["mean_score_gap"] = float(gap.mean())
@@ -195,9 +232,60 @@ def load_score_vector(path: str) -> tuple[np.ndarray, list[str] | None]:
     return np.asarray(vals, dtype=np.float64), ids
 
 
+def load_fluency(path: str) -> dict:
+    """Sample id -> mean NLL from the per-text JSONL of ``popri eval fluency --out`` (fields
+    ``id`` and ``nll``; ``nll`` null for an empty text)."""
+    from popri.core.io import iter_jsonl
+
+    out: dict = {}
+    for n, r in enumerate(iter_jsonl(path, required=("id", "nll")), start=1):
+        v = r["nll"]
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool)
+                              or not np.isfinite(v)):
+            raise InputError("must be a finite number or null", path=path, line=n, field="nll")
+        if str(r["id"]) in out:
+            raise InputError(f"id {r['id']!r} appears twice", path=path, line=n, field="id")
+        out[str(r["id"])] = v
+    if not out:
+        raise InputError("no records", path=path)
+    return out
+
+
+def gate(samples: Sequence[dict], fluency: dict, drop: float, *, min_per_prompt: int = 0,
+         fluency_path: str = "fluency") -> tuple[list[dict], dict]:
+    """The fluency gate (issue 44, a popri remedy beyond POPri): ``samples`` without up to
+    ``round(drop * n)`` of the least fluent under the public model (highest mean NLL; an empty
+    text, NLL None, first; ties by input order), skipping a sample whose prompt would be left
+    with fewer than ``min_per_prompt``; the rest in their input order, and a report."""
+    nll = []
+    for n, rec in enumerate(samples):
+        if str(rec["id"]) not in fluency:
+            raise InputError(f"sample id {rec['id']!r} has no NLL in {fluency_path}",
+                             path=rec.get("_path"), line=rec.get("_line", n + 1), field="id")
+        v = fluency[str(rec["id"])]
+        nll.append(np.inf if v is None else float(v))
+    k = int(round(float(drop) * len(samples)))
+    left: dict = {}
+    for rec in samples:
+        left[rec.get("prompt_id")] = left.get(rec.get("prompt_id"), 0) + 1
+    out: set[int] = set()
+    for n in sorted(range(len(samples)), key=lambda n: (-nll[n], n)):
+        if len(out) == k:
+            break
+        pid = samples[n].get("prompt_id")
+        if left[pid] > min_per_prompt:
+            out.add(n)
+            left[pid] -= 1
+    kept = [samples[n] for n in range(len(samples)) if n not in out]
+    finite = [nll[n] for n in range(len(samples)) if n not in out and np.isfinite(nll[n])]
+    return kept, {"samples": len(samples), "kept": len(kept), "dropped": len(out),
+                  "drop": float(drop), "min_per_prompt": int(min_per_prompt),
+                  "max_kept_nll": max(finite) if finite else None}
+
+
 def build_pairs_file(samples: str, scores: str, spec: PrefsSpec | None = None, *,
                      out: str = "-", report_out: str | None = None,
-                     true_scores: str | None = None) -> dict:
+                     true_scores: str | None = None, fluency: str | None = None) -> dict:
     """``popri prefs build``: read the samples and scores (and ``true_scores``), build the pairs
     and write them as JSONL to ``out`` ('-': stdout) and the report to ``report_out`` (both
     staged: a failing report leaves no pairs file either).  Returns the report."""
@@ -211,14 +299,16 @@ def build_pairs_file(samples: str, scores: str, spec: PrefsSpec | None = None, *
     t_arr = t_ids = None
     if true_scores:
         t_arr, t_ids = load_score_vector(true_scores)
+    flu = load_fluency(fluency) if fluency else None
     pairs, report = build_pairs(recs, arr, ids, spec, true_scores=t_arr, true_ids=t_ids,
-                                scores_path=scores, true_scores_path=true_scores or "true-scores")
+                                scores_path=scores, true_scores_path=true_scores or "true-scores",
+                                fluency=flu, fluency_path=fluency or "fluency")
     if not pairs:
         raise InputError(f"no prompt has {spec.rejected_rank} samples: nothing to pair "
                          f"(lower --rejected-rank or generate more samples per prompt)",
                          path=samples)
     report.update({"samples_path": samples, "scores_path": scores,
-                   "true_scores_path": true_scores})
+                   "true_scores_path": true_scores, "fluency_path": fluency})
     if report_out:  # staged first: a failing report leaves no pairs file either
         with io.AtomicOutputs() as staged:
             with open(staged.path(report_out), "w", encoding="utf-8") as fh:

@@ -21,7 +21,7 @@ from popri.kit import (DPRelease, Stage, final_seed, opt, pair_fields, round_see
                        selection_note, step_argv)
 from popri.methods.base import Method
 from popri.specs.generation import GenSpec
-from popri.specs.training import DPOSpec, PrefsSpec, SelectSpec, SFTSpec
+from popri.specs.training import DPOSpec, GateSpec, PrefsSpec, SelectSpec, SFTSpec
 
 #: examples per prompt of every gen stage of a run (GenSpec's default: popri run does not set it)
 SHOTS = GenSpec.__dataclass_fields__["shots"].default
@@ -68,6 +68,37 @@ def gen_stage(run, t: int, adapter: str | None, omega: tuple | None = None) -> S
         inputs=[*o_inputs, *([adapter] if adapter else [])])
 
 
+def fluency_stages(run, t: int) -> Iterator[Stage]:
+    """Issue 44's remedies that read the public model's fluency of round t's samples (null
+    settings: none, POPri): ``popri eval fluency`` (per-sample NLL, RUN/roundT/fluency.jsonl)
+    when ``dpo.pair_rule: fluent`` or ``dpo.fluency_gate`` is set, then with the gate ``popri
+    prefs gate`` (RUN/roundT/samples_gated.jsonl, what the clients score).  Public
+    post-processing: no ledger entry."""
+    c, dp = run.cfg, run.cfg.dpo
+    if dp.pair_rule != "fluent" and not dp.fluency_gate:
+        return
+    R = run.paths.root / f"round{t}"
+    flu = R / "fluency.jsonl"
+    yield Stage(f"round{t}-fluency", [
+        "eval", "fluency", str(R / "samples.jsonl"), "--model", c.generator.model,
+        "--bf16" if c.generator.bf16 else "--no-bf16", "--out", str(flu), "--json"],
+        outputs=[str(flu), str(R / "fluency.json")], inputs=[str(R / "samples.jsonl")],
+        stdout_to=str(R / "fluency.json"))
+    if dp.fluency_gate:
+        out = R / "samples_gated.jsonl"
+        yield Stage(f"round{t}-gate", [
+            "prefs", "gate", "--samples", str(R / "samples.jsonl"), "--fluency", str(flu),
+            *step_argv(GateSpec, drop=dp.fluency_gate, min_per_prompt=dp.rejected_rank),
+            "--out", str(out)],
+            outputs=[str(out)], inputs=[str(R / "samples.jsonl"), str(flu)])
+
+
+def scored_samples(run, t: int) -> Path:
+    """The samples of round t the clients score: the gated ones with ``dpo.fluency_gate``."""
+    R = run.paths.root / f"round{t}"
+    return R / ("samples_gated.jsonl" if run.cfg.dpo.fluency_gate else "samples.jsonl")
+
+
 def pool_stage(run, t: int, omega: tuple) -> Stage:
     """Round t's evolving few-shot pool (``pool: union | chosen``; :mod:`popri.methods.popri.pool`):
     the previous population plus round t's top-scored sample per prompt under the released
@@ -76,25 +107,31 @@ def pool_stage(run, t: int, omega: tuple) -> Stage:
     o_args, o_inputs = omega
     out = R / "pool.jsonl"
     return Stage(f"round{t}-pool", [
-        "prefs", "pool", "--samples", str(R / "samples.jsonl"), "--scores", str(R / "scores.npy"),
-        "--base", *o_args, "--round", str(t), "--pool", run.cfg.pool,
+        "prefs", "pool", "--samples", str(scored_samples(run, t)), "--scores",
+        str(R / "scores.npy"), "--base", *o_args, "--round", str(t), "--pool", run.cfg.pool,
         "--min-size", str(SHOTS), "--out", str(out)],
-        outputs=[str(out)], inputs=[str(R / "samples.jsonl"), str(R / "scores.npy"), *o_inputs])
+        outputs=[str(out)], inputs=[str(scored_samples(run, t)), str(R / "scores.npy"),
+                                    *o_inputs])
 
 
 def dpo_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
     c, dp = run.cfg, run.cfg.dpo
     R, seed = run.paths.root / f"round{t}", round_seed(c.seed, t)
-    samples, scores = R / "samples.jsonl", R / "scores.npy"
+    samples, scores = scored_samples(run, t), R / "scores.npy"
     prefs_extra, prefs_inputs = [], [str(samples), str(scores)]
+    if dp.pair_rule == "fluent":
+        prefs_extra += ["--fluency", str(R / "fluency.jsonl")]
+        prefs_inputs.append(str(R / "fluency.jsonl"))
     exact = run.exact_stage(t, samples, seed)
     if exact is not None:
         yield exact
-        prefs_extra = ["--true-scores", exact.outputs[0]]
+        prefs_extra += ["--true-scores", exact.outputs[0]]
         prefs_inputs.append(exact.outputs[0])
     yield Stage(f"round{t}-prefs", [
         "prefs", "build", "--samples", str(samples), "--scores", str(scores),
-        *step_argv(PrefsSpec, dp), "--out", str(R / "prefs.jsonl"),
+        # pair_rule 'score' is POPri's rule, as unset: the same command (and cache)
+        *step_argv(PrefsSpec, dp, pair_rule=dp.pair_rule if dp.pair_rule == "fluent" else None),
+        "--out", str(R / "prefs.jsonl"),
         "--report-out", str(R / "prefs_report.json"), *prefs_extra],
         outputs=[str(R / "prefs.jsonl")], inputs=prefs_inputs)
     dpo_dir = R / "dpo"
@@ -118,7 +155,7 @@ def sft_stage(run, t: int, adapter: str | None) -> Stage:
     sample, with the same LoRA, epochs, batch and learning rate as the DPO stage."""
     c, dp = run.cfg, run.cfg.dpo
     R = run.paths.root / f"round{t}"
-    samples, scores, out = R / "samples.jsonl", R / "scores.npy", R / "sft"
+    samples, scores, out = scored_samples(run, t), R / "scores.npy", R / "sft"
     return Stage(f"round{t}-sft", [
         "sft", "--samples", str(samples), "--scores", str(scores), "--model", c.generator.model,
         "--out", str(out), *step_argv(SFTSpec, dp, bf16=c.generator.bf16),
@@ -142,7 +179,7 @@ def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
         str(out), "--stats-out", str(Path(out).with_name(Path(out).stem + "_stats.json")
                                          if name != "synthetic"
                                          else run.paths.root / "synthetic_stats.json"),
-        *run.gen_args(adapter=adapter, seed=final_seed(c.seed))],
+        *run.gen_args(adapter=adapter, seed=final_seed(c.seed), top_p=c.final_top_p)],
         outputs=[str(out)], inputs=[*o_inputs, *([adapter] if adapter else [])])
 
 
@@ -187,7 +224,8 @@ def _rounds(run, tune) -> Iterator[Stage]:
     for t in range(1, c.rounds + 1):
         R = run.paths.root / f"round{t}"
         yield gen_stage(run, t, adapter, omega)
-        yield run.score_stage(t, R / "samples.jsonl", R / "scores.npy", round_seed(c.seed, t))
+        yield from fluency_stages(run, t)
+        yield run.score_stage(t, scored_samples(run, t), R / "scores.npy", round_seed(c.seed, t))
         last = None
         for st in tune(run, t, adapter):
             yield st

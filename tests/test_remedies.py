@@ -1,0 +1,169 @@
+"""Issue 44's remedies as settings, each with POPri's behaviour as its unset value: the fluent
+pair rule, the fluency gate before scoring, and the final set's top-p (popri/methods/popri/
+prefs.py, recipe.py; config keys dpo.pair_rule, dpo.fluency_gate, final_top_p).
+
+    python -m pytest -q tests/test_remedies.py
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import write_jsonl
+from popri.core.errors import ConfigError, InputError
+from popri.methods.popri.prefs import build_pairs, fluent_chosen, gate, rank_groups
+from popri.pipeline import config as C
+from popri.pipeline.driver import Run
+from popri.specs.training import PrefsSpec
+
+
+def samples(K=2, J=6):
+    return [{"id": f"s{k}-{j}", "round": 1, "prompt_id": f"p{k}", "sample_idx": j,
+             "prompt": f"P{k}", "text": f"text {k}-{j}", "model": "m"}
+            for k in range(K) for j in range(J)]
+
+
+def test_fluent_rule_moves_the_chosen_down_to_the_first_no_less_fluent_sample():
+    S = samples(K=2, J=6)
+    sc = np.array([6, 5, 4, 3, 2, 1, 6, 5, 4, 3, 2, 1], dtype=float)  # rank = sample_idx
+    # prompt 0: rank 1 and 2 less fluent than the rejected (rank 5, NLL 3.0); rank 3 is not
+    # prompt 1: nothing above the rejected is as fluent: skipped
+    nll = [4.0, 3.5, 2.9, 1.0, 3.0, 9.0, 5.0, 5.0, 5.0, 5.0, 2.0, 1.0]
+    flu = {s["id"]: v for s, v in zip(S, nll)}
+    paper, _ = build_pairs(S, sc, None, PrefsSpec())
+    pairs, rep = build_pairs(S, sc, None, PrefsSpec(pair_rule="fluent"), fluency=flu)
+    assert [p["chosen"] for p in paper] == ["text 0-0", "text 1-0"]
+    assert [(p["chosen"], p["rejected"]) for p in pairs] == [("text 0-2", "text 0-4")]
+    assert rep["pair_rule"] == "fluent" and rep["chosen_below_rank_1"] == 1
+    assert rep["skipped_prompts"] == 1 and "fluent" in rep["skipped"][0]["reason"]
+    # 'score' and unset are POPri's rule, whatever fluency says
+    assert build_pairs(S, sc, None, PrefsSpec(pair_rule="score"), fluency=flu)[0] == paper
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31), st.integers(2, 8), st.integers(2, 8))
+def test_fluent_pairs_never_choose_the_less_fluent_text(seed, J, rank):
+    rank = min(rank, J)
+    rng = np.random.default_rng(seed)
+    S = samples(K=5, J=J)
+    sc = rng.normal(size=len(S))
+    nll = rng.normal(3, 1, size=len(S))
+    nll[rng.random(len(S)) < 0.1] = np.nan  # empty texts
+    flu = {s["id"]: (None if np.isnan(v) else float(v)) for s, v in zip(S, nll)}
+    pairs, rep = build_pairs(S, sc, None, PrefsSpec(rejected_rank=rank, pair_rule="fluent"),
+                             fluency=flu)
+    by = {s["text"]: flu[s["id"]] for s in S}
+    score = {s["text"]: v for s, v in zip(S, sc)}
+    for p in pairs:
+        assert by[p["chosen"]] is not None
+        assert by[p["rejected"]] is None or by[p["chosen"]] <= by[p["rejected"]]
+        assert score[p["chosen"]] >= score[p["rejected"]]  # still ranked above it
+    assert len(pairs) + rep["skipped_prompts"] == 5
+    for m in rank_groups(S, sc):  # the rule's own check, prompt by prompt
+        c = fluent_chosen(m, rank, np.array([np.nan if v is None else v for v in flu.values()]))
+        assert c is None or c in m[:rank - 1]
+
+
+def test_fluent_rule_needs_every_sample_fluency():
+    S = samples(K=1, J=6)
+    with pytest.raises(InputError, match="needs the samples' fluency"):
+        build_pairs(S, np.arange(6.0), None, PrefsSpec(pair_rule="fluent"))
+    with pytest.raises(InputError, match="has no NLL"):
+        build_pairs(S, np.arange(6.0), None, PrefsSpec(pair_rule="fluent"),
+                    fluency={"s0-0": 1.0})
+
+
+def test_gate_drops_the_least_fluent_and_keeps_each_prompt_its_pair():
+    S = samples(K=2, J=6)
+    nll = [1, 2, 9, 3, 4, 5, 8, 7, 6, 1, 1, None]
+    flu = {s["id"]: v for s, v in zip(S, nll)}
+    kept, rep = gate(S, flu, 0.25)  # 3 of 12: the empty text, 9, 8
+    assert [s["id"] for s in S if s not in kept] == ["s0-2", "s1-0", "s1-5"]
+    assert rep["dropped"] == 3 and rep["max_kept_nll"] == 7
+    assert kept == [s for s in S if s in kept]  # input order kept
+    kept, rep = gate(S, flu, 0.5, min_per_prompt=5)  # each prompt may lose one sample only
+    assert rep["dropped"] == 2 and [s["id"] for s in S if s not in kept] == ["s0-2", "s1-5"]
+    assert gate(S, flu, 0.0)[0] == S
+
+
+def test_cli_gate_then_fluent_pairs(tmp_path, run_popri):
+    from popri.core.io import save_scores
+
+    S = samples(K=2, J=6)
+    s = write_jsonl(tmp_path / "samples.jsonl", S)
+    flu = write_jsonl(tmp_path / "fluency.jsonl", [
+        {"id": x["id"], "nll": float(v)} for x, v in zip(S, [1, 2, 9, 3, 4, 5, 8, 7, 6, 1, 1, 2])])
+    kept = tmp_path / "kept.jsonl"
+    p = run_popri(["prefs", "gate", "-s", s, "--fluency", flu, "--drop", "0.2",
+                   "--min-per-prompt", "5", "-o", kept], check=True)
+    assert "kept 10 of 12" in p.stderr
+    rows = [json.loads(x) for x in kept.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [x["id"] for x in S if x["id"] not in ("s0-2", "s1-0")]
+    assert all(not k.startswith("_") for r in rows for k in r)
+    ids = [r["id"] for r in rows]
+    save_scores(tmp_path / "scores.npy", np.linspace(1, 0, len(ids)), {"ids": ids})
+    out = tmp_path / "prefs.jsonl"
+    p = run_popri(["prefs", "build", "-s", kept, "--scores", tmp_path / "scores.npy",
+                   "--pair-rule", "fluent", "--fluency", flu, "-o", out], check=True)
+    assert "no less fluent" in p.stderr
+    pairs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [p["chosen_id"] for p in pairs] == ["s0-0", "s1-3"]
+    # --fluency without the rule that reads it, and a fluency file of other samples: exit 2
+    p = run_popri(["prefs", "build", "-s", kept, "--scores", tmp_path / "scores.npy",
+                   "--fluency", flu])
+    assert p.returncode == 2 and "--pair-rule fluent" in p.stderr
+    other = write_jsonl(tmp_path / "other.jsonl", [{"id": "zz", "nll": 1.0}])
+    p = run_popri(["prefs", "gate", "-s", s, "--fluency", other, "-o", tmp_path / "k2.jsonl"])
+    assert p.returncode == 2 and "samples.jsonl:1: field 'id'" in p.stderr
+    assert not (tmp_path / "k2.jsonl").exists()
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "s0-0", "nll": "high"}])
+    p = run_popri(["prefs", "gate", "-s", s, "--fluency", bad])
+    assert p.returncode == 2 and "bad.jsonl:1: field 'nll'" in p.stderr
+
+
+def _plan(tmp_path, *sets):
+    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=2", "privacy.noise_multiplier=1.5",
+                        "privacy.epsilon=null", *sets])
+    run = Run(cfg, dry_run=True)
+    run.execute()
+    return run.runner.commands
+
+
+def test_unset_remedies_plan_popri_unchanged_and_set_ones_add_their_stages(tmp_path):
+    paper = _plan(tmp_path)
+    assert not any("fluency" in c or "gated" in c for c in paper)
+    assert _plan(tmp_path, "dpo.pair_rule=score") == paper
+    cmds = _plan(tmp_path, "dpo.pair_rule=fluent", "dpo.fluency_gate=0.2", "final_top_p=0.9")
+    for t in (1, 2):
+        flu = [c for c in cmds if "eval fluency" in c and f"round{t}/samples.jsonl" in c]
+        gated = f"round{t}/samples_gated.jsonl"
+        assert len(flu) == 1
+        assert any(c.startswith("popri prefs gate") and "--min-per-prompt 5" in c
+                   and "--drop 0.2" in c for c in cmds)
+        score = [c for c in cmds if c.startswith("popri score") and f"round{t}/" in c]
+        assert score and all(gated in c for c in score)
+        pref = [c for c in cmds if c.startswith("popri prefs build") and f"round{t}/" in c][0]
+        assert gated in pref and "--pair-rule fluent" in pref and "fluency.jsonl" in pref
+    final = [c for c in cmds if c.startswith("popri gen") and "--num-samples" in c]
+    assert len(final) == 2 and all("--top-p 0.9" in c for c in final)  # the set and T = 0
+    rounds = [c for c in cmds if c.startswith("popri gen") and "--prompts " in c]
+    assert rounds and all("--top-p 1.0" in c for c in rounds)
+
+
+@pytest.mark.parametrize("sets,field", [
+    (["method=pe-sft", "dpo.pair_rule=fluent"], "dpo.pair_rule"),
+    (["method=pe", "dpo.fluency_gate=0.2"], "dpo.fluency_gate"),
+    (["method=dp-fedavg", "final_top_p=0.9"], "final_top_p"),
+    (["dpo.fluency_gate=0.95"], "dpo.fluency_gate"),
+    (["dpo.pair_rule=fluentt"], "dpo.pair_rule"),
+    (["final_top_p=0"], "final_top_p"),
+])
+def test_remedy_settings_refuse_what_they_cannot_do(tmp_path, sets, field):
+    with pytest.raises(ConfigError) as e:
+        C.load(None, [f"run_dir={tmp_path}", *sets])
+    assert field.split(".")[-1] in str(e.value) or field in str(getattr(e.value, "field", ""))
