@@ -45,6 +45,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from learning_study import moved  # noqa: E402  (benchmarks/ is not a package)
+
 
 def popri(argv: list[str], out: Path | None = None) -> None:
     """Run ``popri ARGV`` (stdout to ``out``, written atomically); exit on failure."""
@@ -185,29 +187,15 @@ def reference(run: Path, out: Path, n: int = 200) -> dict:
     return res
 
 
-def _final_lines(run: Path, method: str) -> list[list[str]]:
-    from learning_study import _stage_lines
+def _replay(run: Path, method: str, edit) -> None:
+    """Run the run's own final-set commands (learning_study's), each passed through
+    ``edit(argv) -> argv | None`` (None: skip)."""
+    from learning_study import _stage_lines, run_line
 
-    return _stage_lines(run, method)
-
-
-def _replay(lines: list[list[str]], edit) -> None:
-    """Run the run's own final-set commands, each passed through ``edit(argv) -> argv | None``
-    (None: skip); '> FILE' redirections kept."""
-    for argv in lines:
+    for argv in _stage_lines(run, method):
         argv = edit(list(argv))
-        if argv is None:
-            continue
-        out = None
-        if ">" in argv:
-            out, argv = Path(argv[argv.index(">") + 1]), argv[:argv.index(">")]
-        popri(argv[1:], out=out)
-
-
-def _moved(argv: list[str], run: Path, dest: Path) -> list[str]:
-    return [a.replace(f"{run}/synthetic", f"{dest}/synthetic")
-            .replace(f"{run}/downstream/", f"{dest}/downstream/")
-            .replace(f"{run}/eval/", f"{dest}/eval/") for a in argv]
+        if argv is not None and not run_line(argv):
+            sys.exit(f"fluency_diagnosis: failed: {shlex.join(argv)}")
 
 
 def trim(run: Path, out: Path, method: str, share: float) -> dict:
@@ -229,9 +217,9 @@ def trim(run: Path, out: Path, method: str, share: float) -> dict:
         def edit(argv):
             if argv[1] == "gen":
                 return None  # the trimmed sets are written above
-            return _moved(argv, run, dest)
+            return moved(argv, run, dest)
 
-        _replay(_final_lines(run, method), edit)
+        _replay(run, method, edit)
     for w in (dest / "downstream").glob("*/model.safetensors"):
         w.unlink()
     return json.loads(done.read_text())
@@ -245,14 +233,14 @@ def big_n(run: Path, out: Path, method: str, n: int) -> dict:
         (dest / "eval").mkdir(parents=True, exist_ok=True)
 
         def edit(argv):
-            argv = _moved(argv, run, dest)
+            argv = moved(argv, run, dest)
             if argv[1] == "gen":
                 argv[argv.index("--num-samples") + 1] = str(n)
             if argv[1] == "train-downstream" and "--max-samples" in argv:
                 argv[argv.index("--max-samples") + 1] = str(n)
             return argv
 
-        _replay(_final_lines(run, method), edit)
+        _replay(run, method, edit)
     for w in (dest / "downstream").glob("*/model.safetensors"):
         w.unlink()
     return json.loads(done.read_text())

@@ -171,6 +171,29 @@ def _stage_lines(run: Path, method: str) -> list[list[str]]:
     return out
 
 
+def moved(argv: list[str], run: Path, dest: Path) -> list[str]:
+    """A final-set command of ``run`` (:func:`_stage_lines`) writing under ``dest`` instead."""
+    return [a.replace(f"{run}/synthetic", f"{dest}/synthetic")
+            .replace(f"{run}/downstream/", f"{dest}/downstream/")
+            .replace(f"{run}/eval/", f"{dest}/eval/") for a in argv]
+
+
+def run_line(argv: list[str]) -> bool:
+    """Run one commands.sh line (``popri ...``, a ``> FILE`` redirection written atomically);
+    False when it failed."""
+    out = None
+    if ">" in argv:
+        out, argv = argv[argv.index(">") + 1], argv[:argv.index(">")]
+    cmd = [sys.executable, "-m", "popri.cli.app", *argv[1:]]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE if out else None, text=True)
+    if p.returncode != 0:
+        return False
+    if out:
+        Path(out + ".tmp").write_text(p.stdout)
+        os.replace(out + ".tmp", out)
+    return True
+
+
 def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
     """Draw ``k`` (1, 2, ...) of the final set and its control; cached in RUN/study_draws/dK.
 
@@ -185,9 +208,7 @@ def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
     if not done.is_file():
         (dk / "eval").mkdir(parents=True, exist_ok=True)
         for argv in _stage_lines(run, method):
-            argv = [a.replace(f"{run}/synthetic", f"{dk}/synthetic")
-                    .replace(f"{run}/downstream/", f"{dk}/downstream/")
-                    .replace(f"{run}/eval/", f"{dk}/eval/") for a in argv]
+            argv = moved(argv, run, dk)
             if argv[1] in ("gen", "train-downstream"):  # draw k's seeds, as `popri run`'s
                 i = len(argv) - argv[::-1].index("--seed")
                 argv[i] = str(draw_seed(int(argv[i]), k))
@@ -197,18 +218,10 @@ def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
                         argv[argv.index(flag) + 1] = value
                     else:
                         argv += [flag, value]
-            out = None
-            if ">" in argv:
-                out, argv = argv[argv.index(">") + 1], argv[:argv.index(">")]
-            cmd = [sys.executable, "-m", "popri.cli.app", *argv[1:]]
-            p = subprocess.run(cmd, stdout=subprocess.PIPE if out else None, text=True)
-            if p.returncode != 0:
+            if not run_line(argv):
                 print(f"learning_study: draw {k} of {run} failed: {' '.join(argv[:3])}",
                       file=sys.stderr)
                 return None
-            if out:
-                Path(out + ".tmp").write_text(p.stdout)
-                os.replace(out + ".tmp", out)
     for w in (dk / "downstream").glob("*/model.safetensors"):
         w.unlink()  # 0.5 GB each; the draw's evaluations are what it keeps
     return _control(done)

@@ -258,8 +258,8 @@ def prose(text: str) -> str:
         total += len(p)
         if total >= MAX_CHARS:
             break
-    return "\n\n".join(kept)[:MAX_CHARS].rsplit(" ", 1)[0] if total > MAX_CHARS else \
-        "\n\n".join(kept)
+    text = "\n\n".join(kept)
+    return text[:MAX_CHARS].rsplit(" ", 1)[0] if len(text) > MAX_CHARS else text
 
 
 def release_document(rec: dict, path: str = "release") -> Document | None:
