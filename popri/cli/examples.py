@@ -89,6 +89,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "popri prefs gate --samples runs/r1/samples.jsonl --fluency runs/r1/fluency.jsonl "
         "--drop 0.25 --out runs/r1/samples_gated.jsonl",
     ),
+    "take": (
+        "popri take runs/x/synthetic_pool.jsonl --tokens-of runs/x/synthetic_t0.jsonl "
+        "--out runs/x/synthetic.jsonl",
+        "popri take pool.jsonl --tokens 4096 --tokenizer smollm2-135m > set.jsonl",
+    ),
     "prefs pool": (
         "popri prefs pool --samples runs/r1/samples.jsonl --scores runs/r1/scores.npy "
         "--base data/public --round 1 --out runs/r1/pool.jsonl",

@@ -41,3 +41,15 @@ def read_records(path: str, split: str = "train", required: tuple[str, ...] = ()
 def text_records(path: str, split: str = "train", require_client: bool = False) -> tuple[list[dict], str]:
     """Records with ``text`` from a federated dataset directory (one split) or a JSONL file."""
     return read_records(path, split, ("text", "client_id") if require_client else ("text",))
+
+
+def first_by_tokens(counts, budget: int) -> int:
+    """How many leading records a set keeps so that their token ``counts`` reach ``budget``:
+    the fewest n with sum(counts[:n]) >= budget, or all of them when the whole set falls short.
+    ``popri take``: a synthetic set sized in text, not in samples (issue 44)."""
+    total = 0
+    for n, c in enumerate(counts, start=1):
+        total += int(c)
+        if total >= budget:
+            return n
+    return len(counts)

@@ -113,6 +113,14 @@ def step_argv(spec_cls, *sections, only=None, **values) -> list[str]:
     return to_argv(spec_cls(**vals), only=list(only) if only is not None else list(vals))
 
 
+def take_argv(pool: str, ref: str, out: str, tokenizer: str) -> list[str]:
+    """``popri take``'s command line cutting ``pool`` to ``ref``'s tokens, counted with
+    ``tokenizer`` (``final_match_tokens``: the method's final set cut to its T = 0 control's
+    tokens; benchmarks/learning_study.py replays it for its final-set variants)."""
+    return ["take", str(pool), "--tokens-of", str(ref), "--tokenizer", tokenizer, "--out",
+            str(out), "--stats-out", str(Path(out).with_name(Path(out).stem + "_take.json"))]
+
+
 def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
     """Draw ``k`` of the set a ``popri gen`` stage writes: the same command with its seed
     replaced by :func:`draw_seed` (seed, k), written to ``out`` (and its stats beside it).

@@ -308,6 +308,12 @@ class RunConfig(Spec):
         "(null: generator.top_p, as POPri). A popri remedy (issue 44): the tuned generator's "
         "low-probability tail, not its typical sample, cost accuracy in the study "
         "(docs/results.md).", lo=0, hi=1, lo_open=True)
+    final_match_tokens: bool = param(
+        False, "The final set holds as many tokens as its T = 0 control, not as many samples: "
+        "the tuned generator draws a pool of 3 N and 'popri take' keeps its first samples whose "
+        "tokens (the downstream model's) reach the control's N samples' (false: N samples, as "
+        "POPri). A popri remedy (issue 44): at equal N the tuned generator's shorter samples "
+        "handed the downstream model 37-46 % less text (docs/results.md).")
     # issue 24: an evolving few-shot pool (POPri and PE+SFT; popri/methods/popri/pool.py)
     pool: str = same(PoolSpec, "pool")
     embedder: str = same(EmbedSpec, "model")
@@ -546,13 +552,17 @@ def check(cfg: RunConfig) -> None:
     # issue 44's remedies act on the rounds' ranked samples and the generator's final set
     for key, on in (("dpo.pair_rule", dp.pair_rule == "fluent"),
                     ("dpo.fluency_gate", bool(dp.fluency_gate)),
-                    ("final_top_p", cfg.final_top_p is not None)):
+                    ("final_top_p", cfg.final_top_p is not None),
+                    ("final_match_tokens", cfg.final_match_tokens)):
         m = METHODS[cfg.method]
         ok = m.selects if key == "dpo.pair_rule" else m.pairs  # selects: tunes with DPO
         if on and not ok:
             raise ConfigError(f"{key} acts on " + ("DPO's preference pairs" if key ==
                               "dpo.pair_rule" else "a tuned generator's rounds and final set")
                               + f"; {cfg.method} has none", field=key)
+    if cfg.final_match_tokens and not cfg.control:
+        raise ConfigError("matches the final set's tokens to its T = 0 control's: it needs "
+                          "control: true", field="final_match_tokens")
     if METHODS[cfg.method].pairs and dp.rejected_rank > cfg.samples_per_prompt:
         raise ConfigError(f"must be <= samples_per_prompt ({cfg.samples_per_prompt}): the "
                           f"rejected sample is the l-th best of J per prompt (got "

@@ -43,7 +43,7 @@ from popri.core.io import atomic_write, read_json
 from popri.core.spec import to_argv
 from popri.eval.stats import MIN_DRAWS
 from popri.kit import (Z_LATER, DPRelease, RunPaths, Stage, draw_seed, fmt, opt, redrawn,
-                       released_line, selection_note, step_argv)
+                       released_line, selection_note, step_argv, take_argv)
 from popri.models import llm
 from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError
@@ -400,6 +400,12 @@ class Run:
                 *step_argv(GapSpec, ds, only=["bootstrap"]), "--seed", str(c.seed), "--json"],
                 outputs=[str(out)], inputs=[method, control], stdout_to=str(out))
 
+        def take(ref: str, pool: str, out: str, stage: str) -> Stage:
+            """``final_match_tokens``: a draw's pool cut to its control's tokens."""
+            return Stage(stage, take_argv(pool, ref, out, ds.model), outputs=[out],
+                         inputs=[pool, ref])
+
+        ctl = self.method.control(self) if c.control else None
         per = {}
         if model is not None:  # DP-FL: the method trained the model itself
             ckpt = str(model)
@@ -410,17 +416,19 @@ class Run:
             yield st
             st, per[name] = evaluate(name, ["--model", ckpt], [ckpt])
             yield st
-        st = self.method.control(self) if c.control else None
+        st = ctl
         control = st is not None
         if control:  # the untuned generator's T = 0 row (issue 24): same prompts, N, recipe
-            yield st
+            if not c.final_match_tokens:  # else the recipe's: its tokens cut the final set
+                yield st
             st, ck = train("t0", [st.outputs[0]], [st.outputs[0]])
             yield st
             st, per["t0"] = evaluate("t0", ["--model", ck], [ck])
             yield st
             yield diff("control-diff", per[name], per["t0"], E / "control.json")
             if c.draws > 1:
-                yield from self.draw_stages(name, self._synthetic_stage(), train, evaluate, diff)
+                yield from self.draw_stages(name, self._synthetic_stage(), train, evaluate, diff,
+                                            take if c.final_match_tokens else None)
         if c.baselines:
             st, per["eps0"] = evaluate("eps0", ["--model", ds.model], [])
             yield st
@@ -715,8 +723,10 @@ class Run:
                 json.dump(to_dict(self.cfg), fh, indent=2)
 
     def _synthetic_stage(self) -> Stage:
-        """The method's own stage writing RUN/synthetic.jsonl (its recipe's, rebuilt)."""
-        want = str(self.paths.synthetic)
+        """The method's own stage writing RUN/synthetic.jsonl (its recipe's, rebuilt; with
+        ``final_match_tokens`` the pool it is cut from, RUN/synthetic_pool.jsonl)."""
+        want = str(self.paths.root / "synthetic_pool.jsonl" if self.cfg.final_match_tokens
+                   else self.paths.synthetic)
         for st in self.plan():
             if want in st.outputs:
                 return st
@@ -724,7 +734,7 @@ class Run:
                           field="draws")
 
     def draw_stages(self, name: str, synthetic: Stage, train, evaluate,
-                    diff) -> Iterable[Stage]:
+                    diff, take=None) -> Iterable[Stage]:
         """Draws 1 .. draws-1 of the final set and of its T = 0 control (``draws``, issue 24):
         both generation stages with seed :func:`draw_seed` (stage seed, k) (RUN/draws/dK/),
         each set trained downstream with ``draw_seed(seed, k)`` and evaluated, and their paired difference (RUN/eval/control-dK.json); the
@@ -734,10 +744,17 @@ class Run:
         for k in range(1, c.draws):
             D = self.run / "draws" / f"d{k}"
             per = {}
-            for who, st in ((name, synthetic), ("t0", control)):
-                tag = f"{who}-d{k}"
-                syn = redrawn(st, k, D / Path(st.outputs[0]).name, f"{st.name}-d{k}")
-                yield syn
+            sets = {who: redrawn(st, k, D / Path(st.outputs[0]).name, f"{st.name}-d{k}")
+                    for who, st in ((name, synthetic), ("t0", control))}
+            if take is not None:  # final_match_tokens: the control's tokens cut the pool
+                yield sets["t0"]
+                yield sets[name]
+                sets[name] = take(sets["t0"].outputs[0], sets[name].outputs[0],
+                                  str(D / self.paths.synthetic.name), f"synthetic-take-d{k}")
+            for who in (name, "t0"):
+                tag, syn = f"{who}-d{k}", sets[who]
+                if take is None or who == name:
+                    yield syn
                 tr, ck = train(tag, [syn.outputs[0]], [syn.outputs[0]],
                                seed=draw_seed(c.seed, k))
                 yield tr
@@ -785,6 +802,9 @@ class Run:
                "mode": "release" if self.release else "research",
                "mode_note": MODE_NOTES["release" if self.release else "research"]}
         out.update(self.method.results(self, noise))
+        take = self.paths.root / "synthetic_take.json"
+        if c.final_match_tokens and take.is_file():  # the final set's size in tokens and samples
+            out["final_match_tokens"] = read_json(take)
         if self.release:  # what the run releases; no evaluation (downstream_stages), and
             # none read back from an earlier research run in the same directory
             model = self.method.model_out(self)
