@@ -139,6 +139,16 @@ for _k, _v in REMEDIES.items():
         SETTINGS[f"ood-eps1-{_k}"] = OOD + ["privacy.epsilon=1"] + _v
         SETTINGS[f"ood-eps1-rpo-{_k}"] = OOD + EPS1_RPO + _v
 
+#: issue 44's full comparison (docs/results.md, "The full comparison's plan"): the four corpora
+#: (private data; public sotu before 1900 on each, shakespeare's q = 50 / N as OOD's), POPri as
+#: the paper (`C-eps1`) and each remedy on top of it (`C-eps1-R`)
+CORPORA = {"sotu": [], "ood": OOD, "deb": DEB, "pypi": PYPI}
+for _c, _base in CORPORA.items():
+    SETTINGS.setdefault(f"{_c}-eps1", _base + ["privacy.epsilon=1"])
+    for _k, _v in REMEDIES.items():
+        if _k != "rpo":
+            SETTINGS.setdefault(f"{_c}-eps1-{_k}", _base + ["privacy.epsilon=1"] + _v)
+
 
 #: overrides that change nothing before a run's final set (tests/test_remedies.py checks the
 #: plans): a setting that adds only these to another is a final-set variant of that one's run
@@ -159,8 +169,9 @@ def final_variant(name: str) -> tuple[str, dict] | None:
     if not mine:
         return None
     rest = [o for o in SETTINGS[name] if not o.startswith(FINAL_ONLY)]
-    for base, ov in SETTINGS.items():
-        if ov == rest:
+    same = sorted((b for b, ov in SETTINGS.items() if ov == rest),  # `sotu-eps1` over `eps1`
+                  key=lambda b: -len(os.path.commonprefix([b, name])))
+    for base in same[:1]:
             opts: dict = {"gen": [], "match": False}
             for o in mine:
                 k, v = o.split("=", 1)
