@@ -225,25 +225,50 @@ def trim(run: Path, out: Path, method: str, share: float) -> dict:
     return json.loads(done.read_text())
 
 
-def big_n(run: Path, out: Path, method: str, n: int) -> dict:
-    """``n`` samples of each generator, trained and evaluated."""
-    dest = out / f"n{n}"
+def big_n(run: Path, out: Path, method: str, n: int, variant: dict | None = None) -> dict:
+    """``n`` samples of each generator, trained and evaluated; ``variant``: a final-set
+    variant's options (learning_study.final_variant: ``gen`` flags of both final sets,
+    ``match``: the method's set a pool of 3 n cut to its control's tokens)."""
+    from learning_study import _matched, _stage_lines, _tag, run_line
+
+    from popri.kit import take_argv
+    from popri.methods.popri.recipe import MATCH_POOL
+
+    v = variant or {"gen": [], "match": False}
+    tag = _tag(v["gen"], v["match"])
+    dest = out / (f"n{n}-{tag}" if tag else f"n{n}")
     done = dest / "eval" / "control.json"
     if not done.is_file():
         (dest / "eval").mkdir(parents=True, exist_ok=True)
-
-        def edit(argv):
-            argv = moved(argv, run, dest)
+        lines = []
+        for argv in _stage_lines(run, method):
+            argv = moved(list(argv), run, dest)
             if argv[1] == "gen":
                 argv[argv.index("--num-samples") + 1] = str(n)
+                for flag, value in zip(v["gen"][::2], v["gen"][1::2]):
+                    if flag in argv:
+                        argv[argv.index(flag) + 1] = value
+                    else:
+                        argv += [flag, value]
             if argv[1] == "train-downstream" and "--max-samples" in argv:
                 argv[argv.index("--max-samples") + 1] = str(n)
-            return argv
-
-        _replay(run, method, edit)
+            lines.append(argv)
+        if v["match"]:
+            lines = _matched(lines, run, dest, 0, MATCH_POOL, take_argv, reuse=False)
+        for argv in lines:
+            if not run_line(argv):
+                sys.exit(f"fluency_diagnosis: failed: {shlex.join(argv)}")
     for w in (dest / "downstream").glob("*/model.safetensors"):
         w.unlink()
     return json.loads(done.read_text())
+
+
+def screen_big_n(run: Path, n: int, variant: dict | None, setting: str) -> dict:
+    """The screening's N check alone (docs/results.md): ``n`` samples of each generator."""
+    res = json.loads((run / "results.json").read_text())
+    b = big_n(run, run / "diagnosis", res["method"], n, variant)
+    return {"run": run.name, "setting": setting, "n": n, "minus_t0": b["acc_minus_control"],
+            "minus_t0_se": b["acc_minus_control_se"], "acc": b["acc"], "acc_t0": b["acc_control"]}
 
 
 def diagnose(run: Path, *, train: bool, share: float, n: int) -> dict:
@@ -346,9 +371,29 @@ def main() -> None:
     ap.add_argument("--big-n", type=int, default=384, help="Samples of each generator for the "
                     "bigger-N training (default 384).")
     ap.add_argument("--name", default="fluency_diagnosis")
+    ap.add_argument("--big-n-only", metavar="SETTING", default=None,
+                    help="Only the bigger-N check of the screening, for this study setting "
+                         "(a final-set variant, e.g. ood-eps1-tokens, replays its options on "
+                         "its base run RUN); a line per run, JSON to results/NAME.json.")
     a = ap.parse_args()
     if not 0 < a.trim < 1:
         sys.exit("fluency_diagnosis: --trim is a share in (0, 1)")
+    if a.big_n_only:
+        from learning_study import SETTINGS, final_variant
+
+        if a.big_n_only not in SETTINGS:
+            sys.exit(f"fluency_diagnosis: unknown setting {a.big_n_only!r}")
+        var = final_variant(a.big_n_only)
+        rows = [screen_big_n(r, a.big_n, var[1] if var else None, a.big_n_only) for r in a.runs]
+        for r in rows:
+            print(f"{r['setting']} ({r['run']}), N = {r['n']}: {r['acc']:.4f} vs T = 0 "
+                  f"{r['acc_t0']:.4f}, {r['minus_t0']:+.4f} +- {r['minus_t0_se']:.4f}")
+        res = HERE / "results" / f"{a.name}.json"
+        old = json.loads(res.read_text()) if res.is_file() else []
+        keep = [o for o in old if (o.get("run"), o.get("setting")) not in
+                {(r["run"], r["setting"]) for r in rows}]
+        res.write_text(json.dumps(keep + rows, indent=2) + "\n")
+        return
     rows = [diagnose(r, train=a.train, share=a.trim, n=a.big_n) for r in a.runs]
     md = tables(rows)
     print(md)

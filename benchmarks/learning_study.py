@@ -288,7 +288,7 @@ def draw(run: Path, k: int, gen: list[str] | None = None, match: bool = False) -
 
 
 def _matched(lines: list[list[str]], run: Path, dk: Path, k: int, pool: int,
-             take_argv) -> list[list[str]]:
+             take_argv, reuse: bool = True) -> list[list[str]]:
     """``final_match_tokens`` in a draw's lines: the method's gen writes a pool of ``pool`` x N,
     ``popri take`` cuts it to the control's tokens; the control's gen, training and evaluation
     are the run's own commands (paths aside), so their outputs are copied from the run (draw 0:
@@ -300,7 +300,7 @@ def _matched(lines: list[list[str]], run: Path, dk: Path, k: int, pool: int,
     src = (run, "t0") if k == 0 else (run / "draws" / f"d{k}", f"t0-d{k}")
     have = [src[0] / "synthetic_t0.jsonl", run / "eval" / f"{src[1]}.json",
             run / "eval" / f"{src[1]}.clients.jsonl"]
-    reuse = all(f.is_file() for f in have)
+    reuse = reuse and all(f.is_file() for f in have)  # False: the lines were edited (N)
     if reuse:
         for f, dest in zip(have, (t0, dk / "eval" / "t0.json", dk / "eval" / "t0.clients.jsonl")):
             shutil.copyfile(f, dest)
