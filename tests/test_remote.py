@@ -129,6 +129,7 @@ def test_gen_over_a_real_server_is_seeded_and_counted(server, served_lm, tmp_pat
     assert all(r["text"] and r["model"] == tiny_lm for r in rows)
     st = json.loads((tmp_path / "a.json").read_text())
     assert st["backend"] == "openai" and st["generated_tokens"] > 0 and st["samples"] == 6
+    assert st["rows_asked_again"] == 4  # 2 prompts x (J - 1): the server answered one choice
     # transformers serve ignores n: each row was asked for with its own seed, so a rerun with
     # the same seed (one request in flight) is the same file, and another seed is not
     assert run_popri([*args, "--out", tmp_path / "b.jsonl"]).returncode == 0

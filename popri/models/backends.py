@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -254,6 +255,26 @@ def adapter_rank(adapter: str) -> int:
         raise InputError(f"unreadable adapter config: {e}", path=str(cfg), field="r") from None
 
 
+#: vLLM's CPU build: the KV cache it reserves, GiB (``POPRI_VLLM_KV_GIB``; vLLM's own default
+#: reserves 92 % of the NUMA node's memory and refuses to start when other processes hold it)
+VLLM_CPU_KV_GIB = 2.0
+
+
+def cpu_engine_args(max_model_len: int | None) -> dict:
+    """``vllm.LLM`` arguments on a machine without CUDA (vLLM's CPU build, ``vllm-cpu``; issue
+    45): a KV cache of ``POPRI_VLLM_KV_GIB`` GiB, and no chunked prefill -- a prompt prefilled in
+    chunks samples a token it discards and rewinds the request's seeded generator, which CPU
+    generators cannot do (``RuntimeError: CPU Generator does not use offset``), so every prompt
+    is prefilled whole (the batch's token budget at least the context).  {} with CUDA."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {}
+    gib = float(os.environ.get("POPRI_VLLM_KV_GIB") or VLLM_CPU_KV_GIB)
+    return {"kv_cache_memory_bytes": int(gib * 2 ** 30), "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(int(max_model_len or 0), 8192)}
+
+
 class VllmBackend:
     """vLLM offline engine; one SamplingParams per row with seed
     ``derive_seed(seed, attempt, prompt_id, sample_idx)``, so samples do not depend on batching.
@@ -284,6 +305,7 @@ class VllmBackend:
         if model_obj is not None:
             self.llm = model_obj
         else:
+            kwargs.update(cpu_engine_args(max_model_len))
             self.llm = LLM(model=path, seed=seed, dtype="bfloat16" if bf16 else "auto",
                            max_model_len=max_model_len, **kwargs)
 

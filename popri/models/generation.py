@@ -151,6 +151,8 @@ def generate(prompts: list[dict], spec: GenSpec | None = None, *, adapter: str |
                    "batch_size": spec.batch_size, "seed": seed, "bf16": spec.bf16,
                    "marker": marker},
     }
+    if hasattr(engine, "asked_again"):  # --backend openai: rows a server's answer to n lacked
+        stats["rows_asked_again"] = int(engine.asked_again)
     return records, stats
 
 

@@ -195,6 +195,8 @@ class OpenAIBackend:
         self.openai = openai
         self.base_url = base_url.rstrip("/")
         self.params, self.seed, self.marker = params, seed, marker
+        #: rows asked for alone because the server answered fewer than n choices (stats)
+        self.asked_again = 0
         self.api = api or "completions"
         self.concurrency = concurrency or DEFAULT_CONCURRENCY
         key = os.environ.get(api_key_env or DEFAULT_KEY_ENV)
@@ -268,6 +270,7 @@ class OpenAIBackend:
             for i, t in zip(g, texts):
                 out[i] = (t, len(self.tok(t, add_special_tokens=False)["input_ids"]))
             for i in g[len(texts):]:  # the server ignored n: one request per missing row
+                self.asked_again += 1
                 t = self._request(prompts[i], 1, derive_seed(self.seed, attempt, *keys[i]))
                 t = t[0] if t else ""
                 out[i] = (t, len(self.tok(t, add_special_tokens=False)["input_ids"]))
