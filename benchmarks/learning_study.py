@@ -521,7 +521,7 @@ def table(rows: list[dict]) -> str:
             f"{_f(r['acc_t0'])} | {_f(r['diff'])} +- {_f(r['diff_se'])} | "
             f"{'yes' if win else 'no'} | "
             + (f"{r['minutes']:.1f} |" if r["minutes"] is not None
-               else f"{r['shared']}'s run + 2 final sets |"))
+               else f"{r['shared']}'s run, final set redrawn |"))
     # per setting, over seeds: the mean change and the spread
     groups: dict[str, list[dict]] = {}
     for r in rows:
