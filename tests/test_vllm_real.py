@@ -151,8 +151,8 @@ def test_popri_run_with_the_vllm_generator(vllm_lm, tiny_lm, tiny_st_model, tmp_
     (LoRARequest), the final set too; results as with the transformers backend."""
     from test_run_e2e import tiny_overrides
 
-    priv = write_jsonl(tmp_path / "priv.jsonl", [{"user": f"u{i % 12}", "text": t}
-                                                 for i, t in enumerate(OMEGA * 16)])
+    priv = write_jsonl(tmp_path / "priv.jsonl", [{"user": f"u{i % 24}", "text": f"{t} ({i})"}
+                                                 for i, t in enumerate(OMEGA * 32)])
     data = tmp_path / "data"
     p = popri(["bench", "fetch", priv, "--client-column", "user", "--out", data, "--seed", "0"])
     assert p.returncode == 0, p.stderr[-2000:]
