@@ -229,7 +229,7 @@ def big_n(run: Path, out: Path, method: str, n: int, variant: dict | None = None
     """``n`` samples of each generator, trained and evaluated; ``variant``: a final-set
     variant's options (learning_study.final_variant: ``gen`` flags of both final sets,
     ``match``: the method's set a pool of 3 n cut to its control's tokens)."""
-    from learning_study import _matched, _stage_lines, _tag, run_line
+    from learning_study import _matched, _stage_lines, _tag, run_line, with_flags
 
     from popri.kit import take_argv
     from popri.methods.popri.recipe import MATCH_POOL
@@ -245,11 +245,7 @@ def big_n(run: Path, out: Path, method: str, n: int, variant: dict | None = None
             argv = moved(list(argv), run, dest)
             if argv[1] == "gen":
                 argv[argv.index("--num-samples") + 1] = str(n)
-                for flag, value in zip(v["gen"][::2], v["gen"][1::2]):
-                    if flag in argv:
-                        argv[argv.index(flag) + 1] = value
-                    else:
-                        argv += [flag, value]
+                with_flags(argv, v["gen"])
             if argv[1] == "train-downstream" and "--max-samples" in argv:
                 argv[argv.index("--max-samples") + 1] = str(n)
             lines.append(argv)

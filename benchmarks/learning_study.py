@@ -270,11 +270,7 @@ def draw(run: Path, k: int, gen: list[str] | None = None, match: bool = False) -
                 i = len(argv) - argv[::-1].index("--seed")
                 argv[i] = str(draw_seed(int(argv[i]), k))
             if gen and argv[1] == "gen":
-                for flag, value in zip(gen[::2], gen[1::2]):
-                    if flag in argv:
-                        argv[argv.index(flag) + 1] = value
-                    else:
-                        argv += [flag, value]
+                with_flags(argv, gen)
         if match:
             lines = _matched(lines, run, dk, k, MATCH_POOL, take_argv)
         for argv in lines:
@@ -285,6 +281,17 @@ def draw(run: Path, k: int, gen: list[str] | None = None, match: bool = False) -
     for w in (dk / "downstream").glob("*/model.safetensors"):
         w.unlink()  # 0.5 GB each; the draw's evaluations are what it keeps
     return _control(done)
+
+
+def with_flags(argv: list[str], flags: list[str]) -> list[str]:
+    """``argv`` (in place) with each ``FLAG VALUE`` of ``flags`` set: replaced where the flag is
+    there, appended where not."""
+    for flag, value in zip(flags[::2], flags[1::2]):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    return argv
 
 
 def _matched(lines: list[list[str]], run: Path, dk: Path, k: int, pool: int,

@@ -80,6 +80,7 @@ class RunPaths:
     emb_public: Path    # Omega's embeddings
     select_stats: Path  # dpo.select_on: dp -- the DP mean and covariance of the validation split
     synthetic: Path     # the method's synthetic set
+    synthetic_pool: Path  # final_match_tokens: the pool the synthetic set is cut from
     eval: Path          # the evaluation's outputs
 
     @classmethod
@@ -91,7 +92,8 @@ class RunPaths:
                    emb_val=run / "embeddings" / "val.npy",
                    emb_public=run / "embeddings" / "public.npy",
                    select_stats=run / "selection" / "val_stats.npz",
-                   synthetic=run / "synthetic.jsonl", eval=run / "eval")
+                   synthetic=run / "synthetic.jsonl",
+                   synthetic_pool=run / "synthetic_pool.jsonl", eval=run / "eval")
 
 
 def opt(flag: str, value) -> list[str]:
@@ -119,6 +121,12 @@ def take_argv(pool: str, ref: str, out: str, tokenizer: str) -> list[str]:
     tokens; benchmarks/learning_study.py replays it for its final-set variants)."""
     return ["take", str(pool), "--tokens-of", str(ref), "--tokenizer", tokenizer, "--out",
             str(out), "--stats-out", str(Path(out).with_name(Path(out).stem + "_take.json"))]
+
+
+def take_stage(name: str, pool, ref, out, tokenizer: str) -> Stage:
+    """The stage cutting ``pool`` to ``ref``'s tokens (:func:`take_argv`)."""
+    return Stage(name, take_argv(pool, ref, out, tokenizer), outputs=[str(out)],
+                 inputs=[str(pool), str(ref)])
 
 
 def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:

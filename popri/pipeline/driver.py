@@ -43,7 +43,7 @@ from popri.core.io import atomic_write, read_json
 from popri.core.spec import to_argv
 from popri.eval.stats import MIN_DRAWS
 from popri.kit import (Z_LATER, DPRelease, RunPaths, Stage, draw_seed, fmt, opt, redrawn,
-                       released_line, selection_note, step_argv, take_argv)
+                       released_line, selection_note, step_argv, take_stage)
 from popri.models import llm
 from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError
@@ -400,11 +400,6 @@ class Run:
                 *step_argv(GapSpec, ds, only=["bootstrap"]), "--seed", str(c.seed), "--json"],
                 outputs=[str(out)], inputs=[method, control], stdout_to=str(out))
 
-        def take(ref: str, pool: str, out: str, stage: str) -> Stage:
-            """``final_match_tokens``: a draw's pool cut to its control's tokens."""
-            return Stage(stage, take_argv(pool, ref, out, ds.model), outputs=[out],
-                         inputs=[pool, ref])
-
         ctl = self.method.control(self) if c.control else None
         per = {}
         if model is not None:  # DP-FL: the method trained the model itself
@@ -427,8 +422,7 @@ class Run:
             yield st
             yield diff("control-diff", per[name], per["t0"], E / "control.json")
             if c.draws > 1:
-                yield from self.draw_stages(name, self._synthetic_stage(), train, evaluate, diff,
-                                            take if c.final_match_tokens else None)
+                yield from self.draw_stages(name, self._synthetic_stage(), train, evaluate, diff)
         if c.baselines:
             st, per["eps0"] = evaluate("eps0", ["--model", ds.model], [])
             yield st
@@ -725,7 +719,7 @@ class Run:
     def _synthetic_stage(self) -> Stage:
         """The method's own stage writing RUN/synthetic.jsonl (its recipe's, rebuilt; with
         ``final_match_tokens`` the pool it is cut from, RUN/synthetic_pool.jsonl)."""
-        want = str(self.paths.root / "synthetic_pool.jsonl" if self.cfg.final_match_tokens
+        want = str(self.paths.synthetic_pool if self.cfg.final_match_tokens
                    else self.paths.synthetic)
         for st in self.plan():
             if want in st.outputs:
@@ -734,7 +728,7 @@ class Run:
                           field="draws")
 
     def draw_stages(self, name: str, synthetic: Stage, train, evaluate,
-                    diff, take=None) -> Iterable[Stage]:
+                    diff) -> Iterable[Stage]:
         """Draws 1 .. draws-1 of the final set and of its T = 0 control (``draws``, issue 24):
         both generation stages with seed :func:`draw_seed` (stage seed, k) (RUN/draws/dK/),
         each set trained downstream with ``draw_seed(seed, k)`` and evaluated, and their paired difference (RUN/eval/control-dK.json); the
@@ -746,14 +740,16 @@ class Run:
             per = {}
             sets = {who: redrawn(st, k, D / Path(st.outputs[0]).name, f"{st.name}-d{k}")
                     for who, st in ((name, synthetic), ("t0", control))}
-            if take is not None:  # final_match_tokens: the control's tokens cut the pool
+            match = c.final_match_tokens  # the control's tokens cut the method's pool
+            if match:
                 yield sets["t0"]
                 yield sets[name]
-                sets[name] = take(sets["t0"].outputs[0], sets[name].outputs[0],
-                                  str(D / self.paths.synthetic.name), f"synthetic-take-d{k}")
+                sets[name] = take_stage(f"synthetic-take-d{k}", sets[name].outputs[0],
+                                        sets["t0"].outputs[0], D / self.paths.synthetic.name,
+                                        c.downstream.model)
             for who in (name, "t0"):
                 tag, syn = f"{who}-d{k}", sets[who]
-                if take is None or who == name:
+                if not match or who == name:
                     yield syn
                 tr, ck = train(tag, [syn.outputs[0]], [syn.outputs[0]],
                                seed=draw_seed(c.seed, k))

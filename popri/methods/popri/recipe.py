@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from popri.kit import (DPRelease, Stage, final_seed, opt, pair_fields, round_seed, take_argv,
+from popri.kit import (DPRelease, Stage, final_seed, opt, pair_fields, round_seed, take_stage,
                        selection_note, step_argv)
 from popri.methods.base import Method
 from popri.specs.generation import GenSpec
@@ -173,7 +173,7 @@ def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
     c = run.cfg
     n = c.num_synthetic
     if out is None and c.final_match_tokens:  # a pool, cut to the control's tokens (driver)
-        out, n = run.paths.root / "synthetic_pool.jsonl", MATCH_POOL * c.num_synthetic
+        out, n = run.paths.synthetic_pool, MATCH_POOL * c.num_synthetic
     out = out or run.paths.synthetic
     o_args, o_inputs = omega or (run.omega, run.omega_inputs)
     return Stage(name, [
@@ -248,10 +248,8 @@ def _rounds(run, tune) -> Iterator[Stage]:
     if c.final_match_tokens:  # the control's set (public: the untuned generator's) sizes it
         ctl = control_stage(run)
         yield ctl
-        yield Stage("synthetic-take", take_argv(
-            run.paths.root / "synthetic_pool.jsonl", ctl.outputs[0], run.paths.synthetic,
-            c.downstream.model), outputs=[str(run.paths.synthetic)],
-            inputs=[str(run.paths.root / "synthetic_pool.jsonl"), ctl.outputs[0]])
+        yield take_stage("synthetic-take", run.paths.synthetic_pool, ctl.outputs[0],
+                         run.paths.synthetic, c.downstream.model)
 
 
 def round_metrics(run) -> list[dict]:
