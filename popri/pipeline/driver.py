@@ -479,6 +479,7 @@ class Run:
         if getattr(self, "_survey", None) is None:
             self._survey = self.runner.survey(self.all_stages())
             self.runner.total = len(self._survey[0]) + len(self._survey[1]) + 1  # + account
+            self.runner.planned_to_run = len(self._survey[1]) + 1
         return self._survey
 
     def reuse_line(self) -> str:
@@ -514,6 +515,7 @@ class Run:
                 return self._execute()
             finally:
                 self.runner.lock_fd = None
+                self.runner.close_zygote()
 
     def _check_same_method(self) -> None:
         """A run directory holds one method's run: another method's config there is refused

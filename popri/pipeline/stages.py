@@ -50,7 +50,8 @@ from popri.kit import Stage
 #: than the last bits; POPRI_THREADS is an execution setting (see :meth:`StageRunner.key`)
 KEYED_ENV: tuple[str, ...] = ("POPRI_CPU_BF16",)
 #: POPRI_* settings a stage inherits that define no output (threads, logging, caches, test hooks)
-PASSED_ENV = ("POPRI_THREADS", "POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "POPRI_FAULT")
+PASSED_ENV = ("POPRI_THREADS", "POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "POPRI_FAULT",
+              "POPRI_VLLM_KV_GIB")
 #: recorded in each stage's marker and attempt (what it ran with), never in its key
 RECORDED_ENV = ("POPRI_THREADS",)
 #: set in a stage's environment to popri run's pid: the stage dies with it (popri.cli.process)
@@ -240,6 +241,9 @@ class StageRunner:
         self._log_error: OSError | None = None  # a stage log that could not be kept
         self.stage_error: str | None = None     # the last stage's own one-line error
         self.planned_keys: dict[str, str] = {}  # stage name -> its key in the last survey
+        self._zygote = None                # the stage zygote (popri.pipeline.zygote), once up
+        self._zygote_off = False           # it failed, or POPRI_ZYGOTE=0: new interpreters
+        self.planned_to_run: int | None = None  # stages the survey says will run (None: unknown)
 
     # ------------------------------------------------------------------ keys
     def _input_key(self, path: str) -> str:
@@ -661,8 +665,7 @@ class StageRunner:
                 last[0] = time.time()
 
         try:
-            p = subprocess.Popen(cmd, stdout=out if out is not None else sys.stderr.fileno(),
-                                 stderr=subprocess.PIPE, env=env, pass_fds=fds)
+            p = self._start(cmd, env, out if out is not None else sys.stderr.fileno(), fds)
 
             def pump():
                 buf = b""
@@ -706,6 +709,42 @@ class StageRunner:
                     pass
         self.stage_error = said[-1].decode("utf-8", "replace").strip() if said else None
         return rc
+
+    def _start(self, cmd: list[str], env: dict, out, fds: tuple[int, ...]):
+        """Start a stage's command: forked from the stage zygote when it can be (a ``popri``
+        command, the zygote's environment, and at least :data:`~popri.pipeline.zygote.MIN_STAGES`
+        stages left to run when it is not up yet: its imports cost about one stage's start;
+        popri.pipeline.zygote), else a new process.  Either way: ``.stderr`` a pipe,
+        ``.wait(timeout)``, ``.kill()``."""
+        from popri.pipeline import zygote as Z
+
+        prefix = child_argv([])
+        left = None if self.planned_to_run is None else self.planned_to_run - len(self.ran)
+        worth = self._zygote is not None or left is None or left >= Z.MIN_STAGES
+        if (worth and not self._zygote_off and cmd[:len(prefix)] == prefix
+                and Z.enabled(os.environ)):
+            if self._zygote is None or not self._zygote.alive():
+                try:
+                    self._zygote = Z.Zygote(self.env)
+                except (Z.ZygoteError, TimeoutError, OSError) as e:
+                    log.info(f"run: stages start as new processes (the stage zygote: "
+                             f"{str(e) or type(e).__name__})")
+                    self._zygote, self._zygote_off = None, True
+            if self._zygote is not None and self._zygote.usable_for(env):
+                fd = out if isinstance(out, int) else out.fileno()
+                try:
+                    return self._zygote.spawn(cmd[len(prefix):], env=env, stdout_fd=fd,
+                                              pass_fds=fds)
+                except Z.ZygoteError as e:
+                    log.info(f"run: stages start as new processes (the stage zygote: {e})")
+                    self.close_zygote()
+                    self._zygote_off = True
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, env=env, pass_fds=fds)
+
+    def close_zygote(self) -> None:
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
 
     def stage_seconds(self) -> dict[str, float]:
         """Every finished stage's seconds, from the markers (so across invocations: a fully
