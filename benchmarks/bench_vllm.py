@@ -139,7 +139,7 @@ def main() -> None:
     longest_tokens = max(len(tok0(t)["input_ids"]) for _, texts, *_ in work for t in texts)
     max_model_len = 64 * -(-(longest_tokens + a.max_new_tokens) // 64)
 
-    results = []
+    results, dtypes = [], {}
     for backend in ("transformers", "vllm"):
         for ad in adapters:
             spec = GenSpec(model=a.model, backend=backend, batch_size=a.loop_batch,
@@ -150,6 +150,9 @@ def main() -> None:
                                 decode="loop" if backend == "transformers" else None,
                                 max_model_len=max_model_len if backend == "vllm" else None)
             start_s = time.perf_counter() - t0
+            dtypes[backend] = (str(getattr(getattr(eng, "model", None), "dtype", "?"))
+                               if backend == "transformers" else
+                               ("bfloat16" if spec.bf16 else "auto (the checkpoint's)"))
             print(f"bench_vllm: {backend} adapter {ad is not None}: engine up in {start_s:.1f} s",
                   file=sys.stderr, flush=True)
             for (k, j), texts, keys, prompts, rows in work:
@@ -214,12 +217,14 @@ def main() -> None:
                        or platform.machine()),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
             "vllm": vllm.__version__, "model": a.model, "max_new_tokens": a.max_new_tokens,
-            "loop_batch": a.loop_batch, "max_model_len": max_model_len, "cpus": os.cpu_count()}
+            "loop_batch": a.loop_batch, "max_model_len": max_model_len, "cpus": os.cpu_count(),
+            "dtypes": dtypes}
     head = ("| shape K x J | backend | adapter | tokens/s | x loop | samples/s | engine start s | "
             "peak RSS MB | mean tokens | NLL/token | degenerate | mean score | KS p tokens / "
             "NLL / score | Fisher p degenerate |")
     lines = [f"Generation, {a.model}, {a.max_new_tokens} new tokens, {name} ({info['device']}, "
-             f"{info['threads']} threads, torch {info['torch']}, vllm {info['vllm']}); baseline: "
+             f"{info['threads']} threads, torch {info['torch']}, vllm {info['vllm']}; loop "
+             f"{dtypes.get('transformers')}, vLLM {dtypes.get('vllm')}); baseline: "
              f"popri's loop (transformers backend) at batch {a.loop_batch}; one process.",
              "", head, "|" + "---|" * 14]
     for r in results:

@@ -221,11 +221,11 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
 @pytest.mark.slow
 def test_slow_embedded_default_reduced_on_real_models(tmp_path):
     """The README's main job at reduced size on the real SmolLM2-135M / MiniLM (offline)."""
-    # 4 texts per client (the default: 16): the eps = inf row trains on a quarter of the
-    # private set, the stage that dominated this test's time
+    # 4 texts per client (default 16: fetch and embed), 48 new tokens (default 85: the three
+    # generation stages took 234 of this test's 600 s), one DPO epoch (default 2)
     ov = [f"run_dir={tmp_path / 'run'}", "rounds=1", "prompts=3", "num_synthetic=18",
           "downstream.eval_max_samples=48", "downstream.epochs=1", "dpo.select_checkpoint=false",
-          "data.max_samples_per_client=4"]
+          "data.max_samples_per_client=4", "generator.max_new_tokens=48", "dpo.epochs=1"]
     repo = Path(__file__).resolve().parents[1]
     e = env()
     e["POPRI_THREADS"] = "2"
