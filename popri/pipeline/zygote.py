@@ -3,7 +3,8 @@ the server, documents the protocol).
 
 A stage is the command ``python -P -m popri ARGS``; started as a new interpreter it re-imports
 torch, transformers, sentence-transformers and peft, 5-10 s on 2 CPU cores before it does
-anything -- most of a small run's time (benchmarks/bench_zygote.py measures it).  With the zygote
+anything -- most of a small run's time (benchmarks/bench_zygote.py times a run with and
+without it).  With the zygote
 the imports happen once per ``popri run`` and each stage is a fork of that process: the same
 command line, environment, working directory, standard streams, run-directory lock and exit
 status, and it still dies with the run.
