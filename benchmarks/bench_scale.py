@@ -10,8 +10,8 @@ arXiv:2504.16438, Appendix B.1 and D.1, Table D.1's full-participation row): K =
 prompts, 72,000 s clients with 3-7 private samples each (about 5), K J samples.  The private
 side is synthetic: unit vectors in d = 384 (the dimension of all-MiniLM-L6-v2, the papers'
 embedder, which embeds the generated samples), drawn around 64 random centres.  The generator is
-a tiny random Llama (2 layers, 128-d, SmolLM2's tokenizer): its cost per token is not a real
-model's, its shapes (prompts, batches, 85 new tokens, LoRA r = 4) are.
+popri's tiny random Llama (``tiny-random-llama``: 2 layers, 64-d, SmolLM2's tokenizer): its cost
+per token is not a real model's, its shapes (prompts, batches, 85 new tokens, LoRA r = 4) are.
 
 Every stage is the `popri` command `popri run` would run, as a separate process, timed by the
 wall clock, its peak RSS from the kernel (os.wait4):
@@ -53,26 +53,6 @@ sys.path.insert(0, str(HERE))
 FULL = {"prompts": 1800, "J": 10, "clients": 72000, "z": 19.3}
 STAGES = ("gen", "embed", "score", "prefs", "dpo", "final", "pe-hist")
 EMBEDDER = "all-MiniLM-L6-v2"
-
-
-def tiny_llama(dest: Path) -> str:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from popri.models import llm
-
-    if (dest / "config.json").is_file():
-        return str(dest)
-    tok = AutoTokenizer.from_pretrained(llm.resolve("smollm2-135m"))
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256,
-                      num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                      max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                      tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(dest)
-    tok.save_pretrained(dest)
-    return str(dest)
 
 
 def client_embeddings(path: Path, clients: int, seed: int, d: int = 384) -> Path:
@@ -199,7 +179,9 @@ def main() -> None:
     work = Path(a.work or tempfile.mkdtemp(prefix="bench-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     pub, _ = fetch(work / "data")
-    model = tiny_llama(work / "tiny-llama")
+    from popri.models.llm import TINY_LM
+
+    model = TINY_LM  # popri's tiny random Llama (SmolLM2's tokenizer), built once in the cache
     env = dict(os.environ, POPRI_ZYGOTE="0")
     rows = [run_scale(s, work, pub, model, env, a.seed) for s in sorted(a.scales)]
     exps = exponents(rows)

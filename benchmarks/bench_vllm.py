@@ -35,13 +35,12 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gen import fetch, make_adapter, scores  # noqa: E402
+from bench_gen import PeakRSS, fetch, make_adapter, scores  # noqa: E402
 
 from popri.core import runtime  # noqa: E402
 from popri.models import generation as G  # noqa: E402
@@ -64,23 +63,10 @@ def tree_rss() -> int:
     return total
 
 
-class PeakTreeRSS:
-    """The process tree's resident set, sampled every 100 ms while in the block."""
+class PeakTreeRSS(PeakRSS):
+    """bench_gen's sampler of the peak resident set, over the whole process tree."""
 
-    def __enter__(self):
-        self.peak, self.stop = tree_rss(), threading.Event()
-        self.t = threading.Thread(target=self.loop, daemon=True)
-        self.t.start()
-        return self
-
-    def loop(self):
-        while not self.stop.wait(0.1):
-            self.peak = max(self.peak, tree_rss())
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.t.join()
-        self.peak = max(self.peak, tree_rss())
+    now = staticmethod(tree_rss)
 
 
 def parse_shape(s: str) -> tuple[int, int]:

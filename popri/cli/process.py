@@ -275,6 +275,15 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="popri-parent-watchdog", daemon=True).start()
 
 
+def quiet_library_progress() -> None:
+    """A pipe or a CI log: no library progress bar (datasets', the hub's, tqdm's) writes
+    carriage-return lines into it; popri's own progress becomes heartbeat lines.  Set before
+    those libraries are imported (they read it then)."""
+    for k in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS",
+              "TQDM_DISABLE"):
+        os.environ.setdefault(k, "1")
+
+
 def prepare() -> None:
     """Before the app runs: standard streams that exist, signal handlers, no carriage-return
     progress bars of libraries in a pipe or CI log, no warnings that say nothing to a user; a
@@ -283,11 +292,7 @@ def prepare() -> None:
     _install_signal_handlers()
     _die_with_parent()
     if not sys.stderr.isatty():
-        # a pipe or a CI log: no library progress bar (datasets', the hub's, tqdm's) writes
-        # carriage-return lines into it; popri's own progress becomes heartbeat lines
-        for k in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS",
-                  "TQDM_DISABLE"):
-            os.environ.setdefault(k, "1")
+        quiet_library_progress()
     # peft asks transformers >= 5 for `is_gradient_checkpointing`, which warns on every model
     # load: two lines per stage that say nothing to a popri user and bury the CI log
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.* is deprecated",

@@ -36,11 +36,11 @@ import signal
 import socket
 import sys
 
-FD_ENV = "POPRI_ZYGOTE_FD"
+from popri.pipeline.zygote import FD_ENV, MAX_MSG
+
 #: imported once, in this order (a missing one is skipped: not every install has every extra)
 PRELOAD = ("numpy", "torch", "transformers", "sentence_transformers", "peft", "trl",
            "popri.cli.app")
-MAX_MSG = 1 << 20
 
 
 def _send(sock: socket.socket, obj: dict) -> None:
@@ -81,9 +81,10 @@ def _child(sock: socket.socket, req: dict, fds: list[int]) -> None:
         for fd in fds[:3]:
             if fd > 2 and fd not in fds[3:]:
                 os.close(fd)
+        from popri.cli.process import _PARENT_ENV
+
         env = dict(req["env"])
-        # die with the zygote (our parent), which dies with popri run
-        env["POPRI_DIE_WITH"] = str(os.getppid())
+        env[_PARENT_ENV] = str(os.getppid())  # die with the zygote, which dies with popri run
         os.environ.clear()
         os.environ.update(env)
         os.chdir(req["cwd"])
@@ -127,9 +128,9 @@ def _child(sock: socket.socket, req: dict, fds: list[int]) -> None:
 
 
 def serve(sock: socket.socket) -> int:
-    for k in ("HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_DISABLE_PROGRESS_BARS",
-              "TQDM_DISABLE"):  # a stage's stderr is a pipe (popri.cli.process.prepare)
-        os.environ.setdefault(k, "1")
+    from popri.cli.process import quiet_library_progress
+
+    quiet_library_progress()  # a stage's stderr is a pipe (popri.cli.process.prepare)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's and the stage's
     for name in PRELOAD:
         try:

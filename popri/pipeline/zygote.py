@@ -25,8 +25,12 @@ import subprocess
 import sys
 import time
 
+from popri.pipeline.stages import PARENT_ENV
+
 ENV = "POPRI_ZYGOTE"
-FD_ENV = "POPRI_ZYGOTE_FD"  # popri.cli.zygote.FD_ENV
+#: the zygote's end of the socketpair, in its environment (popri.cli.zygote reads it)
+FD_ENV = "POPRI_ZYGOTE_FD"
+#: the longest message either side sends (a stage's argv and environment)
 MAX_MSG = 1 << 20
 #: the zygote is started only for a run with at least this many stages still to run (its own
 #: imports cost about as much as one stage's start) or an unknown number
@@ -51,7 +55,7 @@ class Zygote:
         self.env = dict(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
-        zenv = dict(env, **{FD_ENV: str(theirs.fileno()), "POPRI_DIE_WITH": str(os.getpid())})
+        zenv = dict(env, **{FD_ENV: str(theirs.fileno()), PARENT_ENV: str(os.getpid())})
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-P", "-m", "popri.cli.zygote"], env=zenv,
@@ -77,10 +81,9 @@ class Zygote:
 
     def usable_for(self, env: dict) -> bool:
         """The stage's environment is the zygote's (what its imports read), and it lives."""
-        strip = ("POPRI_DIE_WITH",)
         return (not self.busy and self.alive()
-                and {k: v for k, v in env.items() if k not in strip}
-                == {k: v for k, v in self.env.items() if k not in strip})
+                and {k: v for k, v in env.items() if k != PARENT_ENV}
+                == {k: v for k, v in self.env.items() if k != PARENT_ENV})
 
     def spawn(self, args: list[str], *, env: dict, stdout_fd: int,
               pass_fds: tuple[int, ...] = ()) -> "Forked":
@@ -127,14 +130,6 @@ class Forked:
     def __init__(self, zygote: Zygote, pid: int, stderr):
         self.zygote, self.pid, self.stderr = zygote, pid, stderr
         self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                self.wait(timeout=0)
-            except subprocess.TimeoutExpired:
-                pass
-        return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is not None:
