@@ -507,7 +507,8 @@ def _eps(x) -> str:
 def table(rows: list[dict]) -> str:
     head = ("| setting | seed | eps (relation; selection) | T | cos r0 -> rT (change +- SE) | "
             "MMD^2 change +- SE | distinct-2 r0 -> rT | ppl r0 -> rT | held-out margin / acc | "
-            "acc | acc T=0 | minus T=0 +- SE | beats T=0 | minutes |")
+            "acc | acc T=0 | minus T=0 +- SE | this draw > 2 paired SE (a draw, not a result) | "
+            "minutes |")
     out = [head, "|" + "---|" * 14]
     for r in rows:
         # paired over the run's test clients (dozens to hundreds): t with clients - 1 degrees
