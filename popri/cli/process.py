@@ -221,8 +221,8 @@ def _check_release_env() -> None:
                          f"(research mode), got {v!r}", field="POPRI_RELEASE")
 
 
-#: popri run's pid in a stage's environment (popri.pipeline.stages.PARENT_ENV)
-_PARENT_ENV = "POPRI_DIE_WITH"
+#: popri run's pid in a stage's environment (popri.core.runtime.PARENT_ENV)
+from popri.core.runtime import PARENT_ENV as _PARENT_ENV  # noqa: E402
 _PR_SET_PDEATHSIG = 1
 
 

@@ -10,6 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: set in a stage's environment to the pid of the process it must die with (popri run, or the
+#: stage zygote that popri run started): popri.cli.process makes the stage die with it
+PARENT_ENV = "POPRI_DIE_WITH"
+
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 

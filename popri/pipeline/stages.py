@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from popri.core.version import __version__
-from popri.core import log
+from popri.core import log, runtime
 from popri.core.artifacts import path_digest
 from popri.core.errors import PopriError
 from popri.core.io import atomic_write
@@ -55,7 +55,7 @@ PASSED_ENV = ("POPRI_THREADS", "POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "
 #: recorded in each stage's marker and attempt (what it ran with), never in its key
 RECORDED_ENV = ("POPRI_THREADS",)
 #: set in a stage's environment to popri run's pid: the stage dies with it (popri.cli.process)
-PARENT_ENV = "POPRI_DIE_WITH"
+PARENT_ENV = runtime.PARENT_ENV
 
 
 def child_argv(args: list[str]) -> list[str]:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from popri.pipeline.stages import PARENT_ENV
+from popri.core.runtime import PARENT_ENV
 
 ENV = "POPRI_ZYGOTE"
 #: the zygote's end of the socketpair, in its environment (popri.cli.zygote reads it)
