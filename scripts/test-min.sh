@@ -81,6 +81,7 @@ fi
 from importlib.metadata import version as v
 print('test-min: ' + ', '.join(f'{n} {v(n)}' for n in ('torch', 'transformers', 'trl', 'peft', 'typer', 'click')))" >&2
 
+t0=$SECONDS  # each part says how long it took (CI's budget: scripts/test.sh)
 WORKERS=${POPRI_TEST_WORKERS:-2}
 XDIST=()
 [ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS" --dist worksteal)
@@ -99,12 +100,16 @@ fi
 # then the Flower tests run: simulation rounds against in-process, dropouts, SecAgg+ parameters,
 # a loopback deployment (SuperLink + 3 SuperNodes) and `popri run` with score.engine: flower.
 # POPRI_SKIP_FLOWER=1 skips this part.
+echo "test-min: the lowest versions' tests took $((SECONDS - t0))s" >&2
 if [ "${POPRI_SKIP_FLOWER:-0}" = "1" ]; then exit 0; fi
+t0=$SECONDS
 if ! "$VENV/bin/python" -c "import flwr, ray" 2>/dev/null; then
   echo "test-min: installing the flower extra (flwr 1.41, Ray)" >&2
   "$VENV/bin/python" -m pip install -q "flwr[simulation]==1.41.0" "typer==0.19.0" \
     || { echo "test-min: installing flwr failed" >&2; exit 1; }
+  echo "test-min: the flower extra installed in $((SECONDS - t0))s" >&2
 fi
+t0=$SECONDS
 "$VENV/bin/python" -c "
 from importlib.metadata import version as v
 print('test-min (flower): ' + ', '.join(f'{n} {v(n)}' for n in ('flwr', 'ray', 'typer', 'rich')))" >&2
@@ -124,9 +129,12 @@ POPRI_THREADS=${POPRI_THREADS:-1} "$VENV/bin/python" -m pytest -q -p no:cachepro
 rc=$?
 [ "$rc" -eq 5 ] && { echo "test-min: pytest collected no Flower tests" >&2; exit 1; }
 [ "$rc" -eq 0 ] || exit "$rc"
+echo "test-min: the fast Flower tests took $((SECONDS - t0))s" >&2
+t0=$SECONDS
 POPRI_THREADS=${POPRI_THREADS:-2} "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
   "$@" "tests/test_flower_deploy.py::test_popri_and_pe_rounds_via_popri_score_federation_on_a_loopback_deployment"
 rc=$?
+echo "test-min: the loopback deployment's test took $((SECONDS - t0))s" >&2
 if [ "$rc" -eq 5 ]; then
   echo "test-min: pytest collected no Flower tests -- treating as failure" >&2
   exit 1

@@ -3,7 +3,12 @@
 - Every test runs with POPRI_CACHE / HOME / XDG_CACHE_HOME pointed at temporary directories,
   so nothing touches the user's own cache (the simonw/llm habit).
 - ``run_popri(*args, input=...)`` runs the real CLI in a subprocess (the console entry point via
-  ``python -m popri.cli.app``) and returns the CompletedProcess (stdout/stderr as text).
+  ``python -m popri.cli.app``) and returns the CompletedProcess (stdout/stderr as text).  The
+  process is forked from a zygote (popri.pipeline.zygote, one per pytest worker, which imported
+  torch, transformers, sentence-transformers, peft and trl once) when the call's environment is
+  one a fork serves exactly (``zygote.compatible``; a call with another one, or a second call at
+  the same time, starts ``python -m popri.cli.app``): 5-10 s less per call on 2 cores.
+  ``POPRI_TEST_ZYGOTE=0`` turns it off.
 - ``tiny_st_model`` is a randomly initialised 2-layer, 32-d sentence-transformers model built
   from a config (tokenizer copied from the packaged MiniLM), for fast tests.
 """
@@ -43,14 +48,60 @@ def isolated_env(monkeypatch, tmp_path_factory, session_cache):
     yield
 
 
+_ZYGOTE: list = []  # this worker's zygote once started ([None] if it could not be)
+
+
+def _zygote(base: dict, env: dict):
+    """This worker's zygote, started with ``base`` (the tests' common environment), if a fork of
+    it serves ``env`` and it is free; else None."""
+    from popri.pipeline import zygote as Z
+
+    if os.environ.get("POPRI_TEST_ZYGOTE", "1") == "0" or not Z.enabled(env):
+        return None
+    if not _ZYGOTE:
+        import atexit
+
+        try:
+            _ZYGOTE.append(Z.Zygote(base))
+            atexit.register(_ZYGOTE[0].close)
+        except Exception as e:  # noqa: BLE001 -- the calls start processes instead
+            print(f"conftest: no zygote ({e}); popri calls start new processes", file=sys.stderr)
+            _ZYGOTE.append(None)
+    z = _ZYGOTE[0]
+    if z is None or not z.lock.acquire(blocking=False):
+        return None
+    if not z.usable_for(env):
+        z.lock.release()
+        return None
+    return z
+
+
+def _text(b: bytes) -> str:
+    """As ``subprocess.run(text=True)`` decodes: the locale's encoding, universal newlines."""
+    import io
+    import locale
+
+    return io.TextIOWrapper(io.BytesIO(b), encoding=locale.getpreferredencoding(False)).read()
+
+
 def _run(args, input=None, env=None, cwd=None, check=False):
     cmd = [sys.executable, "-m", "popri.cli.app", *map(str, args)]
-    e = dict(os.environ)
-    e.setdefault("POPRI_THREADS", "1")
-    if env:
-        e.update(env)
-    p = subprocess.run(cmd, input=input, capture_output=True, text=True, env=e, cwd=cwd,
-                       timeout=900)
+    base = dict(os.environ)
+    base.setdefault("POPRI_THREADS", "1")
+    e = dict(base, **(env or {}))
+    z = _zygote(base, e)
+    if z is not None:
+        import locale
+
+        try:
+            data = None if input is None else input.encode(locale.getpreferredencoding(False))
+            p = z.run(args, env=e, cwd=cwd, input=data, timeout=900, safe_path=False)
+        finally:
+            z.lock.release()
+        p = subprocess.CompletedProcess(cmd, p.returncode, _text(p.stdout), _text(p.stderr))
+    else:
+        p = subprocess.run(cmd, input=input, capture_output=True, text=True, env=e, cwd=cwd,
+                           timeout=900)
     if check and p.returncode != 0:
         raise AssertionError(f"popri {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
     return p
@@ -187,3 +238,11 @@ def one_torch_thread(monkeypatch):
     monkeypatch.setenv("POPRI_THREADS", "1")
     yield
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests marked ``slow`` (minutes each) first, in their order: two workers that share
+    the rest (xdist's worksteal) then end together instead of one finishing a long test alone
+    (longest-first scheduling)."""
+    items[:] = ([i for i in items if i.get_closest_marker("slow")]
+                + [i for i in items if not i.get_closest_marker("slow")])

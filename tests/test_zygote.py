@@ -98,7 +98,8 @@ def test_stdout_stderr_exit_status_cwd_and_environment(zyg, tmp_path, tiny_st_mo
     assert (sub / "e.npy").is_file() and "6 x 32" in err
     rc, _, err = _spawn(zyg, ["--version"], tmp_path, env=dict(zyg.env, POPRI_RELEASE="maybe"))
     assert rc == 2 and "POPRI_RELEASE" in err
-    assert not zyg.usable_for(dict(zyg.env, POPRI_RELEASE="1"))
+    assert zyg.usable_for(dict(zyg.env, POPRI_RELEASE="1"))  # read when the command runs
+    assert not zyg.usable_for(dict(zyg.env, OMP_NUM_THREADS="1"))  # read by the imports
     assert zyg.usable_for(dict(zyg.env, POPRI_DIE_WITH="1"))
 
 
@@ -143,3 +144,170 @@ def test_it_can_be_turned_off_and_a_broken_one_is_not_used(monkeypatch):
     monkeypatch.setattr(sys, "executable", "/bin/false")
     with pytest.raises(Z.ZygoteError):
         Z.Zygote(_env(), timeout=30)
+
+
+# --- Zygote.run: subprocess.run for popri commands (the test suite's own CLI calls) ---------
+
+def test_run_is_subprocess_run_input_exit_streams_and_cwd(zyg, tmp_path):
+    """Input larger than a pipe's buffer (1.7 MB), a bad last line: the same exit 2, the same one
+    line naming <stdin> and the line, nothing on stdout -- forked and as a new process."""
+    import json
+
+    rows = [json.dumps({"id": f"r{i}", "text": "x" * 60}) for i in range(20000)] + ["not json"]
+    data = ("\n".join(rows) + "\n").encode()
+    args = ["embed", "-", "-o", "e.npy"]
+    p = zyg.run(args, env=zyg.env, cwd=tmp_path, input=data, timeout=300)
+    q = subprocess.run(child_argv(args), input=data, capture_output=True, env=zyg.env,
+                       cwd=tmp_path, timeout=300)
+    assert (p.returncode, p.stdout, p.stderr) == (q.returncode, q.stdout, q.stderr)
+    assert p.returncode == 2 and b"<stdin>:20001" in p.stderr, p.stderr
+    assert not (tmp_path / "e.npy").exists()
+    ok = zyg.run(["--version"], env=zyg.env, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.strip().startswith(b"popri")
+
+
+def test_run_timeout_kills_the_command_and_the_zygote_serves_the_next(zyg, tmp_path):
+    """A timeout shorter than a fork takes: TimeoutExpired, the child killed and reaped, and the
+    zygote free for the next call."""
+    t = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        zyg.run(["embed", "-", "-o", str(tmp_path / "e.npy")], env=zyg.env,
+                input=b'{"id": "a", "text": "b"}\n' * 1000, timeout=0.0001)
+    assert time.monotonic() - t < 60
+    assert not zyg.busy and zyg.usable_for(zyg.env)
+    assert not (tmp_path / "e.npy").exists()
+    assert zyg.run(["--version"], env=zyg.env, timeout=60).returncode == 0
+
+
+def test_compatible_lets_only_unread_variables_differ(tmp_path):
+    """The rule that decides whether a fork is the process an environment would start."""
+    h1, h2 = tmp_path / "h1", tmp_path / "h2"
+    h1.mkdir(), h2.mkdir()
+    z = {"PATH": "/usr/bin", "HOME": str(h1), "HF_HOME": "/hf", "POPRI_THREADS": "1"}
+    assert Z.compatible(dict(z), z)
+    assert Z.compatible(dict(z, POPRI_RELEASE="1", POPRI_THREADS="2",
+                             PYTEST_CURRENT_TEST="t"), z)
+    assert Z.compatible(dict(z, HOME=str(h2), XDG_CACHE_HOME=str(h2 / ".cache")), z)
+    for bad in ({"PATH": "/bin"}, {"OMP_NUM_THREADS": "1"}, {"HF_HOME": "/other"},
+                {"PYTHONPATH": "/x"}, {"POPRI_ZYGOTE": "0"}, {"TMPDIR": "/t"}):
+        assert not Z.compatible(dict(z, **bad), z), bad
+    # HOME may differ only while HF_HOME pins the hub caches ...
+    no_hf = {k: v for k, v in z.items() if k != "HF_HOME"}
+    assert not Z.compatible(dict(no_hf, HOME=str(h2)), no_hf)
+    # ... and neither home holds what an import reads (user site-packages, fsspec's config)
+    (h2 / ".local" / "lib").mkdir(parents=True)
+    assert not Z.compatible(dict(z, HOME=str(h2)), z)
+    (h1 / ".config" / "fsspec").mkdir(parents=True)
+    assert not Z.compatible(dict(z, HOME=str(h1), XDG_CACHE_HOME="/c"), dict(z, HOME=str(h1)))
+    # what the zygote's own imports set, at the value they set it to
+    added = {"KMP_DUPLICATE_LIB_OK": "True"}
+    assert Z.compatible(dict(z, KMP_DUPLICATE_LIB_OK="True"), z, added)
+    assert not Z.compatible(dict(z, KMP_DUPLICATE_LIB_OK="False"), z, added)
+    assert not Z.compatible(dict(z, KMP_DUPLICATE_LIB_OK="True"), z)
+
+
+AUDIT = r'''
+import importlib, os, pkgutil, sys, types
+import popri
+from popri.cli.zygote import PRELOAD
+for n in PRELOAD:
+    try:
+        importlib.import_module(n)
+    except ImportError:
+        pass
+for m in pkgutil.walk_packages(popri.__path__, "popri."):
+    if ".gpu" in m.name or m.name.endswith("__main__"):
+        continue
+    try:
+        importlib.import_module(m.name)
+    except ImportError:
+        pass
+MARK, NUMS = "zzprobe", (7.123456, 777777, 9876)
+hits = set()
+def scan(v, where, depth=0):
+    if type(v) in (int, float) and v in NUMS:
+        hits.add(where)
+    elif isinstance(v, (str, os.PathLike)):
+        if MARK in os.fspath(v):
+            hits.add(where)
+    elif depth < 2 and type(v) in (list, tuple, set, frozenset):
+        for x in list(v)[:1000]:
+            scan(x, where, depth + 1)
+    elif depth < 2 and type(v) is dict:
+        for k, x in list(v.items())[:5000]:
+            scan(k, where, depth + 1)
+            scan(x, where, depth + 1)
+    elif (depth < 1 and str(getattr(type(v), "__module__", "")).split(".")[0] in
+          ("popri", "rich", "torch", "transformers", "huggingface_hub", "sentence_transformers",
+           "peft", "trl", "numpy", "tqdm", "datasets", "fsspec")
+          and isinstance(getattr(v, "__dict__", None), dict)):
+        for x in list(vars(v).values())[:200]:
+            scan(x, where, depth + 1)
+for name, m in list(sys.modules.items()):
+    if name in ("__main__", "__mp_main__") or not isinstance(getattr(m, "__dict__", None), dict):
+        continue
+    for k, v in list(m.__dict__.items()):
+        if (name, k) in (("sys", "orig_argv"), ("sys", "argv")):
+            continue
+        scan(v, f"{name}.{k}")
+print("\n".join(sorted(hits)))
+'''
+
+#: where the zygote's imports keep a value derived from HOME / XDG_*, and why a fork with
+#: another HOME is still the process it would start (popri.pipeline.zygote._homes_free)
+HOME_DERIVED = {
+    "site.USER_SITE": "user site-packages: _homes_free requires ~/.local/lib absent",
+    "site.USER_BASE": "the same",
+    "sysconfig._CONFIG_VARS": "userbase, the same",
+    "huggingface_hub.constants.default_home": "unused when HF_HOME is set (required)",
+    "fsspec.config.default_conf_dir": "_homes_free requires ~/.config/fsspec absent",
+    "fsspec.config.conf_dir": "the same",
+    "datasets.config.XDG_CACHE_HOME": "only the default of HF_HOME (required)",
+    "datasets.config.DEFAULT_HF_CACHE_HOME": "the same",
+}
+
+
+def test_the_preloaded_imports_keep_no_variable_a_fork_may_change(tmp_path):
+    """After the zygote's imports and every popri module's, no module-level value holds what
+    HOME, XDG_* or a POPRI_* setting said -- but the ones HOME_DERIVED lists and accounts for.
+    A library that starts reading one at import fails this test (then: not free)."""
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), PYTHONWARNINGS="ignore")
+    env.update({k: f"/tmp/zzprobe-{k.lower()}" for k in Z.HOME_ENV})
+    for k in ("POPRI_CACHE", "POPRI_QUIET", "POPRI_RELEASE", "POPRI_EMBED_MODEL",
+              "POPRI_GEN_MODEL", "POPRI_CONFIG", "POPRI_FAULT", "POPRI_CPU_BF16",
+              "POPRI_PROGRESS", "POPRI_VLLM_KV_GIB", "POPRI_FLOWER_JOB", "POPRI_TEST_TAG"):
+        env[k] = "zzprobe"
+    env.update(POPRI_HEARTBEAT="7.123456", POPRI_MAX_LINE_BYTES="777777", POPRI_THREADS="9876",
+               POPRI_OPENAI_RETRIES="9876", PYTEST_CURRENT_TEST="zzprobe")
+    p = subprocess.run([sys.executable, "-P", "-c", AUDIT], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    hits = {h for h in p.stdout.split() if h}
+    assert hits <= set(HOME_DERIVED), sorted(hits - set(HOME_DERIVED))
+
+
+def test_no_popri_module_reads_the_environment_at_import():
+    """Module-level code never reads os.environ / os.getenv (a fork from the zygote imported it
+    under another environment): read it when a command runs."""
+    import ast
+    from pathlib import Path
+
+    bad = []
+    for f in sorted(Path(Z.__file__).resolve().parents[1].rglob("*.py")):
+        tree = ast.parse(f.read_text(), str(f))
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                nodes = [d for d in getattr(stmt, "decorator_list", [])]
+                nodes += [a for a in ast.walk(stmt.args)] if hasattr(stmt, "args") else []
+                if isinstance(stmt, ast.ClassDef):  # a class body runs at import
+                    nodes += [n for s in stmt.body if not isinstance(
+                        s, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(s)]
+            elif isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test):
+                continue
+            else:
+                nodes = list(ast.walk(stmt))
+            for n in nodes:
+                if (isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv")
+                        and isinstance(n.value, ast.Name) and n.value.id == "os"):
+                    bad.append(f"{f}:{n.lineno}")
+    assert not bad, bad

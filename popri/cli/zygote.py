@@ -8,9 +8,11 @@ used and how to turn it off, ``POPRI_ZYGOTE=0``):
 
 Protocol over that ``AF_UNIX`` ``SOCK_SEQPACKET`` socket (one JSON object per message):
 
-* zygote -> client, once: ``{"ready": true, "pid": ...}`` after the imports, or
+* zygote -> client, once: ``{"ready": true, "pid": ..., "added": {...}}`` after the imports
+  (``added``: the environment variables the imports set), or
   ``{"error": "..."}`` (then it exits; the client starts stages as processes).
-* client -> zygote: ``{"argv": [...], "env": {...}, "cwd": "..."}`` with the stage's stdin,
+* client -> zygote: ``{"argv": [...], "env": {...}, "cwd": "...", "path0": null}`` (``path0``: a
+  directory to put first on sys.path, as ``python -m`` without ``-P``) with the stage's stdin,
   stdout, stderr and any further descriptors to keep open (the run directory's lock) as
   ``SCM_RIGHTS``.
 * zygote -> client: ``{"pid": N}`` once forked, then ``{"pid": N, "returncode": R}`` when it
@@ -81,13 +83,15 @@ def _child(sock: socket.socket, req: dict, fds: list[int]) -> None:
         for fd in fds[:3]:
             if fd > 2 and fd not in fds[3:]:
                 os.close(fd)
-        from popri.cli.process import _PARENT_ENV
+        from popri.core.runtime import PARENT_ENV as _PARENT_ENV
 
         env = dict(req["env"])
         env[_PARENT_ENV] = str(os.getppid())  # die with the zygote, which dies with popri run
         os.environ.clear()
         os.environ.update(env)
         os.chdir(req["cwd"])
+        if req.get("path0"):  # python -m without -P: the working directory first on sys.path
+            sys.path.insert(0, req["path0"])
         _std_streams(bool(env.get("PYTHONUNBUFFERED")))
         sys.argv = ["popri", *req["argv"]]
         import runpy
@@ -130,6 +134,7 @@ def _child(sock: socket.socket, req: dict, fds: list[int]) -> None:
 def serve(sock: socket.socket) -> int:
     from popri.cli.process import quiet_library_progress
 
+    start = dict(os.environ)
     quiet_library_progress()  # a stage's stderr is a pipe (popri.cli.process.prepare)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's and the stage's
     for name in PRELOAD:
@@ -148,7 +153,10 @@ def serve(sock: socket.socket) -> int:
         return 1
     # native threads may remain: OpenBLAS's idle pools (numpy's, scipy's) and jemalloc's
     # background thread (pyarrow), each with pthread_atfork handlers that make fork safe
-    _send(sock, {"ready": True, "pid": os.getpid()})
+    # what the imports themselves set (torch: KMP_DUPLICATE_LIB_OK, TORCHINDUCTOR_CACHE_DIR, ...):
+    # a caller that imported them too has these in its environment (zygote.compatible)
+    added = {k: v for k, v in os.environ.items() if start.get(k) != v}
+    _send(sock, {"ready": True, "pid": os.getpid(), "added": added})
     while True:
         try:
             msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_MSG, 16)

@@ -11,7 +11,10 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
 
 console = Console(stderr=True, highlight=False)
 
-_quiet = os.environ.get("POPRI_QUIET", "") not in ("", "0")
+#: set by ``--quiet`` (:func:`set_quiet`); None: POPRI_QUIET decides, read when a line is
+#: written (never at import: a stage forked by the zygote of popri/cli/zygote.py imported this
+#: module under another environment)
+_quiet: bool | None = None
 
 
 def set_quiet(q: bool) -> None:
@@ -19,8 +22,14 @@ def set_quiet(q: bool) -> None:
     _quiet = q
 
 
+def quiet() -> bool:
+    if _quiet is not None:
+        return _quiet
+    return os.environ.get("POPRI_QUIET", "") not in ("", "0")
+
+
 def info(msg: str) -> None:
-    if not _quiet:
+    if not quiet():
         console.print(msg, markup=False, soft_wrap=True)
 
 
@@ -28,20 +37,22 @@ def warn(msg: str) -> None:
     console.print(f"popri: warning: {msg}", markup=False, style="yellow", soft_wrap=True)
 
 
-#: seconds between two heartbeat lines of a progress bar when stderr is not a terminal
-HEARTBEAT = float(os.environ.get("POPRI_HEARTBEAT", "30"))
+def heartbeat() -> float:
+    """Seconds between two heartbeat lines of a progress bar when stderr is not a terminal
+    (POPRI_HEARTBEAT, default 30; read when used, as :func:`quiet`)."""
+    return float(os.environ.get("POPRI_HEARTBEAT", "30"))
 
 
 class Heartbeat:
     """A progress bar for a log that is not a terminal (a pipe, a CI log, RUN/logs/): no
-    carriage returns, one line ``  TASK: 120/288 (42%), 84 s`` every :data:`HEARTBEAT` seconds
+    carriage returns, one line ``  TASK: 120/288 (42%), 84 s`` every :func:`heartbeat` seconds
     and one when a task completes.  The subset of rich's Progress that popri uses."""
 
-    def __init__(self, every: float = HEARTBEAT):
+    def __init__(self, every: float | None = None):
         import time
 
         self._time = time.monotonic
-        self.every = every
+        self.every = heartbeat() if every is None else every
         self._tasks: dict[int, dict] = {}
 
     def __enter__(self) -> "Heartbeat":
@@ -93,10 +104,10 @@ def progress():
     carriage returns) in a pipe or a CI log (``POPRI_PROGRESS=1`` forces the bar); nothing
     under --quiet."""
     tty = sys.stderr.isatty() or os.environ.get("POPRI_PROGRESS") == "1"
-    if not tty and not _quiet:
+    if not tty and not quiet():
         return Heartbeat()
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, disable=_quiet or not tty, transient=False,
+        console=console, disable=quiet() or not tty, transient=False,
     )

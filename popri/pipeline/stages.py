@@ -609,7 +609,7 @@ class StageRunner:
     def _child(self, stage: Stage, cmd: list[str], out) -> int:
         """Run a stage's command: its stderr forwarded line by line to ours and kept in
         RUN/logs/STAGE.log, carriage returns (a library's progress bar) turned into line ends;
-        when the stage prints nothing for HEARTBEAT seconds, a heartbeat line.  Returns the
+        when the stage prints nothing for POPRI_HEARTBEAT seconds, a heartbeat line.  Returns the
         exit status; the stage's own one-line error (``popri: error: ...``, kept out of our
         stderr when it failed: the caller reports it as its own) is :attr:`stage_error`.
 
@@ -684,7 +684,7 @@ class StageRunner:
                         rc = p.wait(timeout=1.0)
                         break
                     except subprocess.TimeoutExpired:
-                        if time.time() - last[0] >= log.HEARTBEAT:
+                        if time.time() - last[0] >= log.heartbeat():
                             log.info(f"run: {self._where()} {stage.name} running, "
                                      f"{time.time() - t0:.0f} s")
                             last[0] = time.time()

@@ -9,9 +9,13 @@ the imports happen once per ``popri run`` and each stage is a fork of that proce
 command line, environment, working directory, standard streams, run-directory lock and exit
 status, and it still dies with the run.
 
-Used on Linux for every stage whose environment is the one the zygote was started with; a stage
-otherwise -- and every stage once the zygote failed to start or died -- starts as a process, as
-before.  ``POPRI_ZYGOTE=0`` turns it off (each stage a new interpreter).
+Used on Linux for every stage whose environment is the one the zygote was started with, up to
+what the preloaded libraries never read at import (:func:`compatible`); a stage otherwise -- and
+every stage once the zygote failed to start or died -- starts as a process, as before.
+``POPRI_ZYGOTE=0`` turns it off (each stage a new interpreter).
+
+:meth:`Zygote.run` is ``subprocess.run`` for a ``popri`` command (the test suite's CLI calls,
+tests/conftest.py, go through it).
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from __future__ import annotations
 import json
 import os
 import select
+import selectors
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from popri.core.runtime import PARENT_ENV
@@ -37,6 +43,51 @@ MAX_MSG = 1 << 20
 MIN_STAGES = 3
 #: how long the zygote may take to import the libraries before stages start without it
 READY_TIMEOUT = 300.0
+
+
+#: HOME and the XDG base directories: what the preloaded libraries derive from them at import is
+#: pinned by HF_HOME, or absent (tests/test_zygote.py's audit lists every such value)
+HOME_ENV = ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
+
+
+def _free(key: str) -> bool:
+    """A variable the preloaded code never reads at import: popri's own settings (read when a
+    command runs: no popri module reads the environment at import) and pytest's test name."""
+    return (key.startswith("POPRI_") and key not in (ENV, FD_ENV)) or key == "PYTEST_CURRENT_TEST"
+
+
+def _homes_free(a: dict, b: dict) -> bool:
+    """HOME / XDG_* may differ between two environments when nothing the imports derive from
+    them differs: huggingface_hub's and datasets' caches come from HF_HOME (set, and equal);
+    fsspec's configuration directory (~/.config/fsspec, read at its import) and Python's user
+    site-packages (~/.local/lib, on sys.path at start-up) exist in neither home."""
+    if not a.get("HF_HOME") or a.get("HF_HOME") != b.get("HF_HOME"):
+        return False
+    if a.get("FSSPEC_CONFIG_DIR") != b.get("FSSPEC_CONFIG_DIR"):
+        return False
+    for e in (a, b):
+        home = e.get("HOME")
+        if not home or os.path.exists(os.path.join(home, ".local", "lib")):
+            return False
+        if not e.get("FSSPEC_CONFIG_DIR") and os.path.exists(os.path.join(home, ".config",
+                                                                          "fsspec")):
+            return False
+    return True
+
+
+def compatible(env: dict, zygote_env: dict, added: dict | None = None) -> bool:
+    """A process forked from a zygote started with ``zygote_env`` is the process ``env`` would
+    have started: the two differ only in variables nothing imported at the zygote's start read
+    (:func:`_free`; HOME and XDG_* under :func:`_homes_free`), or in variables the zygote's
+    imports set themselves (``added``: e.g. torch's KMP_DUPLICATE_LIB_OK) to the value ``env``
+    has -- a caller that imported torch before passes them on."""
+    added = added or {}
+    diff = {k for k in set(env) | set(zygote_env)
+            if env.get(k) != zygote_env.get(k)} - {PARENT_ENV}
+    diff = {k for k in diff if not (k not in zygote_env and k in added and env.get(k) == added[k])}
+    if any(k in HOME_ENV for k in diff) and not _homes_free(env, zygote_env):
+        return False
+    return all(_free(k) or k in HOME_ENV for k in diff)
 
 
 def enabled(env: dict) -> bool:
@@ -67,7 +118,11 @@ class Zygote:
         if not hello or not hello.get("ready"):
             self.close()
             raise ZygoteError((hello or {}).get("error") or "it did not start")
+        #: the environment variables the zygote's imports set (:func:`compatible`)
+        self.added = dict(hello.get("added") or {})
         self.busy = False
+        #: held by :meth:`run`'s caller for one command (one at a time per zygote)
+        self.lock = threading.Lock()
 
     def _recv(self, timeout: float | None) -> dict | None:
         r, _, _ = select.select([self.sock], [], [], timeout)
@@ -80,20 +135,23 @@ class Zygote:
         return self.proc.poll() is None
 
     def usable_for(self, env: dict) -> bool:
-        """The stage's environment is the zygote's (what its imports read), and it lives."""
-        return (not self.busy and self.alive()
-                and {k: v for k, v in env.items() if k != PARENT_ENV}
-                == {k: v for k, v in self.env.items() if k != PARENT_ENV})
+        """Idle, alive, and a fork is what ``env`` would start (:func:`compatible`)."""
+        return not self.busy and self.alive() and compatible(env, self.env, self.added)
 
     def spawn(self, args: list[str], *, env: dict, stdout_fd: int,
-              pass_fds: tuple[int, ...] = ()) -> "Forked":
-        """Fork a stage running ``popri ARGS``: stdin the caller's, stdout ``stdout_fd``, stderr
-        a pipe (the returned object's ``.stderr``); ``pass_fds`` stay open in it."""
+              pass_fds: tuple[int, ...] = (), cwd: str | None = None, stdin_fd: int = 0,
+              safe_path: bool = True) -> "Forked":
+        """Fork a stage running ``popri ARGS`` in ``cwd`` (default ours): stdin ``stdin_fd``
+        (default ours), stdout ``stdout_fd``, stderr a pipe (the returned object's ``.stderr``);
+        ``pass_fds`` stay open in it.  ``safe_path=False``: the working directory first on
+        sys.path, as ``python -m`` without ``-P``."""
         r, w = os.pipe()
         try:
-            req = {"argv": list(args), "env": dict(env), "cwd": os.getcwd()}
+            cwd = os.path.abspath(cwd) if cwd is not None else os.getcwd()
+            req = {"argv": list(map(str, args)), "env": dict(env), "cwd": cwd,
+                   "path0": None if safe_path else cwd}
             socket.send_fds(self.sock, [json.dumps(req).encode()],
-                            [0, stdout_fd, w, *pass_fds])
+                            [stdin_fd, stdout_fd, w, *pass_fds])
         except OSError as e:
             os.close(r)
             raise ZygoteError(f"could not reach it: {e}") from None
@@ -108,6 +166,72 @@ class Zygote:
             raise ZygoteError((ans or {}).get("error") or "it did not fork")
         self.busy = True
         return Forked(self, int(ans["pid"]), os.fdopen(r, "rb"))
+
+    def run(self, args: list[str], *, env: dict, cwd: str | None = None,
+            input: bytes | None = None, timeout: float | None = None,
+            safe_path: bool = True) -> subprocess.CompletedProcess:
+        """``subprocess.run([python, -m, popri, *ARGS], input=..., capture_output=True,
+        timeout=...)`` forked from this zygote: stdout and stderr as bytes, stdin ours when
+        ``input`` is None.  The caller holds :attr:`lock` and checked :meth:`usable_for`."""
+        out_r, out_w = os.pipe()
+        in_r = in_w = None
+        if input is not None:
+            in_r, in_w = os.pipe()
+        try:
+            child = self.spawn(args, env=env, stdout_fd=out_w, cwd=cwd,
+                               stdin_fd=0 if in_r is None else in_r, safe_path=safe_path)
+        except BaseException:
+            for fd in (out_r, in_w):
+                if fd is not None:
+                    os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, in_r):
+                if fd is not None:
+                    os.close(fd)
+        err_fd = child.stderr.fileno()
+        chunks: dict[int, list[bytes]] = {out_r: [], err_fd: []}
+        end = None if timeout is None else time.monotonic() + timeout
+        view, sent = memoryview(input or b""), 0
+        sel = selectors.DefaultSelector()
+        mine = {out_r} | ({in_w} if in_w is not None else set())  # closed here; err_fd: below
+        try:
+            sel.register(out_r, selectors.EVENT_READ)
+            sel.register(err_fd, selectors.EVENT_READ)
+            if in_w is not None:
+                sel.register(in_w, selectors.EVENT_WRITE)
+            while sel.get_map():
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(["popri", *map(str, args)], timeout)
+                for key, _ in sel.select(left):
+                    if key.fd == in_w:
+                        try:
+                            sent += os.write(in_w, view[sent:sent + select.PIPE_BUF])
+                        except BrokenPipeError:
+                            sent = len(view)
+                        done = sent >= len(view)
+                    else:
+                        data = os.read(key.fd, 1 << 16)
+                        chunks[key.fd].append(data)
+                        done = not data
+                    if done:
+                        sel.unregister(key.fd)
+                        if key.fd in mine:
+                            os.close(key.fd)
+                            mine.discard(key.fd)
+            rc = child.wait(None if end is None else max(0.0, end - time.monotonic()))
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        finally:
+            sel.close()
+            for fd in mine:
+                os.close(fd)
+            child.stderr.close()
+        return subprocess.CompletedProcess(["popri", *map(str, args)], rc,
+                                           b"".join(chunks[out_r]), b"".join(chunks[err_fd]))
 
     def close(self) -> None:
         try:
