@@ -42,6 +42,11 @@ def isolated_env(monkeypatch, tmp_path_factory, session_cache):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     # hub caches that hold nothing of the user's
     monkeypatch.setenv("HF_HOME", str(session_cache / "hf"))
+    # what popri sets for POPRI_THREADS=1 (the tests' default): numpy's and torch's pools are
+    # sized by these at import, so the worker's zygote and a popri run's stage zygote forked
+    # from it (popri.pipeline.zygote.compatible) start with the value the stages have
+    for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.setenv(v, "1")
     monkeypatch.delenv("POPRI_CONFIG", raising=False)
     monkeypatch.delenv("POPRI_RELEASE", raising=False)
     monkeypatch.delenv("POPRI_EMBED_MODEL", raising=False)
@@ -76,32 +81,39 @@ def _zygote(base: dict, env: dict):
     return z
 
 
-def _text(b: bytes) -> str:
+def _text(b: bytes, encoding: str | None = None) -> str:
     """As ``subprocess.run(text=True)`` decodes: the locale's encoding, universal newlines."""
     import io
     import locale
 
-    return io.TextIOWrapper(io.BytesIO(b), encoding=locale.getpreferredencoding(False)).read()
+    enc = encoding or locale.getpreferredencoding(False)
+    return io.TextIOWrapper(io.BytesIO(b), encoding=enc).read()
 
 
-def _run(args, input=None, env=None, cwd=None, check=False):
+def _run(args, input=None, env=None, cwd=None, check=False, encoding=None, timeout=900,
+         full_env=None):
+    """``popri ARGS`` as ``subprocess.run(..., capture_output=True, text=True)``: ``env`` added
+    to ours (``full_env``: the whole environment instead); ``encoding``: decode stdout/stderr
+    (and encode input) with it, not the locale's."""
     cmd = [sys.executable, "-m", "popri.cli.app", *map(str, args)]
     base = dict(os.environ)
     base.setdefault("POPRI_THREADS", "1")
-    e = dict(base, **(env or {}))
+    e = dict(full_env) if full_env is not None else dict(base, **(env or {}))
     z = _zygote(base, e)
     if z is not None:
         import locale
 
         try:
-            data = None if input is None else input.encode(locale.getpreferredencoding(False))
-            p = z.run(args, env=e, cwd=cwd, input=data, timeout=900, safe_path=False)
+            enc = encoding or locale.getpreferredencoding(False)
+            data = None if input is None else input.encode(enc)
+            p = z.run(args, env=e, cwd=cwd, input=data, timeout=timeout, safe_path=False)
         finally:
             z.lock.release()
-        p = subprocess.CompletedProcess(cmd, p.returncode, _text(p.stdout), _text(p.stderr))
+        p = subprocess.CompletedProcess(cmd, p.returncode, _text(p.stdout, encoding),
+                                        _text(p.stderr, encoding))
     else:
         p = subprocess.run(cmd, input=input, capture_output=True, text=True, env=e, cwd=cwd,
-                           timeout=900)
+                           timeout=timeout, encoding=encoding)
     if check and p.returncode != 0:
         raise AssertionError(f"popri {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stderr}")
     return p

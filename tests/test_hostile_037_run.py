@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_jsonl
+from conftest import _run, write_jsonl
 from test_run_e2e import tiny_inputs, tiny_overrides  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,10 +42,9 @@ def _env(**extra) -> dict:
 
 
 def _popri(args, *, env=None, cwd=None, timeout=900) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "popri.cli.app", *map(str, args)],
-                       capture_output=True, env=env or _env(), cwd=cwd, timeout=timeout)
-    return subprocess.CompletedProcess(p.args, p.returncode, p.stdout.decode("utf-8"),
-                                       p.stderr.decode("utf-8"))
+    """``python -m popri.cli.app ARGS``, output decoded as UTF-8 (conftest's run: forked from
+    the worker's zygote when it can be)."""
+    return _run(args, full_env=env or _env(), cwd=cwd, timeout=timeout, encoding="utf-8")
 
 
 def _one_line(p, code: int = 2) -> str:

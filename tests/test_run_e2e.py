@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_plan_equals_record, write_jsonl
+from conftest import _run, assert_plan_equals_record, write_jsonl
 
 WORDS = ("river market winter council harvest railway treaty budget school harbor army labor "
          "court senate tariff union farmer coal steel bank trade navy").split()
@@ -87,7 +87,7 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     assert {"embed-train", "embed-val", "round1-gen", "round1-score"} <= {n[:-5] for n in done_before}
     scores_before = (run / "round1" / "scores.npy").read_bytes()
     # rerun the same command: finished stages are skipped, the rest runs, results appear
-    r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
+    r = _run(popri_cmd(ov)[3:], full_env=env())
     assert r.returncode == 0, r.stderr[-3000:]
     reuse = next(x for x in r.stderr.splitlines() if " to run: " in x)
     import re
@@ -122,7 +122,7 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     assert res["epsilon"] == pytest.approx(1.0, abs=2e-3)  # the ledger totals the budget
     assert res["fid_to_val"] is not None and res["fid_to_val"] >= 0
     # a third run has nothing left to do
-    r3 = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
+    r3 = _run(popri_cmd(ov)[3:], full_env=env())
     assert r3.returncode == 0 and "skipped" in r3.stderr
     assert r3.stderr.count(" done in ") == 0 and r3.stdout == r.stdout
     assert "cached, 0 to run: everything is up to date" in r3.stderr
@@ -135,8 +135,8 @@ def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, t
     assert (run / "logs" / "round1-dpo.log").is_file()
     assert len((run / "logs" / "invocations.jsonl").read_text().splitlines()) == 2
     # a changed setting: the plan names the stage and the flag that changed
-    plan = subprocess.run(popri_cmd(ov + ["dpo.lr=0.0001"]) + ["--dry-run"], capture_output=True,
-                          text=True, env=env(), timeout=300)
+    plan = _run(popri_cmd(ov + ["dpo.lr=0.0001"])[3:] + ["--dry-run"], full_env=env(),
+                timeout=300)
     assert plan.returncode == 0, plan.stderr
     assert "round1-dpo (--lr 0.0005 -> 0.0001)" in plan.stdout + plan.stderr
     # the ledger holds exactly the T = 1 DP release (the noise-free diagnostics are outside it)
@@ -169,7 +169,7 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
         # votes sometimes fell on 2 texts, too few distinct seeds for Expand's 3-shot prompts
         # (a refusal, tested in test_expand.py); 16 a round makes that vanishingly rare
         ov += ["pe.num_syn=16"]
-    r = subprocess.run(popri_cmd(ov), capture_output=True, text=True, env=env(), timeout=900)
+    r = _run(popri_cmd(ov)[3:], full_env=env())
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
     assert res["epsilon"] == pytest.approx(1.0, abs=2e-3)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -311,3 +312,61 @@ def test_no_popri_module_reads_the_environment_at_import():
                         and isinstance(n.value, ast.Name) and n.value.id == "os"):
                     bad.append(f"{f}:{n.lineno}")
     assert not bad, bad
+
+
+FORK_PATH = r'''
+import json, os, sys, threading
+from popri.pipeline import zygote as Z
+from popri.cli.zygote import PRELOAD
+import importlib
+for n in PRELOAD:
+    try:
+        importlib.import_module(n)
+    except ImportError:
+        pass
+# what a process forked from a zygote holds (popri.pipeline.zygote_server.serve sets it)
+from popri.pipeline import zygote_server
+zygote_server.PRELOADED = {"env": dict(os.environ), "added": {}}
+assert threading.active_count() == 1
+z = Z.Zygote(dict(os.environ))
+out = {"server": type(z.proc).__name__, "server_pid": z.proc.pid}
+p = z.run(["--version"], env=dict(os.environ), timeout=60)
+out["version"] = [p.returncode, p.stdout.decode(), p.stderr.decode()]
+p = z.run(["embed", "-", "-o", "e.npy"], env=dict(os.environ), input=b"not json\n",
+          timeout=60)
+out["bad"] = [p.returncode, p.stdout.decode(), p.stderr.decode()]
+if sys.argv[1] == "close":
+    z.close()
+    out["closed_rc"] = z.proc.returncode
+print(json.dumps(out), flush=True)
+os._exit(0)  # "leave": no close -- the server must die with us
+'''
+
+
+@pytest.mark.parametrize("end", ["close", "leave"])
+def test_a_fork_of_a_zygote_forks_its_own_zygote_which_dies_with_it(tmp_path, end):
+    """A process forked from a zygote (a popri run called by the test suite) starts its stage
+    zygote as a fork of itself: no new interpreter, the same answers as a new process, reaped
+    by close(), and gone once its parent is, closed or not."""
+    import json
+
+    p = subprocess.run([sys.executable, "-P", "-c", FORK_PATH, end], capture_output=True,
+                       text=True, env=_env(), cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["server"] == "_Child"
+    q = subprocess.run(child_argv(["--version"]), capture_output=True, text=True, env=_env())
+    assert out["version"] == [0, q.stdout, q.stderr]
+    q = subprocess.run(child_argv(["embed", "-", "-o", "e.npy"]), input="not json\n",
+                       capture_output=True, text=True, env=_env(), cwd=tmp_path)
+    assert out["bad"] == [2, q.stdout, q.stderr] and "<stdin>:1" in q.stderr
+    if end == "close":
+        assert out["closed_rc"] is not None
+    end_by = time.monotonic() + 10
+    while Path(f"/proc/{out['server_pid']}").exists() and time.monotonic() < end_by:
+        time.sleep(0.1)  # (a zombie until init reaps it: its state says so)
+        st = Path(f"/proc/{out['server_pid']}/stat")
+        if st.exists() and st.read_text().split(") ")[-1].startswith("Z"):
+            break
+    st = Path(f"/proc/{out['server_pid']}/stat")
+    assert not st.exists() or st.read_text().split(") ")[-1].startswith("Z")

@@ -221,58 +221,8 @@ def _check_release_env() -> None:
                          f"(research mode), got {v!r}", field="POPRI_RELEASE")
 
 
-#: popri run's pid in a stage's environment (popri.core.runtime.PARENT_ENV)
-from popri.core.runtime import PARENT_ENV as _PARENT_ENV  # noqa: E402
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """A stage of ``popri run`` (its pid in POPRI_DIE_WITH, and it is our parent) dies with
-    it: SIGTERM when it goes away, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``;
-    elsewhere a watchdog thread), so no orphan stage goes on writing into a run directory a
-    rerun is already using.  A stage started after its popri run died exits at once.  The
-    variable is removed: our own children are not its stages."""
-    import signal
-
-    want = os.environ.pop(_PARENT_ENV, None)
-    try:
-        want = int(want) if want else None
-    except ValueError:
-        want = None
-    if want is None:
-        return
-    if os.getppid() != want:
-        try:
-            os.kill(want, 0)
-            return  # it lives: we are not its direct child (started by one of its stages)
-        except ProcessLookupError:
-            os._exit(128 + signal.SIGTERM)  # it died before we got here
-        except OSError:
-            return
-    done = False
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            done = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
-        except (OSError, AttributeError):
-            done = False
-    if done:
-        if os.getppid() != want:  # it died between our start and the prctl
-            os._exit(128 + signal.SIGTERM)
-        return
-    import threading
-    import time
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != want:
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-
-    threading.Thread(target=watch, name="popri-parent-watchdog", daemon=True).start()
+#: popri run's pid in a stage's environment: the stage dies with it (popri.core.runtime)
+from popri.core.runtime import die_with_parent as _die_with_parent  # noqa: E402
 
 
 def quiet_library_progress() -> None:

@@ -8,6 +8,7 @@ when another process shares the CPU.  Default: all cores torch sees.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 #: set in a stage's environment to the pid of the process it must die with (popri run, or the
@@ -70,3 +71,55 @@ def fault_point(name: str) -> None:
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """A stage of ``popri run`` (its pid in POPRI_DIE_WITH, and it is our parent) dies with
+    it: SIGTERM when it goes away, even by SIGKILL (Linux ``prctl(PR_SET_PDEATHSIG)``;
+    elsewhere a watchdog thread), so no orphan stage goes on writing into a run directory a
+    rerun is already using.  A stage started after its popri run died exits at once.  The
+    variable is removed: our own children are not its stages."""
+    import signal
+
+    want = os.environ.pop(PARENT_ENV, None)
+    try:
+        want = int(want) if want else None
+    except ValueError:
+        want = None
+    if want is None:
+        return
+    if os.getppid() != want:
+        try:
+            os.kill(want, 0)
+            return  # it lives: we are not its direct child (started by one of its stages)
+        except ProcessLookupError:
+            os._exit(128 + signal.SIGTERM)  # it died before we got here
+        except OSError:
+            return
+    done = False
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            done = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            done = False
+    if done:
+        if os.getppid() != want:  # it died between our start and the prctl
+            os._exit(128 + signal.SIGTERM)
+        return
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != want:
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, name="popri-parent-watchdog", daemon=True).start()

@@ -713,14 +713,16 @@ class StageRunner:
     def _start(self, cmd: list[str], env: dict, out, fds: tuple[int, ...]):
         """Start a stage's command: forked from the stage zygote when it can be (a ``popri``
         command, the zygote's environment, and at least :data:`~popri.pipeline.zygote.MIN_STAGES`
-        stages left to run when it is not up yet: its imports cost about one stage's start;
+        stages left to run when it is not up yet: its imports cost about one stage's start --
+        unless this process is itself a fork of a zygote, which forks one at no cost;
         popri.pipeline.zygote), else a new process.  Either way: ``.stderr`` a pipe,
         ``.wait(timeout)``, ``.kill()``."""
         from popri.pipeline import zygote as Z
 
         prefix = child_argv([])
         left = None if self.planned_to_run is None else self.planned_to_run - len(self.ran)
-        worth = self._zygote is not None or left is None or left >= Z.MIN_STAGES
+        worth = (self._zygote is not None or left is None or left >= Z.MIN_STAGES
+                 or Z.preloaded())
         if (worth and not self._zygote_off and cmd[:len(prefix)] == prefix
                 and Z.enabled(os.environ)):
             if self._zygote is None or not self._zygote.alive():

@@ -32,12 +32,12 @@ import threading
 import time
 
 from popri.core.runtime import PARENT_ENV
+from popri.pipeline import zygote_server as S
+from popri.pipeline.zygote_server import MAX_MSG
 
 ENV = "POPRI_ZYGOTE"
 #: the zygote's end of the socketpair, in its environment (popri.cli.zygote reads it)
 FD_ENV = "POPRI_ZYGOTE_FD"
-#: the longest message either side sends (a stage's argv and environment)
-MAX_MSG = 1 << 20
 #: the zygote is started only for a run with at least this many stages still to run (its own
 #: imports cost about as much as one stage's start) or an unknown number
 MIN_STAGES = 3
@@ -50,10 +50,17 @@ READY_TIMEOUT = 300.0
 HOME_ENV = ("HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 
 
+#: read by the interpreter at start-up for the standard streams, which the child makes anew from
+#: the request's environment (popri.pipeline.zygote_server._std_streams)
+STREAM_ENV = ("PYTHONIOENCODING", "PYTHONUNBUFFERED")
+
+
 def _free(key: str) -> bool:
     """A variable the preloaded code never reads at import: popri's own settings (read when a
-    command runs: no popri module reads the environment at import) and pytest's test name."""
-    return (key.startswith("POPRI_") and key not in (ENV, FD_ENV)) or key == "PYTEST_CURRENT_TEST"
+    command runs: no popri module reads the environment at import), pytest's test name, and
+    :data:`STREAM_ENV`."""
+    return ((key.startswith("POPRI_") and key not in (ENV, FD_ENV))
+            or key == "PYTEST_CURRENT_TEST" or key in STREAM_ENV)
 
 
 def _homes_free(a: dict, b: dict) -> bool:
@@ -90,6 +97,13 @@ def compatible(env: dict, zygote_env: dict, added: dict | None = None) -> bool:
     return all(_free(k) or k in HOME_ENV for k in diff)
 
 
+
+
+def preloaded() -> bool:
+    """This process is a fork of a zygote (its imports done: a stage zygote forks at no cost)."""
+    return S.PRELOADED is not None
+
+
 def enabled(env: dict) -> bool:
     v = str(env.get(ENV, "1")).strip().lower()
     return sys.platform.startswith("linux") and v not in ("0", "false", "no", "off")
@@ -106,19 +120,26 @@ class Zygote:
         self.env = dict(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
-        zenv = dict(env, **{FD_ENV: str(theirs.fileno()), PARENT_ENV: str(os.getpid())})
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "popri.cli.zygote"], env=zenv,
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        finally:
-            theirs.close()
+        if S.PRELOADED is not None and threading.active_count() == 1:
+            # we are a fork of a zygote: the imports are done, and were done under
+            # PRELOADED["env"] (what a stage's environment must be compatible with)
+            self.proc = _fork_server(ours, theirs)
+        else:
+            zenv = dict(env, **{FD_ENV: str(theirs.fileno()), PARENT_ENV: str(os.getpid())})
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-P", "-m", "popri.cli.zygote"], env=zenv,
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            finally:
+                theirs.close()
         hello = self._recv(timeout)
         if not hello or not hello.get("ready"):
             self.close()
             raise ZygoteError((hello or {}).get("error") or "it did not start")
-        #: the environment variables the zygote's imports set (:func:`compatible`)
+        #: the environment the zygote was given and the variables it and its imports set
+        #: (:func:`compatible`)
+        self.env = dict(hello.get("env") or self.env)
         self.added = dict(hello.get("added") or {})
         self.busy = False
         #: held by :meth:`run`'s caller for one command (one at a time per zygote)
@@ -245,6 +266,72 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def _fork_server(ours: socket.socket, theirs: socket.socket) -> "_Child":
+    """The zygote server as a fork of this process (which is itself a fork of a zygote, so has
+    imported everything).  The fork keeps no descriptor of ours in use: 0-2 and every other one
+    but its socket become /dev/null (the numbers stay taken, so a stale file object of ours that
+    is collected later cannot close a descriptor a stage received); it dies with us."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ours.close()
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+                signal.signal(sig, signal.SIG_DFL)
+            null = os.open(os.devnull, os.O_RDWR)
+            for name in os.listdir("/proc/self/fd"):
+                fd = int(name)
+                if fd not in (theirs.fileno(), null):
+                    try:
+                        os.dup2(null, fd)
+                    except OSError:
+                        pass
+            os.environ[PARENT_ENV] = str(os.getppid())
+            from popri.core.runtime import die_with_parent
+
+            die_with_parent()
+            code = S.serve(theirs)
+        finally:
+            os._exit(code)
+    theirs.close()
+    return _Child(pid)
+
+
+class _Child:
+    """The parts of ``subprocess.Popen`` :class:`Zygote` uses, for a forked server."""
+
+    def __init__(self, pid: int):
+        self.pid, self.returncode = pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired("popri zygote", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
 
 
 class Forked:
