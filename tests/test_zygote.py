@@ -210,7 +210,7 @@ def test_compatible_lets_only_unread_variables_differ(tmp_path):
 AUDIT = r'''
 import importlib, os, pkgutil, sys, types
 import popri
-from popri.cli.zygote import PRELOAD
+from popri.pipeline.zygote_server import PRELOAD
 for n in PRELOAD:
     try:
         importlib.import_module(n)
@@ -319,7 +319,7 @@ def test_no_popri_module_reads_the_environment_at_import():
 FORK_PATH = r'''
 import json, os, sys, threading
 from popri.pipeline import zygote as Z
-from popri.cli.zygote import PRELOAD
+from popri.pipeline.zygote_server import PRELOAD
 import importlib
 for n in PRELOAD:
     try:

@@ -21,6 +21,7 @@ import click
 import typer
 
 from popri.core.errors import PopriError
+from popri.core.runtime import die_with_parent
 
 _SIGNALLED: list[int] = []  # the terminating signal caught (SIGTERM / SIGHUP), if any
 _WRITE_ERRNOS = {"ENOSPC", "EDQUOT", "EFBIG", "EROFS", "EPIPE", "EIO"}
@@ -221,10 +222,6 @@ def _check_release_env() -> None:
                          f"(research mode), got {v!r}", field="POPRI_RELEASE")
 
 
-#: popri run's pid in a stage's environment: the stage dies with it (popri.core.runtime)
-from popri.core.runtime import die_with_parent as _die_with_parent  # noqa: E402
-
-
 def quiet_library_progress() -> None:
     """A pipe or a CI log: no library progress bar (datasets', the hub's, tqdm's) writes
     carriage-return lines into it; popri's own progress becomes heartbeat lines.  Set before
@@ -240,7 +237,7 @@ def prepare() -> None:
     stage of popri run dies with it."""
     _guard_std_streams()
     _install_signal_handlers()
-    _die_with_parent()
+    die_with_parent()  # a stage of popri run dies with it (POPRI_DIE_WITH)
     if not sys.stderr.isatty():
         quiet_library_progress()
     # peft asks transformers >= 5 for `is_gradient_checkpointing`, which warns on every model

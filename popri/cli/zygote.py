@@ -37,7 +37,7 @@ import socket
 import sys
 
 from popri.pipeline.zygote import FD_ENV
-from popri.pipeline.zygote_server import PRELOAD, serve  # noqa: F401 (PRELOAD: re-exported)
+from popri.pipeline.zygote_server import serve
 
 
 def main() -> int:

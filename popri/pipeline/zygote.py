@@ -1,5 +1,5 @@
 """How ``popri run`` starts its stages quickly: the client of the stage zygote (popri/cli/zygote.py,
-the server, documents the protocol).
+its entry point, documents the protocol; popri/pipeline/zygote_server.py, the server).
 
 A stage is the command ``python -P -m popri ARGS``; started as a new interpreter it re-imports
 torch, transformers, sentence-transformers and peft, 5-10 s on 2 CPU cores before it does
@@ -97,8 +97,6 @@ def compatible(env: dict, zygote_env: dict, added: dict | None = None) -> bool:
     return all(_free(k) or k in HOME_ENV for k in diff)
 
 
-
-
 def preloaded() -> bool:
     """This process is a fork of a zygote (its imports done: a stage zygote forks at no cost)."""
     return S.PRELOADED is not None
@@ -120,9 +118,8 @@ class Zygote:
         self.env = dict(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
-        if S.PRELOADED is not None and threading.active_count() == 1:
-            # we are a fork of a zygote: the imports are done, and were done under
-            # PRELOADED["env"] (what a stage's environment must be compatible with)
+        if preloaded() and threading.active_count() == 1:
+            # we are a fork of a zygote: the imports are done (its hello gives their env)
             self.proc = _fork_server(ours, theirs)
         else:
             zenv = dict(env, **{FD_ENV: str(theirs.fileno()), PARENT_ENV: str(os.getpid())})
