@@ -10,6 +10,10 @@
 #       QUICK=1                    the CPU fallback's sizes and tiny random models (the test suite
 #                                  runs this: tests/test_gpu_paths.py); default on CPU
 #       SKIP="tests bench"         steps left out (their names below)
+#       ONLY="install paper"       only these steps (the paper-shaped round alone: ~5 minutes on
+#                                  an H200, estimated; steps 1-4 ~8, so one lent session of 15
+#                                  minutes runs them as two calls: SKIP=paper, then ONLY=...)
+#       PAPER=1, PAPER_LIMIT=480   the paper round's scale and time box (seconds)
 #
 # 1. install: `scripts/wheelhouse.sh install $WHEELHOUSE` (pip --no-index; the image's torch
 #    stays), skipped when popri's dependencies already import;
@@ -22,7 +26,10 @@
 #    not move (mean tokens, degenerate share, scores, KS p against the baseline);
 # 4. round: one POPri round at K = 256 x J = 4 on the device, stage by stage as
 #    examples/popri_round.sh: fetch, embed, gen, score (DP, z = 2), prefs, DPO (its seconds per
-#    step), the final set (gen with the round's adapter) and its FID to the validation split.
+#    step), the final set (gen with the round's adapter) and its FID to the validation split;
+# 5. paper: the round at POPri's bioRxiv shapes (benchmarks/bench_scale.py --scales $PAPER: 1 on
+#    the GPU, 18,000 samples, 72,000 clients, 1,800 pairs) and PE's nearest-neighbour histogram,
+#    per-stage seconds and peak RSS (scale-$DEVICE.md).
 #
 # OUTDIR gets results.md (the table), results.json, env.txt, gen-*.json/.md (bench_gen.py) and
 # one log per step (logs/).  Each step is time-boxed, and a failed step is a row of the table,
@@ -87,6 +94,9 @@ lines += [f"| {n} | {rc} | {s} | {notes.get(n, '')} |" for n, rc, s in steps]
 bench = sorted(out.glob("gen-*.md"))
 if bench:
     lines += ["", "## bench_gen.py", "", bench[0].read_text().strip()]
+paper = sorted(out.glob("scale-*.md"))
+if paper:
+    lines += ["", "## The paper-shaped round (bench_scale.py)", "", paper[0].read_text().strip()]
 (out / "results.md").write_text("\n".join(lines) + "\n")
 (out / "results.json").write_text(json.dumps(
     {"device": device, "seconds": int(total), "steps": [
@@ -100,6 +110,9 @@ step() {  # step NAME TIMEOUT_S CMD...: run, log, time; one row of steps.tsv
   local name=$1 limit=$2
   shift 2
   case " ${SKIP:-} " in *" $name "*) echo "gpu_check: $name skipped (SKIP)" >&2; return 0 ;; esac
+  if [ -n "${ONLY:-}" ]; then
+    case " $ONLY " in *" $name "*) ;; *) echo "gpu_check: $name skipped (ONLY)" >&2; return 0 ;; esac
+  fi
   local s e rc
   s=$(date +%s.%N)
   timeout "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
@@ -190,6 +203,20 @@ step final 180 "${P[@]}" gen "$DATA/public" --num-samples "$((K * J))" -J "$J" -
   --model "$MODEL" --adapter "$R/dpo/adapter" --max-new-tokens "$NEW" --batch-size "$((K * J))" \
   --device "$DEVICE" --stats-out "$R/final-stats.json" --out "$R/synthetic.jsonl"
 step fid 120 bash -c "$(printf '%q ' "${P[@]}") eval fid '$R/synthetic.jsonl' '$R/val.npy' --model '$EMBEDDER' --json > '$R/fid.json'"
+
+# ------------------------------------------------------------------ 5. the paper-shaped round
+# benchmarks/bench_scale.py (issue 45): POPri's bioRxiv shapes (K = 1,800 x J = 10, 72,000
+# synthetic clients, q = 1, z = 19.3, 1,800 pairs) with the real generator on the device: gen
+# (the slot engine), embed, score with every client, prefs, DPO, the final set, and PE's
+# nearest-neighbour histogram (faiss: on the GPU when the faiss that imports sees one, else
+# faiss-cpu on the host).  PAPER is the scale (1 on the GPU; a few clients on CPU); each stage's
+# seconds and peak host RSS go to scale-$DEVICE.md, rewritten after every stage, so a time
+# limit still leaves the stages done.
+if [ "$QUICK" = 1 ]; then PAPER=${PAPER:-0.002}; PAPER_ARGS=(--gen-batch 16 --dpo-batch 4 --dim 32)
+else PAPER=${PAPER:-1}; PAPER_ARGS=(--decoder slots --gen-batch 1024 --dpo-batch 16 --bf16); fi
+step paper "${PAPER_LIMIT:-480}" "$PY" benchmarks/bench_scale.py --scales "$PAPER" --model "$MODEL" \
+  --embedder "$EMBEDDER" --device "$DEVICE" "${PAPER_ARGS[@]}" --work "$DATA/scale" \
+  --out "$OUT/scale-$DEVICE.json"
 
 summary
 cat "$OUT/results.md"

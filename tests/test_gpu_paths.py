@@ -190,6 +190,13 @@ def test_gpu_check_runs_end_to_end_on_cpu(tmp_path):
     table = (out / "results.md").read_text()
     assert "| dpo | 0 |" in table and "x baseline" in table
     assert (out / "round" / "synthetic.jsonl").read_text().count("\n") == 16
+    # the paper-shaped round (bench_scale.py) at the CPU fallback's scale: every stage timed
+    assert steps["paper"]["rc"] == 0
+    scale = json.loads((out / "scale-cpu.json").read_text())
+    (row,) = scale["rows"]
+    assert set(row["stages"]) == {"gen", "embed", "score", "prefs", "dpo", "final", "pe-hist"}
+    assert row["counts"]["samples"] == row["samples"] and not scale["info"]["partial"]
+    assert "## The paper-shaped round" in table and "| pe-hist |" in table
 
 
 # --------------------------------------------------------------------------- CUDA only

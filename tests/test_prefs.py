@@ -56,6 +56,28 @@ def test_short_prompts_are_skipped_and_counted():
     assert rep["skipped"] == [{"prompt_id": "p1", "samples": 3}]
 
 
+def test_a_prompt_whose_pair_would_hold_an_empty_text_is_skipped_and_dpo_reads_the_rest(
+        tmp_path):
+    """A generation kept degenerate can be empty (the tiny random model wrote one in 18,000 at
+    benchmarks/bench_scale.py's full scale); `popri dpo` refuses an empty completion, so such a
+    pair was a run that stopped at its own output: the prompt is skipped and counted instead."""
+    from popri.core.io import write_jsonl
+    from popri.methods.popri.dpo import load_pairs
+
+    S = samples(K=3, J=5)
+    S[4]["text"] = ""       # prompt 0's rejected (rank 5 of scores 0..4: sample 0)
+    S[5 + 4]["text"] = " "  # prompt 1's chosen (its highest score: sample 4)
+    sc = np.tile(np.arange(5, dtype=float)[::-1], 3)
+    sc[5:10] = np.arange(5, dtype=float)
+    pairs, rep = build_pairs(S, sc, None, rejected_rank=5)
+    assert [p["prompt_id"] for p in pairs] == ["p2"] and rep["skipped_prompts"] == 2
+    assert {s["prompt_id"] for s in rep["skipped"]} == {"p0", "p1"}
+    assert all("empty" in s["reason"] for s in rep["skipped"])
+    write_jsonl(pairs, tmp_path / "pairs.jsonl")
+    assert load_pairs(tmp_path / "pairs.jsonl") == [
+        {k: pairs[0][k] for k in ("prompt", "chosen", "rejected")}]
+
+
 def test_recovery_rate_against_hand_count():
     S = samples(K=4, J=5)
     noisy = np.tile([5., 4., 3., 2., 1.], 4)  # chosen idx 0, rejected (l=5) idx 4 everywhere

@@ -168,6 +168,12 @@ def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
                                 "reason": "no sample above the rejected one is as fluent"})
                 continue
             moved += c != members[0]
+        if not samples[c]["text"].strip() or not samples[r]["text"].strip():
+            # an empty text (a generation kept degenerate): `popri dpo` refuses an empty
+            # completion, so the prompt gives no pair, counted like a short one
+            skipped.append({"prompt_id": first["prompt_id"], "samples": len(members),
+                            "reason": "the chosen or the rejected text is empty"})
+            continue
         pairs.append({"prompt": first["prompt"], "chosen": samples[c]["text"],
                       "rejected": samples[r]["text"], "prompt_id": first["prompt_id"],
                       "chosen_score": float(s[c]), "rejected_score": float(s[r]),
