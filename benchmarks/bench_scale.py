@@ -55,6 +55,7 @@ sys.path.insert(0, str(HERE))
 FULL = {"prompts": 1800, "J": 10, "clients": 72000, "z": 19.3}
 STAGES = ("gen", "embed", "score", "prefs", "dpo", "final", "pe-hist")
 EMBEDDER = "all-MiniLM-L6-v2"
+POPRI = [sys.executable, "-P", "-m", "popri"]
 
 
 def client_embeddings(path: Path, clients: int, seed: int, d: int = 384,
@@ -99,6 +100,16 @@ def timed(cmd: list[str], log: Path, env: dict) -> tuple[float, float]:
     return dt, ru.ru_maxrss / 1024.0
 
 
+def score_cmd(name: str, syn: Path, priv: Path, out: Path) -> list[str]:
+    """``popri score`` as the round runs it: ``score`` (mean cosine, standardised, clipped) or
+    ``pe-hist`` (PE's nearest-neighbour histogram), every client (q = 1), z = 19.3."""
+    mode = (["--mode", "cosine", "--standardize", "--clip", "1.0", "--seed", "1"]
+            if name == "score" else ["--mode", "nn-histogram", "--seed", "3"])
+    return [*POPRI, "score", *mode, "--synthetic", str(syn), "--private", str(priv), "--out",
+            str(out), "--noise-multiplier", str(FULL["z"]), "--sample-rate", "1.0", "--round",
+            "1", "--delta", "3e-06"]
+
+
 def run_scale(s: float, work: Path, pub: Path, a: argparse.Namespace, env: dict,
               done=lambda row: None, earlier: dict | None = None) -> dict:
     """Every stage at scale ``s``; ``done(row)`` after each (the partial table is written)."""
@@ -113,16 +124,15 @@ def run_scale(s: float, work: Path, pub: Path, a: argparse.Namespace, env: dict,
     # (Linux carries the parent's high-water mark across fork and exec), so this one stays small
     n_priv = helper("clients", str(priv), str(n_clients), str(seed), str(a.dim),
                     str(val), str(max(10, n_clients // 10)), a.embedder)
-    py = [sys.executable, "-P", "-m", "popri"]
     # the DP validation mean checkpoint selection reads (not timed: once per run, not per round)
     stats = d / f"val_stats{tag}.npz"
     if not stats.is_file():
-        timed([*py, "fred", "stats", "--private", str(val), "--out", str(stats), "--epsilon",
+        timed([*POPRI, "fred", "stats", "--private", str(val), "--out", str(stats), "--epsilon",
                "0.1", "--delta", "3e-06", "--level", "user", "--relation", "add-remove",
                "--calibration", "analytic", "--statistics", "mean", "--seed", "0"],
               d / "fred.log", env)
     bf16 = ["--bf16" if a.bf16 else "--no-bf16"]
-    gen = [*py, "gen", str(pub), "--split", "train", "--model", model, "--max-new-tokens", "85",
+    gen = [*POPRI, "gen", str(pub), "--split", "train", "--model", model, "--max-new-tokens", "85",
            "--max-tokens", "64", "--batch-size", str(a.gen_batch), *bf16, "--max-retries", "0",
            "--min-words", "0"]
     if a.device != "cpu" or a.decoder != "loop":  # (the CPU defaults: the earlier runs' commands)
@@ -131,17 +141,14 @@ def run_scale(s: float, work: Path, pub: Path, a: argparse.Namespace, env: dict,
         "gen": [*gen, "--prompts", str(K), "--samples-per-prompt", str(J), "--round", "1",
                 "--seed", "1", "--out", str(d / "samples.jsonl"), "--prompts-out",
                 str(d / "prompts.jsonl"), "--stats-out", str(d / "gen-stats.json")],
-        "embed": [*py, "embed", str(d / "samples.jsonl"), "--out", str(d / "syn.npy"),
+        "embed": [*POPRI, "embed", str(d / "samples.jsonl"), "--out", str(d / "syn.npy"),
                   "--model", a.embedder, "--no-cache",  # (a rerun's texts are the same)
                   *(["--device", a.device] if a.device != "cpu" else [])],
-        "score": [*py, "score", "--synthetic", str(d / "syn.npy"), "--private", str(priv),
-                  "--out", str(d / "scores.npy"), "--mode", "cosine", "--standardize",
-                  "--clip", "1.0", "--noise-multiplier", str(FULL["z"]), "--sample-rate", "1.0",
-                  "--seed", "1", "--round", "1", "--delta", "3e-06"],
-        "prefs": [*py, "prefs", "build", "--samples", str(d / "samples.jsonl"), "--scores",
+        "score": score_cmd("score", d / "syn.npy", priv, d / "scores.npy"),
+        "prefs": [*POPRI, "prefs", "build", "--samples", str(d / "samples.jsonl"), "--scores",
                   str(d / "scores.npy"), "--rejected-rank", "5", "--out",
                   str(d / "prefs.jsonl")],
-        "dpo": [*py, "dpo", "--pairs", str(d / "prefs.jsonl"), "--model", model, "--out",
+        "dpo": [*POPRI, "dpo", "--pairs", str(d / "prefs.jsonl"), "--model", model, "--out",
                 str(d / "dpo"), "--lora-r", "4", "--lora-alpha", "8", *bf16, "--lr",
                 "0.0005", "--epochs", "1", "--batch-size", str(a.dpo_batch), "--loss", "dpo",
                 "--beta",
@@ -151,10 +158,7 @@ def run_scale(s: float, work: Path, pub: Path, a: argparse.Namespace, env: dict,
         "final": [*gen, "--num-samples", str(K * J), "--samples-per-prompt", str(J), "--round",
                   "2", "--seed", "2", "--adapter", str(d / "dpo" / "adapter"), "--out",
                   str(d / "synthetic.jsonl"), "--stats-out", str(d / "final-stats.json")],
-        "pe-hist": [*py, "score", "--mode", "nn-histogram", "--synthetic", str(d / "syn.npy"),
-                    "--private", str(priv), "--out", str(d / "hist.npy"), "--noise-multiplier",
-                    str(FULL["z"]), "--sample-rate", "1.0", "--seed", "3", "--round", "1",
-                    "--delta", "3e-06"],
+        "pe-hist": score_cmd("pe-hist", d / "syn.npy", priv, d / "hist.npy"),
     }
     out = {"scale": s, "prompts": K, "J": J, "samples": K * J, "clients": n_clients,
            "private_samples": n_priv, "stages": {}}
@@ -169,11 +173,8 @@ def run_scale(s: float, work: Path, pub: Path, a: argparse.Namespace, env: dict,
         out["stages"][name] = {"seconds": round(sec, 2), "peak_rss_mib": round(rss, 1)}
         print(f"bench_scale: scale {s:g} {name}: {sec:.1f} s, peak RSS {rss:,.0f} MiB",
               file=sys.stderr, flush=True)
-        if name == "gen" or (name == "embed" and "counts" not in out):
-            out["counts"] = helper("counts", str(d), model)
         done(out)
-    if "counts" not in out:  # gen and embed kept from an earlier run: its samples are here
-        out["counts"] = helper("counts", str(d), model)
+    out["counts"] = helper("counts", str(d), model)  # the H200 estimate's token counts
     return out
 
 
@@ -253,7 +254,6 @@ def cross(rows: list[dict], work: Path, env: dict) -> dict:
         raise SystemExit("bench_scale: --cross needs two complete scales in --work")
     a, b = done[-2], done[-1]
     da, db = (work / f"s{r['scale']:g}" for r in (a, b))
-    py = [sys.executable, "-P", "-m", "popri"]
     out = {"scales": [a["scale"], b["scale"]]}
     for name in BILINEAR:
         res = {}
@@ -261,14 +261,9 @@ def cross(rows: list[dict], work: Path, env: dict) -> dict:
                                 ("samples", db / "private.npy", da / "syn.npy")):
             d = work / "cross" / f"{name}-{what}"
             d.mkdir(parents=True, exist_ok=True)
-            extra = (["--mode", "cosine", "--standardize", "--clip", "1.0", "--seed", "1"]
-                     if name == "score" else ["--mode", "nn-histogram", "--seed", "3"])
-            cmd = [*py, "score", *extra, "--synthetic", str(syn), "--private", str(priv),
-                   "--out", str(d / "out.npy"), "--noise-multiplier", str(FULL["z"]),
-                   "--sample-rate", "1.0", "--round", "1", "--delta", "3e-06"]
             for f in d.glob("*"):
                 f.unlink()
-            sec, rss = timed(cmd, d / "log.txt", env)
+            sec, rss = timed(score_cmd(name, syn, priv, d / "out.npy"), d / "log.txt", env)
             full = b["stages"][name]["seconds"]
             res[what] = {"seconds_at_small": round(sec, 2), "peak_rss_mib": round(rss, 1),
                          "seconds_at_full": full,
@@ -357,14 +352,15 @@ def write(rows: list[dict], a: argparse.Namespace, partial: bool = False) -> str
     exps = exponents([r for r in rows if set(STAGES) <= set(r["stages"])])
     info = {"cpus": os.cpu_count(), "threads": os.environ.get("POPRI_THREADS"),
             "machine": platform.processor() or platform.machine(), "full": FULL,
-            "model": a.model, "embedder": a.embedder, "dim": a.dim, "device": a.device, "decoder": a.decoder,
+            "model": a.model, "embedder": a.embedder, "dim": a.dim, "device": a.device,
+            "decoder": a.decoder,
             "gen_batch": a.gen_batch, "dpo_batch": a.dpo_batch, "bf16": a.bf16,
             "partial": partial,
             # the floor under every stage's peak RSS (wait4 reports the larger of the two)
             "parent_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
                                          / 1024.0, 1)}
     if getattr(a, "table_only", False):  # the measuring run's own record
-        info = json.loads(Path(a.add_to).read_text())["info"]
+        info = a.earlier_json["info"]
     head = "| stage | " + " | ".join(f"scale {r['scale']:g}: s / MiB" for r in rows)
     head += " | growth exponent(s) |"
     lines = [f"One POPri round and PE's histogram at scale s of POPri's bioRxiv setting "
@@ -453,9 +449,8 @@ def main() -> None:
     if a.helper:
         run_helper(a.helper)
         return
-    earlier = []
-    if a.add_to:
-        earlier = json.loads(Path(a.add_to).read_text())["rows"]
+    a.earlier_json = json.loads(Path(a.add_to).read_text()) if a.add_to else {"rows": []}
+    earlier = a.earlier_json["rows"]
     same = {r["scale"]: r for r in earlier if r["scale"] in a.scales}  # partly rerun now
     if not a.table_only:
         earlier = [r for r in earlier if r["scale"] not in a.scales]
@@ -465,7 +460,7 @@ def main() -> None:
             d = work / f"s{r['scale']:g}"
             if "counts" not in r and (d / "prompts.jsonl").is_file():
                 r["counts"] = counts(d, a.model)
-        a.cross_result = json.loads(Path(a.add_to).read_text()).get("cross")
+        a.cross_result = a.earlier_json.get("cross")
         print(write(earlier, a))
         return
     work.mkdir(parents=True, exist_ok=True)

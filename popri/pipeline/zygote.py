@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from popri.core.runtime import PARENT_ENV
+from popri.core.runtime import PARENT_ENV, die_with_parent
 from popri.pipeline import zygote_server as S
 from popri.pipeline.zygote_server import MAX_MSG
 
@@ -286,8 +286,6 @@ def _fork_server(ours: socket.socket, theirs: socket.socket) -> "_Child":
                     except OSError:
                         pass
             os.environ[PARENT_ENV] = str(os.getppid())
-            from popri.core.runtime import die_with_parent
-
             die_with_parent()
             code = S.serve(theirs)
         finally:
