@@ -78,9 +78,10 @@ exceeds the claimed epsilon.  The claim of a cosine / nn-histogram release is
 ``popri.privacy.accounting.epsilon(z, 1, 1, delta, accountant)`` (what the ledger entry is
 worth); FreD's is its ``--epsilon`` per release (with ``-z``: the same accountant formula).
 
-Deliberately broken mechanisms (``--break``), built here by wrapping the library for the duration
-of the audit only: ``no-clip`` (cosine: clip norm ignored, the canary contributes sqrt(n) = 10 C;
-nn-histogram: per-client cap off, 10 M votes; fred: clip_rows is the identity, 10 c) and
+Deliberately broken mechanisms (``--break``), run through the library's own parameters (no code
+is patched): ``no-clip`` (cosine: ``cosine_round(clip_to=...)`` past any norm, the canary
+contributes sqrt(n) = 10 C; nn-histogram: no per-client cap, 10 M votes; fred:
+``private_stats(clip_to=inf)``, 10 c; the noise stays that of the claimed clip) and
 ``half-noise`` (the noise multiplier passed to the mechanism is z / 2, the claim stays at z).
 A sound audit flags both.  Not covered: client subsampling (q < 1), several rounds, release mode
 (discrete Gaussian from os.urandom is not seedable; its claim is the same z), and one-run
@@ -90,10 +91,8 @@ arXiv:2305.08846), which needs many canaries in one release instead of many rele
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
@@ -257,33 +256,17 @@ class ZeroNoise:
 
 
 # --------------------------------------------------------------------------- broken mechanisms
-@contextlib.contextmanager
-def broken(mechanism: str, brk: str | None) -> Iterator[None]:
-    """``no-clip``: the library's clipping switched off while the block runs (restored after).
-    ``half-noise`` changes the multiplier passed to the mechanism instead (see :func:`run_z`)."""
-    if brk != "no-clip":
-        yield
-        return
-    from unittest import mock
+#: the cosine round's ``clip_to`` under ``no-clip``: its coefficients divide by the clip, so
+#: the largest finite float, not inf (no score vector comes near it)
+FLOAT_MAX = float(np.finfo(np.float64).max)
 
-    from popri.federated import participation
-    from popri.feedback import cosine
-    from popri.methods.fred import stats as fred
 
-    if mechanism == "cosine":
-        orig = cosine.cosine_coefficients
-
-        def unclipped(means, syn_unit, clip, standardize):
-            return orig(means, syn_unit, np.finfo(np.float64).max, standardize)
-
-        patch = mock.patch.object(cosine, "cosine_coefficients", unclipped)
-    elif mechanism == "nn-histogram":
-        patch = mock.patch.object(participation, "cap_per_client", lambda codes, m, rng: None)
-    else:
-        patch = mock.patch.object(fred, "clip_rows",
-                                  lambda x, c: np.array(x, dtype=np.float64, ndmin=2))
-    with patch:
-        yield
+def clip_to(brk: str | None, unbounded: float = math.inf) -> float | None:
+    """``no-clip``: the norm the library's clipping is run at (``unbounded``: nothing is
+    clipped; the noise keeps the claimed clip's scale), passed as the mechanism's ``clip_to``;
+    None (the mechanism's own clip) otherwise.  ``half-noise`` changes the multiplier passed to
+    the mechanism instead (:func:`run_z`)."""
+    return unbounded if brk == "no-clip" else None
 
 
 def run_z(z: float, brk: str | None) -> float:
@@ -378,10 +361,13 @@ def _score_worlds(s: Setup):
         e, who = worlds[world]
         codes, clients = participation.factorize(who)
         sample = participation.sample_clients(len(clients), make_rng(s.seed, stream="sampling"))
-        keep = participation.cap_per_client(codes, M, make_rng(s.seed, stream="cap"))
+        # no-clip: the histogram's per-client cap off (every vote kept)
+        keep = (participation.cap_per_client(codes, M, make_rng(s.seed, stream="cap"))
+                if cos or s.brk != "no-clip" else None)
         if cos:
             total = cosine.cosine_round(e, codes, sample, syn, noise_multiplier=z, clip=s.clip,
-                                        standardize=True, noise_rng=noise, keep=keep)
+                                        standardize=True, noise_rng=noise, keep=keep,
+                                        clip_to=clip_to(s.brk, FLOAT_MAX))
             # the release's own rule: only a public count divides (score_release)
             reduce, denom = public_denominator("cosine", sample.sampling, sample.sample_rate,
                                                len(sample.members), None)
@@ -391,10 +377,9 @@ def _score_worlds(s: Setup):
         return aggregation.finish(total, reduce="sum", denominator=1.0, threshold=0.0)
 
     z = run_z(s.z, s.brk)
-    with broken(s.mechanism, s.brk):
-        mu0, mu1 = (np.asarray(release(w, 0.0, ZeroNoise()), dtype=np.float64) for w in (0, 1))
-        outs = [_stacked(release(w, z, TrialNoise(trial_seeds(s.seed, w, s.trials), "noise")),
-                         s.trials, n) for w in (0, 1)]
+    mu0, mu1 = (np.asarray(release(w, 0.0, ZeroNoise()), dtype=np.float64) for w in (0, 1))
+    outs = [_stacked(release(w, z, TrialNoise(trial_seeds(s.seed, w, s.trials), "noise")),
+                     s.trials, n) for w in (0, 1)]
     if not cos and s.dataset == "random" and mu0[target] != 0:
         raise RuntimeError("a base client voted for the canary's synthetic sample")
     s0, s1, shift = _projection(outs[0], outs[1], mu0, mu1)
@@ -433,13 +418,13 @@ def _fred_worlds(s: Setup):
         keep = (participation.cap_per_client(codes, m, make_rng(s.seed, stream="fred-cap"))
                 if user else None)
         clients = [np.asarray(e[g], dtype=np.float64) for g in fred.group_clients(codes, keep)]
-        return fred.private_stats(clients, design, z, ZeroNoise()).sum1
+        return fred.private_stats(clients, design, z, ZeroNoise(), clip_to=clip_to(s.brk)).sum1
 
     z = run_z(s.z, s.brk)
-    with broken("fred", s.brk):
-        mu0, mu1 = expected(0, z), expected(1, z)
-        outs = [np.stack([fred.release(worlds[w][0], worlds[w][1], design, z, seed=int(t)).sum1
-                          for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
+    mu0, mu1 = expected(0, z), expected(1, z)
+    outs = [np.stack([fred.release(worlds[w][0], worlds[w][1], design, z, seed=int(t),
+                                   clip_to=clip_to(s.brk)).sum1
+                      for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
     s0, s1, shift = _projection(outs[0], outs[1], mu0, mu1)
     return s0, s1, what, shift
 
@@ -604,14 +589,14 @@ def _subsampled_worlds(s: Setup):
                                                    part.total, part.sampling, q)
         return cosine.cosine_round(np.asarray(e, dtype=np.float32), codes, part, syn,
                                    noise_multiplier=z, clip=C, standardize=True,
-                                   noise_rng=make_rng(int(seed), stream="noise"))
+                                   noise_rng=make_rng(int(seed), stream="noise"),
+                                   clip_to=clip_to(s.brk, FLOAT_MAX))
 
     # the attacker's shift: the canary's own clipped vector (what its participation adds)
     u = _client_vectors(canary, ["canary"], syn, C)[0]
     base = np.zeros(n)
-    with broken("cosine", s.brk):
-        outs = [np.stack([np.asarray(release(w, t), dtype=np.float64).reshape(-1)
-                          for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
+    outs = [np.stack([np.asarray(release(w, t), dtype=np.float64).reshape(-1)
+                      for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
     # the base clients' expected contribution under sampling: q * their sum
     if ids:
         base = q * np.sum(_client_vectors(emb, ids, syn, C), axis=0)
@@ -660,12 +645,11 @@ def _fixed_worlds(s: Setup):
         return cosine.cosine_round(np.asarray(e, dtype=np.float32), codes, part, syn,
                                    noise_multiplier=z, clip=C, standardize=True,
                                    noise_rng=make_rng(int(seed), stream="noise"),
-                                   factor=sens / C)
+                                   factor=sens / C, clip_to=clip_to(s.brk, FLOAT_MAX))
 
     u = _client_vectors(syn[:1], ["x"], syn, C)[0]
-    with broken("cosine", s.brk):
-        outs = [np.stack([np.asarray(release(w, t), dtype=np.float64).reshape(-1)
-                          for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
+    outs = [np.stack([np.asarray(release(w, t), dtype=np.float64).reshape(-1)
+                      for t in trial_seeds(s.seed, w, s.trials)]) for w in (0, 1)]
     s0, s1, shift = _projection(outs[0], outs[1], L * u, (L - 2) * u)
     what = (f"1 more client at -C among {N} at +C (C = {C:g}), {L} sampled without replacement "
             f"per round: sampled (w.p. {L}/{N + 1}) it displaces one, moving the sum by 2C"

@@ -109,15 +109,18 @@ def client_vector(emb: np.ndarray, syn: np.ndarray, *, clip: float, standardize:
 
 def cosine_round(emb, codes, part: Participation, syn, *, noise_multiplier: float, clip: float,
                  standardize: bool, noise_rng, keep=None, rows_out=None, block: int | None = None,
-                 source: str = "", factor: float = 1.0) -> np.ndarray:
+                 source: str = "", factor: float = 1.0,
+                 clip_to: float | None = None) -> np.ndarray:
     """Noisy sum over the participants ``part`` of clipped (standardised) mean-cosine vectors,
     float64 [n]: the sum of their :func:`client_vector` plus the noise of
     :func:`~popri.federated.aggregation.noisy_sum`, of std z ``factor`` C: ``factor`` is the
     sum's sensitivity under the round's relation over C (2 under replace one client;
-    :func:`popri.privacy.relations.round_relation`)."""
+    :func:`popri.privacy.relations.round_relation`).  ``clip_to``: the L2 norm the vectors are
+    clipped to, when not C (the privacy audit's broken variant ``no-clip`` passes the largest
+    float: the noise is still that of C, and the audit must flag the release)."""
     Y = normalize_rows(syn)
     means = client_means(emb, codes, part, keep, source)
-    a, b = cosine_coefficients(means, Y, clip, standardize)
+    a, b = cosine_coefficients(means, Y, clip if clip_to is None else clip_to, standardize)
     return noisy_sum(len(Y), len(means), exact=lambda: Y @ (a @ means) - b.sum(),
                      rows=lambda c0, c1: cosine_rows(means[c0:c1], Y, a[c0:c1], b[c0:c1]),
                      std_sum=noise_multiplier * clip * factor, noise_rng=noise_rng,

@@ -48,15 +48,31 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from popri.core import log, runtime
+from popri.core import io, log, outdir, runtime
+from popri.core.artifacts import path_digest
 from popri.core.errors import InputError
+from popri.data.records import text_records
+from popri.eval.downstream import (count_targets, encode, load_model, make_batch, padding_id,
+                                   special_ids, token_stats)
 from popri.federated.aggregation import public_count
+from popri.federated.flower import engine as E
+from popri.federated.participation import Participation, factorize, sample_clients
 from popri.kit import round_seed
+from popri.models import llm
+from popri.models.lora import lora_config
+from popri.privacy import ddg as D
+from popri.privacy import noise as N
+from popri.privacy.entries import round_release
+from popri.privacy.ledger import LEDGER_NAME, leaf_message, leaf_releases, make_release_id
+from popri.privacy.noise import SecureRandom
 from popri.privacy.relations import round_relation
+from popri.privacy.release import NOT_PRIVATE, Release
+from popri.privacy.tree import TreeNoise
 from popri.specs.fl import FLSpec
 
 THETA = "theta.npy"
@@ -69,8 +85,6 @@ LEDGER_STAGE = "fl"
 # --------------------------------------------------------------------------- data
 def client_texts(data: str, split: str = "train") -> tuple[list[str], dict[str, list[str]], str]:
     """(sorted client ids, client -> texts, source) of a federated dataset directory / JSONL."""
-    from popri.data.records import text_records
-
     recs, src = text_records(data, split, require_client=True)
     by: dict[str, list[str]] = {}
     for r in recs:
@@ -114,7 +128,6 @@ def build_model(model: str, spec: FLSpec, seed: int, device: str):
     """(model, tokenizer, trainable params): the base model, with a LoRA adapter initialised
     from ``seed`` (A random, B = 0: theta_0 is the base model) unless ``spec.lora`` is off."""
     torch = runtime.configure_torch()
-    from popri.eval.downstream import load_model
 
     torch.manual_seed(seed)
     m, tok = load_model(model, device=device)
@@ -123,7 +136,6 @@ def build_model(model: str, spec: FLSpec, seed: int, device: str):
     if spec.lora:
         from peft import get_peft_model
 
-        from popri.models.lora import lora_config
 
         torch.manual_seed(seed)
         m = get_peft_model(m, lora_config(m, spec))
@@ -156,8 +168,6 @@ def cap_texts(texts: list[str], spec: FLSpec, rng) -> list[str]:
 def prepare_tokenizer(tok, spec: FLSpec) -> int:
     """Frame texts as the downstream evaluation does (START / EOS of
     :func:`popri.eval.downstream.special_ids`), recorded in the tokenizer; returns the pad id."""
-    from popri.eval.downstream import padding_id, special_ids
-
     start, eos = special_ids(tok, spec.bos_token, spec.eos_token)
     pad = padding_id(tok)
     tok.bos_token = tok.convert_ids_to_tokens(start)
@@ -171,9 +181,6 @@ def node_updates(settings: dict, theta, texts, client_ids, rng):
     its clients (first-appearance order) the update from the global weights ``theta`` on its
     ``texts``, clipped to C, as float64 -- one at a time.  ``rng`` (the node's noise stream) is
     not used: the data order is :func:`client_rng`'s, as in-process."""
-    from popri.federated.participation import factorize
-    from popri.models import llm
-
     spec = FLSpec.from_dict(settings["fl"])
     device = llm.default_device()
     m, tok, params = build_model(settings["base"], spec, int(settings["seed"]), device)
@@ -190,8 +197,6 @@ def node_updates(settings: dict, theta, texts, client_ids, rng):
 
 
 def encode_client(tok, texts, spec: FLSpec):
-    from popri.eval.downstream import encode
-
     return encode(tok, texts, spec.max_length, bos_token=spec.bos_token, eos_token=spec.eos_token)
 
 
@@ -200,7 +205,6 @@ def local_update(model, params, theta: np.ndarray, seqs, spec: FLSpec, rng, pad:
     """Client k's update theta_k - theta from ``local_epochs`` of SGD on its sequences."""
     import torch
 
-    from popri.eval.downstream import count_targets, make_batch, token_stats
 
     set_flat(params, theta)
     opt = torch.optim.SGD(params, lr=spec.client_lr)
@@ -242,8 +246,6 @@ def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int,
     z times the sum's ``sensitivity`` under the round's relation (default the clip C; 2C under
     replace one client: :func:`popri.privacy.relations.round_relation`).  Release mode snaps
     the sum to a grid and adds discrete-Gaussian integers on it (safe in floating point)."""
-    from popri.privacy import noise as N
-
     C, d = float(spec.clip if sensitivity is None else sensitivity), total.size
     std = z * C
     if z == 0:
@@ -253,7 +255,6 @@ def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int,
             noisy, z_eff, _ = N.discrete_gaussian_release(total, std, C, rel.rng("noise"))
             return noisy, z_eff
         return total + rel.rng("noise").standard_normal(d) * std, z
-    from popri.privacy.tree import TreeNoise
 
     if rel.secure:
         g = N.snap_grid(C, d)
@@ -271,9 +272,6 @@ def tree_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, leaves: int, r
     running state adds the increments, so it follows the noisy prefix sums exactly).  Research
     mode recomputes every node from (seed, tree, level, index); release mode draws them from the
     OS CSPRNG on the sum's grid and needs the previous round's ``state`` (secret)."""
-    from popri.privacy import noise as N
-    from popri.privacy.tree import TreeNoise
-
     C, d = float(spec.clip), total.size
     if z == 0:
         return total.copy(), 0.0, None
@@ -292,6 +290,18 @@ def tree_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, leaves: int, r
 
 # --------------------------------------------------------------------------- DP-FTRL epochs
 FTRL_STATE = "ftrl-state.npz"
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """A DP-FTRL round's place in its epoch's tree (``--restart epoch``; :func:`_ftrl_epoch`)."""
+
+    leaves: int           # R: the tree's rounds
+    index: int            # e: the epoch
+    leaf: int             # r: this round's leaf, 1..R
+    order: np.ndarray     # the epoch's client order (``assignment: bins``: each client's leaf)
+    tree_id: str          # the tree's release id (one ledger entry per tree)
+    state: dict | None    # release mode: the tree's secret noise state from round t - 1
 
 
 def epoch_schedule(n: int, L: int, round_: int) -> tuple[int, int, int]:
@@ -324,8 +334,6 @@ def epoch_bins(n: int, R: int, seed: int, epoch: int, secure: bool) -> np.ndarra
     under add/remove one client (Chua et al., "Balls-and-Bins Sampling for DP-SGD",
     arXiv:2412.16802, use the same assignment for DP-SGD)."""
     if secure:
-        from popri.privacy.noise import SecureRandom
-
         return np.asarray(SecureRandom().choice(int(R), int(n)), dtype=np.int64)
     return np.random.default_rng([int(seed), int(epoch), 0x42494E53]).integers(0, R, n)
 
@@ -335,8 +343,6 @@ def epoch_order(n: int, seed: int, epoch: int, secure: bool) -> np.ndarray:
     mode, from the OS CSPRNG in release mode (drawn at the epoch's first round, then kept in
     the round directory's secret state)."""
     if secure:
-        from popri.privacy.noise import SecureRandom
-
         return np.asarray(SecureRandom().permutation(n), dtype=np.int64)
     return np.random.default_rng([int(seed), int(epoch), 0x45504F43]).permutation(n)
 
@@ -367,9 +373,6 @@ def _flower_sum(members: list[str], texts_of: dict, theta: np.ndarray, spec: FLS
     i mod N (``node-K.jsonl``), every node gets theta, trains its clients, uploads the sum of
     their clipped updates plus its noise share; the survivors' sum is decoded here.  The texts
     sit in a private job directory removed on every exit path (:func:`engine.job_dir`)."""
-    from popri.core import io
-    from popri.federated.flower import engine as E
-
     E.require_flower()
     L = len(members)
     nodes = E.node_count(spec.supernodes, L, release)
@@ -404,8 +407,6 @@ ROUND_FILES = (THETA, SERVER, ROUND)
 def load_init(init: str, round_: int, spec: FLSpec) -> tuple[dict, np.ndarray, np.ndarray]:
     """(round.json, theta, server velocity) of round t-1's directory ``init``, checked: a
     broken or foreign directory is one :class:`InputError` naming the file."""
-    from popri.core import io
-
     ip = Path(init)
     for f in ROUND_FILES:
         if not (ip / f).is_file():
@@ -439,9 +440,6 @@ def tree_release_id(data: str, split: str, spec: FLSpec, z: float, L: int, seed:
     """Research mode: the release id every round of epoch ``epoch``'s tree records (the tree is
     one release): a function of the data, the settings, the seed and the epoch, never of the
     round."""
-    from popri.core.artifacts import path_digest
-    from popri.privacy.ledger import make_release_id
-
     return make_release_id(LEDGER_STAGE, "research", seed, "ftrl-tree", int(epoch),
                            path_digest(data), split, spec.to_dict(), float(z), int(L),
                            str(base), secure=False)
@@ -449,9 +447,8 @@ def tree_release_id(data: str, split: str, spec: FLSpec, z: float, L: int, seed:
 
 def _ftrl_epoch(data, split, spec, z, n, clients_per_round, round_, prev, init, seed, release,
                 base):
-    """(leaves R, epoch e, leaf r, the epoch's client order -- with ``assignment: bins`` each
-    client's leaf --, the tree's release id, the secret state) of a DP-FTRL round with a tree
-    per epoch, checked against round t-1's directory."""
+    """The :class:`Epoch` of a DP-FTRL round with a tree per epoch, checked against round t-1's
+    directory."""
     L = clients_per_round or n
     R, e, r = epoch_position(epoch_leaves(spec, n, clients_per_round), round_)
     draw = epoch_order
@@ -479,12 +476,10 @@ def _ftrl_epoch(data, split, spec, z, n, clients_per_round, round_, prev, init, 
     else:
         order = draw(n, seed, e, release)
         if release:
-            from popri.privacy.ledger import make_release_id
-
             tree_id = make_release_id(LEDGER_STAGE, "release", None, "ftrl-tree", secure=True)
         else:
             tree_id = tree_release_id(data, split, spec, z, L, seed, base, e)
-    return R, e, r, order, tree_id, state
+    return Epoch(R, e, r, order, tree_id, state)
 
 
 def _tree_ledgers(out: str, init: str | None) -> list[Path]:
@@ -492,8 +487,6 @@ def _tree_ledgers(out: str, init: str | None) -> list[Path]:
     and, when it is another file, ``INIT/../ledger.jsonl`` -- the tree's ledger, where the
     previous leaves were recorded.  Every release of a leaf from one ``--init`` thus meets the
     others in that ledger, wherever its ``--out`` is."""
-    from popri.privacy.ledger import LEDGER_NAME
-
     out_l = Path(out).parent / LEDGER_NAME
     found = [out_l]
     if init is not None:
@@ -508,28 +501,198 @@ def _leaf_release_id(data, split, round_, spec, z, clients_per_round, sample_rat
     """Research mode: the release id :func:`run_round` records for this round (its
     ``rel.release_id(...)``, the same parts): a rerun with equal inputs reproduces the round
     bit for bit, the same release."""
-    from popri.core.artifacts import path_digest
-    from popri.privacy.ledger import make_release_id
-
     return make_release_id(LEDGER_STAGE, "research", round_seed(seed, round_), path_digest(data),
                            split, round_, spec.to_dict(), float(z), clients_per_round,
                            sample_rate, init and path_digest(Path(init) / THETA), base)
 
 
-def _refuse_released_leaf(epoch, ledgers: list[Path], leaf_id: str | None, out: str) -> None:
+def _refuse_released_leaf(epoch: Epoch, ledgers: list[Path], leaf_id: str | None, out: str) -> None:
     """Before any noise is drawn: an :class:`InputError` if leaf r of the epoch's tree is
     recorded in ``ledgers`` by another release (release mode: by any; research mode: by one
     whose id is not ``leaf_id``, i.e. not this very round reproduced).  A leaf released twice
     with fresh noise would let the noises average out while the ledger counted the tree once
     (Kairouz et al. 2021, arXiv:2103.00039: each node's noise is drawn once)."""
-    from popri.privacy.ledger import leaf_message, leaf_releases
-
-    r, tree_id = epoch[2], epoch[4]
+    r, tree_id = epoch.leaf, epoch.tree_id
     done = leaf_releases(ledgers, tree_id, r)
     other = sorted(k for k in done if k != leaf_id)
     if other:
         raise InputError(leaf_message(r, tree_id, done[other[0]]), path=str(out),
                          field="--out")
+
+
+@dataclass
+class _Start:
+    """What a round starts from: the clients' texts, the model it trains and theta_{t-1}."""
+
+    clients: list[str]
+    by: dict[str, list[str]]
+    src: str
+    base: str
+    prev: dict | None
+    theta: np.ndarray
+    vel: np.ndarray
+    epoch: Epoch | None
+    tree_ledgers: list[Path]
+
+
+def _start(data: str, out: str, spec: FLSpec, *, round_: int, z: float, model: str,
+           init: str | None, clients_per_round: int | None, sample_rate: float | None,
+           seed: int, release: bool, split: str) -> _Start:
+    """The round's inputs read and checked before any model is built: the clients, the weights
+    of round t-1 (``init``), DP-FTRL's epoch and the refusal of a leaf released already."""
+    outdir.check(out, inputs=[data, init, model if Path(model).exists() else None],
+                 legacy=ROUND_FILES)
+    if round_ > 1 and init is None:
+        raise InputError("round > 1 needs --init, the previous round's directory", field="init")
+    clients, by, src = client_texts(data, split)
+    n = len(clients)
+    if clients_per_round is not None and clients_per_round > n:
+        raise InputError(f"{clients_per_round} clients per round, but {src} has {n} clients",
+                         field="clients_per_round")
+    base, prev, theta, vel = model, None, None, None
+    if init is not None:
+        prev, theta, vel = load_init(init, round_, spec)
+        base = prev["model"]
+    if clients_per_round is None:  # no fixed L: refuse before any work if no N_pub is declared
+        public_count("poisson" if sample_rate is not None and sample_rate < 1 else "none",
+                     sample_rate=sample_rate or 1.0, clients_per_round=None,
+                     public_clients=spec.public_clients, what=_what(spec))
+    epoch, tree_ledgers = None, [Path(out).parent / LEDGER_NAME]
+    if spec.epoch_trees:
+        epoch = _ftrl_epoch(data, split, spec, z, n, clients_per_round, round_, prev, init, seed,
+                            release, base)
+        done = Path(out) / ROUND
+        if release and done.is_file():  # this leaf was released already: once is all
+            info = io.read_json(done, expect=dict).get("ftrl") or {}
+            if info.get("tree_release_id") == epoch.tree_id and info.get("leaf") == epoch.leaf:
+                raise InputError(f"holds leaf {epoch.leaf} of this DP-FTRL tree, released "
+                                 "already; releasing it again with fresh noise would let the "
+                                 "two noises average out", path=str(out), field="--out")
+        # ... into any directory: the ledgers of the tree (next to --out and to --init) record
+        # every leaf released; checked again under their lock when the entry is appended
+        tree_ledgers = _tree_ledgers(out, init)
+        _refuse_released_leaf(epoch, tree_ledgers, None if release else _leaf_release_id(
+            data, split, round_, spec, z, clients_per_round, sample_rate, init, base, seed), out)
+    return _Start(clients, by, src, base, prev, theta, vel, epoch, tree_ledgers)
+
+
+def _what(spec: FLSpec) -> str:
+    return f"DP-{spec.algorithm}'s noisy sum of the updates"
+
+
+def _participants(epoch: Epoch | None, spec: FLSpec, n: int, rel, *,
+                  clients_per_round: int | None, sample_rate: float | None) -> Participation:
+    """This round's clients: leaf r's bin or the epoch's r-th block of L (DP-FTRL epochs), else
+    a sample (``sampling`` stream: L of N, Poisson at q, or all)."""
+    if epoch is not None and spec.assignment == "bins":  # the clients drawn to leaf r
+        return Participation(np.flatnonzero(epoch.order == epoch.leaf - 1), n, "bins",
+                             1.0 / epoch.leaves)
+    if epoch is not None:  # the epoch's r-th block of L clients: each once per epoch
+        L = clients_per_round or n
+        r = epoch.leaf
+        return Participation(np.sort(epoch.order[(r - 1) * L: r * L]), n,
+                             "fixed" if L < n else "none", L / n)
+    return sample_clients(n, rel.rng("sampling"), sample_rate=sample_rate,
+                          clients_per_round=clients_per_round)
+
+
+def _who(part: Participation, n: int, release: bool, epoch: Epoch | None) -> str:
+    """The log's words for the participants (release mode: no count that is private)."""
+    if not release:
+        return f"{len(part.members)} of {n} clients ({part.sampling})"
+    return {"poisson": f"a Poisson sample at q={part.sample_rate:g}",
+            "fixed": f"{len(part.members)} clients per round",
+            "bins": f"the clients drawn to leaf {epoch.leaf if epoch else '?'}",
+            "none": "every client"}[part.sampling] + " (counts private in release mode)"
+
+
+def _local_sum(m, tok, params, theta: np.ndarray, members: list[str], texts_of: dict,
+               spec: FLSpec, *, rseed: int, round_: int, pad: int, device: str,
+               release: bool) -> tuple[np.ndarray, list[float], list[float]]:
+    """The in-process sum of the members' clipped updates (one client's update in memory at a
+    time), with their norms and local losses (exact statistics: private)."""
+    total = np.zeros(theta.size, dtype=np.float64)
+    norms, losses = [], []
+    with log.progress() as prog:
+        task = prog.add_task(f"round {round_}, clients", total=None if release else len(members))
+        for cid in members:
+            d, st = local_update(m, params, theta, encode_client(tok, texts_of[cid], spec), spec,
+                                 client_rng(rseed, round_, cid), pad, device)
+            d, nrm = clip(d, spec.clip)
+            total += d
+            norms.append(nrm)
+            if st["loss"] is not None:
+                losses.append(st["loss"])
+            prog.advance(task)
+    return total, norms, losses
+
+
+def _summary(spec: FLSpec, part: Participation, *, round_: int, base: str, dim: int,
+             z: float, z_eff: float, relation: str, sens: float, mu: float, denom: float,
+             mode: str, rid: str, src: str, flower, epoch: Epoch | None,
+             release: bool) -> dict:
+    """``round.json`` without its private diagnostics: settings, public counts, release id."""
+    summary = {
+        "round": round_, "model": str(base), "base_model": llm.recorded_name(base),
+        "spec": spec.to_dict(), "algorithm": f"dp-{spec.algorithm}",
+        "sampling": part.sampling, "dim": int(dim),
+        "noise_multiplier": float(z), "noise_multiplier_guaranteed": z_eff,
+        "noise_std": float(z) * sens, "neighbouring": relation,
+        "sensitivity": sens, "momentum": mu,
+        # public: a fixed L or q times the declared --public-clients (public_count)
+        "divisor": denom, "public_clients": spec.public_clients,
+        "server_lr": spec.server_lr_value(),
+        "mode": mode, "release_id": rid, "source": src, "engine": spec.engine,
+    }
+    # q: the Poisson rate (a setting), 1, or L/N for a fixed L -- where the ledger's epsilon
+    # depends on it, so N is public by the accounting (use Poisson sampling when N itself must
+    # stay private)
+    summary["sample_rate"] = float(part.sample_rate)
+    if part.sampling == "fixed":
+        summary["clients_per_round"] = int(len(part.members))
+    if flower is not None:
+        summary["flower"] = {"supernodes_requested": spec.supernodes,
+                             "secagg_mechanism": spec.secagg_mechanism}
+    if epoch is not None:
+        summary["ftrl"] = {"restart": "epoch", "assignment": spec.assignment,
+                           "leaves": epoch.leaves, "epoch": epoch.index,
+                           "leaf": epoch.leaf, "tree_release_id": epoch.tree_id,
+                           **({"state": f"{FTRL_STATE} (secret: the tree's noise and the "
+                              "epoch's client order; never publish it)"} if release else {})}
+    return summary
+
+
+def _private(seed: int, n: int, part: Participation, norms: list[float], losses: list[float],
+             spec: FLSpec, flower) -> dict:
+    """The round's exact statistics (NOT PRIVATE: ``private_diagnostics``)."""
+    arr = np.asarray(norms, dtype=np.float64)
+    return {
+        "private": False, "note": NOT_PRIVATE, "seed": seed,
+        "clients": n, "participants": int(len(part.members)),
+        "update_norm_mean": float(arr.mean()) if arr.size else None,
+        "update_norm_max": float(arr.max()) if arr.size else None,
+        "clipped_share": float((arr > spec.clip).mean()) if arr.size else None,
+        "local_loss": float(np.mean(losses)) if losses else None,
+        **({"flower": {"supernodes": flower.nodes, "survivors": flower.survivors,
+                       "quantisation_bound": flower.quantisation_bound,
+                       "round_seconds": round(flower.round_seconds, 2),
+                       "engine": flower.params()}}
+           if flower is not None else {}),
+    }
+
+
+def _how(private: dict, flower, release: bool, diagnostics: bool) -> str:
+    """The round's closing log line's statistics (none in release mode without diagnostics)."""
+    if release and not diagnostics:
+        return "release mode: counts, update norms and losses stay private"
+    if flower is not None:
+        return (f"{private['participants']} clients, Flower SecAgg+ over {flower.nodes} "
+                f"SuperNodes, {flower.survivors} survived (update norms stay on the nodes)")
+    loss, norm = private["local_loss"], private["update_norm_mean"]
+    return (f"{private['participants']} clients, mean update norm "
+            f"{norm if norm is not None else float('nan'):.4g} (clipped "
+            f"{(private['clipped_share'] or 0) * 100:.0f}%), local loss "
+            f"{loss if loss is not None else float('nan'):.4f}")
 
 
 def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplier: float,
@@ -544,134 +707,67 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
     clients' data order and the Gaussian noise.  Release mode writes no exact statistic of the
     clients' data (counts, norms, losses, the seed) unless ``diagnostics`` (labelled NOT
     PRIVATE)."""
-    from popri.core import outdir
-    from popri.core.artifacts import path_digest
-    from popri.federated.participation import Participation, sample_clients
-    from popri.models import llm
-    from popri.privacy.release import NOT_PRIVATE, Release
-
     t0 = time.perf_counter()
-    outdir.check(out, inputs=[data, init, model if Path(model).exists() else None],
-                 legacy=ROUND_FILES)
+    z = float(noise_multiplier)
+    s = _start(data, out, spec, round_=round_, z=z, model=model, init=init,
+               clients_per_round=clients_per_round, sample_rate=sample_rate, seed=seed,
+               release=release, split=split)
     device = device or llm.default_device()
-    out_p = Path(out)
-    if round_ > 1 and init is None:
-        raise InputError("round > 1 needs --init, the previous round's directory", field="init")
-    clients, by, src = client_texts(data, split)
-    n = len(clients)
-    if clients_per_round is not None and clients_per_round > n:
-        raise InputError(f"{clients_per_round} clients per round, but {src} has {n} clients",
-                         field="clients_per_round")
-    base = model
-    prev = None
-    if init is not None:
-        prev, theta0, vel0 = load_init(init, round_, spec)
-        base = prev["model"]
-    what = f"DP-{spec.algorithm}'s noisy sum of the updates"
-    if clients_per_round is None:  # no fixed L: refuse before any work if no N_pub is declared
-        public_count("poisson" if sample_rate is not None and sample_rate < 1 else "none",
-                     sample_rate=sample_rate or 1.0, clients_per_round=None,
-                     public_clients=spec.public_clients, what=what)
-    epoch = None  # DP-FTRL's tree per epoch: (leaves R, epoch e, leaf r, order, tree id, state)
-    tree = None
-    if spec.epoch_trees:
-        epoch = _ftrl_epoch(data, split, spec, float(noise_multiplier), n, clients_per_round,
-                            round_, prev, init, seed, release, base)
-        done = Path(out) / ROUND
-        if release and done.is_file():  # this leaf was released already: once is all
-            from popri.core import io
-
-            info = io.read_json(done, expect=dict).get("ftrl") or {}
-            if info.get("tree_release_id") == epoch[4] and info.get("leaf") == epoch[2]:
-                raise InputError(f"holds leaf {epoch[2]} of this DP-FTRL tree, released "
-                                 "already; releasing it again with fresh noise would let the "
-                                 "two noises average out", path=str(out), field="--out")
-        # ... into any directory: the ledgers of the tree (next to --out and to --init) record
-        # every leaf released; checked again under their lock when the entry is appended
-        tree_ledgers = _tree_ledgers(out, init)
-        _refuse_released_leaf(epoch, tree_ledgers, None if release else _leaf_release_id(
-            data, split, round_, spec, float(noise_multiplier), clients_per_round, sample_rate,
-            init, base, seed), out)
-    m, tok, params = build_model(base, spec, seed, device)
-    theta = flat(params) if init is None else theta0
-    vel = np.zeros_like(theta) if init is None else vel0
+    out_p, epoch, n = Path(out), s.epoch, len(s.clients)
+    m, tok, params = build_model(s.base, spec, seed, device)
+    theta = flat(params) if init is None else s.theta
+    vel = np.zeros_like(theta) if init is None else s.vel
     if theta.shape != vel.shape or theta.size != sum(p.numel() for p in params):
         raise InputError("the saved weights do not fit the model", path=init)
     pad = prepare_tokenizer(tok, spec)
     rseed = round_seed(seed, round_)
-    ledger = out_p.parent / "ledger.jsonl"
     with Release(LEDGER_STAGE, rseed, secure=release,
-                 ledgers=[ledger, *(tree_ledgers[1:] if epoch is not None else [])]) as rel:
+                 ledgers=[out_p.parent / "ledger.jsonl",
+                          *(s.tree_ledgers[1:] if epoch is not None else [])]) as rel:
         rel.check_ledgers()
-        if epoch is not None and spec.assignment == "bins":  # the clients drawn to leaf r
-            R, e, r, order, tree_id, _ = epoch
-            part = Participation(np.flatnonzero(order == r - 1), n, "bins", 1.0 / R)
-        elif epoch is not None:  # the epoch's r-th block of L clients: each once per epoch
-            R, e, r, order, tree_id, _ = epoch
-            L = clients_per_round or n
-            part = Participation(np.sort(order[(r - 1) * L: r * L]), n,
-                                 "fixed" if L < n else "none", L / n)
-        else:
-            part = sample_clients(n, rel.rng("sampling"), sample_rate=sample_rate,
-                                  clients_per_round=clients_per_round)
+        part = _participants(epoch, spec, n, rel, clients_per_round=clients_per_round,
+                             sample_rate=sample_rate)
         # the relation this round is accounted under and the sum's sensitivity under it: noise
         # std z * sens (fixed L of N: replace one client, 2C); an epoch tree's is its assignment's
         relation, sens = round_relation(spec.sensitivity, part.sampling if part.sampling in (
             "none", "poisson", "fixed") else "none", spec.convention)
         if epoch is not None:
             relation, sens = spec.tree_relation, spec.sensitivity
-        who = (f"{len(part.members)} of {n} clients ({part.sampling})" if not release else
-               {"poisson": f"a Poisson sample at q={part.sample_rate:g}",
-                "fixed": f"{len(part.members)} clients per round",
-                "bins": f"the clients drawn to leaf {epoch[2] if epoch else '?'}",
-                "none": "every client"}[part.sampling] + " (counts private in release mode)")
-        log.info(f"fl round {round_}: {who}, {spec.algorithm}, {theta.size:,} numbers per "
-                 f"update, clip {spec.clip:g}, z {noise_multiplier:g}, engine {spec.engine}")
-        members = [clients[k] for k in part.members]
-        texts_of = {cid: cap_texts(by[cid], spec, client_rng(rseed, round_, cid))
+        log.info(f"fl round {round_}: {_who(part, n, release, epoch)}, {spec.algorithm}, "
+                 f"{theta.size:,} numbers per update, clip {spec.clip:g}, z "
+                 f"{noise_multiplier:g}, engine {spec.engine}")
+        members = [s.clients[k] for k in part.members]
+        texts_of = {cid: cap_texts(s.by[cid], spec, client_rng(rseed, round_, cid))
                     for cid in members}
-        flower = None
-        norms, losses = [], []
+        flower, tree, norms, losses = None, None, [], []
         if spec.flower:
-            flower = _flower_sum(members, texts_of, theta, spec, base=base, seed=seed,
-                                 round_=round_, z=float(noise_multiplier), release=release,
-                                 where=out_p.parent, sensitivity=sens)
+            flower = _flower_sum(members, texts_of, theta, spec, base=s.base, seed=seed,
+                                 round_=round_, z=z, release=release, where=out_p.parent,
+                                 sensitivity=sens)
             noisy, z_eff = flower.total, flower.noise_multiplier
             for note in flower.notes:
                 log.warn(f"fl: {note}")
         else:
-            total = np.zeros(theta.size, dtype=np.float64)
-            with log.progress() as prog:
-                task = prog.add_task(f"round {round_}, clients",
-                                     total=None if release else len(members))
-                for cid in members:
-                    d, st = local_update(m, params, theta,
-                                         encode_client(tok, texts_of[cid], spec), spec,
-                                         client_rng(rseed, round_, cid), pad, device)
-                    d, nrm = clip(d, spec.clip)
-                    total += d
-                    norms.append(nrm)
-                    if st["loss"] is not None:
-                        losses.append(st["loss"])
-                    prog.advance(task)
+            total, norms, losses = _local_sum(m, tok, params, theta, members, texts_of, spec,
+                                              rseed=rseed, round_=round_, pad=pad,
+                                              device=device, release=release)
             if epoch is not None:
-                noisy, z_eff, tree = tree_noise(total, spec, float(noise_multiplier), round_,
-                                                epoch[0], rel, seed, state=epoch[5])
+                noisy, z_eff, tree = tree_noise(total, spec, z, round_, epoch.leaves, rel, seed,
+                                                state=epoch.state)
             else:
-                noisy, z_eff = add_noise(total, spec, float(noise_multiplier), round_, rel,
-                                         seed, sensitivity=sens)
+                noisy, z_eff = add_noise(total, spec, z, round_, rel, seed, sensitivity=sens)
         # the mean's divisor: a PUBLIC count (a fixed L, or q times the declared N), never the
         # realised or total client count (aggregation.public_count)
         denom = public_count(part.sampling, sample_rate=part.sample_rate,
                              clients_per_round=clients_per_round if epoch is None
                              or spec.assignment != "bins" else None,
-                             public_clients=spec.public_clients, what=what)
+                             public_clients=spec.public_clients, what=_what(spec))
         mu = spec.momentum_value()
         vel = (mu * vel.astype(np.float64) + noisy / denom).astype(np.float32)
         theta = (theta.astype(np.float64) + spec.server_lr_value() * vel).astype(np.float32)
-        rid = rel.release_id(path_digest(data), split, round_, spec.to_dict(),
-                             float(noise_multiplier), clients_per_round, sample_rate,
-                             init and path_digest(Path(init) / THETA), base)
+        rid = rel.release_id(path_digest(data), split, round_, spec.to_dict(), z,
+                             clients_per_round, sample_rate,
+                             init and path_digest(Path(init) / THETA), s.base)
         entry = round_entry(spec, part, z_eff=float(z_eff), delta=delta, rid=rid,
                             mode=rel.mode, round_=round_, dim=int(theta.size), flower=flower,
                             release=release, epoch=epoch, relation=relation, sensitivity=sens)
@@ -683,80 +779,34 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
             # the epoch's secret state for its next round: the client order, the tree's id and
             # the noise nodes still needed (never publish it: it is the noise)
             f = tmp / FTRL_STATE
-            np.savez(f, order=epoch[3], tree_id=np.asarray(epoch[4]), **tree.state())
+            np.savez(f, order=epoch.order, tree_id=np.asarray(epoch.tree_id), **tree.state())
             os.chmod(f, 0o600)
         set_flat(params, theta)
-        base_model = llm.recorded_name(base)
         m.save_pretrained(tmp / MODEL)
         tok.save_pretrained(tmp / MODEL)
-        arr = np.asarray(norms, dtype=np.float64)
-        summary = {
-            "round": round_, "model": str(base), "base_model": base_model,
-            "spec": spec.to_dict(), "algorithm": f"dp-{spec.algorithm}",
-            "sampling": part.sampling, "dim": int(theta.size),
-            "noise_multiplier": float(noise_multiplier), "noise_multiplier_guaranteed": z_eff,
-            "noise_std": float(noise_multiplier) * sens, "neighbouring": relation,
-            "sensitivity": sens, "momentum": mu,
-            # public: a fixed L or q times the declared --public-clients (public_count)
-            "divisor": denom, "public_clients": spec.public_clients,
-            "server_lr": spec.server_lr_value(),
-            "mode": rel.mode, "release_id": rid, "source": src, "engine": spec.engine,
-        }
-        # q: the Poisson rate (a setting), 1, or L/N for a fixed L -- where the ledger's
-        # epsilon depends on it, so N is public by the accounting (use Poisson sampling when N
-        # itself must stay private)
-        summary["sample_rate"] = float(part.sample_rate)
-        if part.sampling == "fixed":
-            summary["clients_per_round"] = int(len(part.members))
-        if flower is not None:
-            summary["flower"] = {"supernodes_requested": spec.supernodes,
-                                 "secagg_mechanism": spec.secagg_mechanism}
-        if epoch is not None:
-            summary["ftrl"] = {"restart": "epoch", "assignment": spec.assignment,
-                               "leaves": epoch[0], "epoch": epoch[1],
-                               "leaf": epoch[2], "tree_release_id": epoch[4],
-                               **({"state": f"{FTRL_STATE} (secret: the tree's noise and the "
-                                  "epoch's client order; never publish it)"} if release else {})}
-        private = {
-            "private": False, "note": NOT_PRIVATE, "seed": seed,
-            "clients": n, "participants": int(len(part.members)),
-            "update_norm_mean": float(arr.mean()) if arr.size else None,
-            "update_norm_max": float(arr.max()) if arr.size else None,
-            "clipped_share": float((arr > spec.clip).mean()) if arr.size else None,
-            "local_loss": float(np.mean(losses)) if losses else None,
-            **({"flower": {"supernodes": flower.nodes, "survivors": flower.survivors,
-                           "quantisation_bound": flower.quantisation_bound,
-                           "round_seconds": round(flower.round_seconds, 2),
-                           "engine": flower.params()}}
-               if flower is not None else {}),
-        }
+        summary = _summary(spec, part, round_=round_, base=s.base, dim=int(theta.size), z=z,
+                           z_eff=z_eff, relation=relation, sens=sens, mu=mu, denom=denom,
+                           mode=rel.mode, rid=rid, src=s.src, flower=flower, epoch=epoch,
+                           release=release)
+        private = _private(seed, n, part, norms, losses, spec, flower)
         if not release or diagnostics:
             summary["private_diagnostics"] = private
         (tmp / ROUND).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-        meta = {"model": str(base), "base_model": base_model, "lora": spec.lora,
+        meta = {"model": str(s.base), "base_model": summary["base_model"], "lora": spec.lora,
                 "trainable_parameters": int(theta.size), "bos_token": tok.bos_token,
                 "eos_token": tok.eos_token, "fl_round": round_, "algorithm": spec.algorithm}
         (tmp / MODEL / "metrics.json").write_text(json.dumps(meta, indent=2) + "\n",
                                                   encoding="utf-8")
         rel.commit([entry])
     seconds = round(time.perf_counter() - t0, 2)
-    if release and not diagnostics:
-        how = "release mode: counts, update norms and losses stay private"
-    elif flower is not None:
-        how = (f"{private['participants']} clients, Flower SecAgg+ over {flower.nodes} "
-               f"SuperNodes, {flower.survivors} survived (update norms stay on the nodes)")
-    else:
-        loss = private["local_loss"]
-        how = (f"{private['participants']} clients, mean update norm "
-               f"{private['update_norm_mean'] if arr.size else float('nan'):.4g} (clipped "
-               f"{(private['clipped_share'] or 0) * 100:.0f}%), local loss "
-               f"{loss if loss is not None else float('nan'):.4f}")
-    log.info(f"fl round {round_}: {how}, {seconds:.1f}s -> {out}")
+    log.info(f"fl round {round_}: {_how(private, flower, release, diagnostics)}, "
+             f"{seconds:.1f}s -> {out}")
     return {**summary, "seconds": seconds}
 
 
 def round_entry(spec: FLSpec, part, *, z_eff: float, delta: float, rid: str, mode: str,
-                round_: int, dim: int, flower=None, release: bool = False, epoch=None,
+                round_: int, dim: int, flower=None, release: bool = False,
+                epoch: Epoch | None = None,
                 relation: str = "add/remove one client", sensitivity: float | None = None):
     """The round's ledger entry: ``subsampled_gaussian`` (``gaussian`` at q = 1) for fedavg,
     ``tree_aggregation`` for ftrl -- with epoch trees one entry per TREE: every round of an
@@ -764,28 +814,23 @@ def round_entry(spec: FLSpec, part, *, z_eff: float, delta: float, rid: str, mod
     each client in one of them, q = 1); with per-round restarts one tree of one leaf --,
     ``distributed_discrete_gaussian`` on Flower with the DDG.  Release mode records no exact
     client count in it."""
-    from popri.privacy.entries import round_release
-
     info = {"round": round_, "algorithm": f"dp-{spec.algorithm}", "dim": int(dim)}
     common = dict(noise_multiplier=float(z_eff), delta=delta,
                   sensitivity=float(spec.clip if sensitivity is None else sensitivity),
                   mode=mode, tree=spec.algorithm == "ftrl", neighbouring=relation)
     if epoch is not None:
-        R, e, r = epoch[:3]
         # leaf and leaf_release_id (this round's own id): which leaf of the tree this line
         # released, so that no ledger lets a leaf be released twice (LedgerEntry.leaf)
         return round_release(spec, LEDGER_STAGE, sample_rate=1.0, sampling="none",
-                             release_id=epoch[4], leaves=R,
-                             params={**info, "tree": e, "restart": "epoch",
-                                     "assignment": spec.assignment, "leaf": int(r),
+                             release_id=epoch.tree_id, leaves=epoch.leaves,
+                             params={**info, "tree": epoch.index, "restart": "epoch",
+                                     "assignment": spec.assignment, "leaf": int(epoch.leaf),
                                      "leaf_release_id": rid}, **common)
     ddg = None
     if flower is not None:
         if not release:
             info["engine"] = flower.params()
         if spec.mechanism(tree=common["tree"]) == "distributed_discrete_gaussian":
-            from popri.privacy import ddg as D
-
             ddg = D.ledger_params(D.DDGPlan.from_dict(flower.ddg), flower.survivors,
                                   release=release)
     return round_release(spec, LEDGER_STAGE, sample_rate=float(part.sample_rate),

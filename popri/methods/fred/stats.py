@@ -228,9 +228,13 @@ def group_clients(codes: np.ndarray, keep: np.ndarray | None = None) -> list[np.
 
 
 def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, *,
-                  denoise: bool = False, covariance: bool = True) -> FredStats:
+                  denoise: bool = False, covariance: bool = True,
+                  clip_to: float | None = None) -> FredStats:
     """Algorithm 1's two releases over ``clients`` (each a [n_k, d] array of kept rows); with
     ``covariance=False`` release 1 alone (the mean: what a mean-cosine selection reads).
+    ``clip_to``: the norm the rows are clipped to, when not the design's c (the privacy audit's
+    broken variant ``no-clip`` passes inf: the noise is still that of c, and the audit must flag
+    the release).
 
     The covariance is the nearest PSD matrix to S2 / n (the paper), or with ``denoise``
     :func:`denoise_spectrum` of it (noise-edge thresholding; same release, no privacy cost)."""
@@ -239,7 +243,7 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
     if not (math.isfinite(z) and z > 0):
         raise ParameterError("noise_multiplier", f"must be a finite number > 0 (got {z})")
     d = int(clients[0].shape[1])
-    c, g = float(design.clip), design.count_weight
+    c, g = float(design.clip if clip_to is None else clip_to), design.count_weight
     s1, s2 = z * design.mean_sensitivity, z * design.cov_sensitivity
     rows = sum(len(x) for x in clients)
 
@@ -294,10 +298,12 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
 
 
 def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, seed: int | None,
-            secure: bool = False, denoise: bool = False, covariance: bool = True) -> FredStats:
+            secure: bool = False, denoise: bool = False, covariance: bool = True,
+            clip_to: float | None = None) -> FredStats:
     """What `popri fred stats` runs: rows grouped by client key, at most m rows per client at
     user level (a seeded choice, stream "fred-cap"), then :func:`private_stats` (stream
-    "fred-noise"); ``secure`` draws both from os.urandom instead."""
+    "fred-noise"); ``secure`` draws both from os.urandom instead.  ``clip_to``: as
+    :func:`private_stats`'s."""
     from popri.federated import participation
     from popri.privacy.noise import make_rng
 
@@ -306,7 +312,7 @@ def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, s
     keep = participation.cap_per_client(codes, design.m, rng) if design.level == "user" else None
     clients = [np.asarray(emb[g], dtype=np.float64) for g in group_clients(codes, keep)]
     return private_stats(clients, design, z, make_rng(seed, secure=secure, stream="fred-noise"),
-                         denoise=denoise, covariance=covariance)
+                         denoise=denoise, covariance=covariance, clip_to=clip_to)
 
 
 def exact_stats(emb: np.ndarray) -> FredStats:
