@@ -3,9 +3,13 @@ JSON, and every shipped config's ``popri run --dry-run`` plan and ``--show-confi
 
     python scripts/cli_snapshot.py write DIR     # take the snapshot into DIR
     python scripts/cli_snapshot.py diff A B      # unified diff of two snapshots (exit 1: differ)
+    python scripts/cli_snapshot.py write tests/fixtures/cli_snapshot   # after an intended change
+
+tests/test_cli_snapshot.py holds the code to tests/fixtures/cli_snapshot (the options and help at
+the typer version it was taken with; the plans in ``make test-heavy``).
 
 DIR holds ``options.json`` (command path -> its parameters: flags, type, default, required,
-help) and one ``plan-NAME.txt`` / ``config-NAME.txt`` per ``examples/*.yaml`` (and the
+help), ``help.txt`` (every command's ``--help`` at 100 columns) and one ``plan-NAME.txt`` / ``config-NAME.txt`` per ``examples/*.yaml`` (and the
 embedded default, NAME ``default-embedded``).  The plans are taken in a scratch working
 directory, so run directories named relative to it do not depend on where the script runs.
 """
@@ -24,14 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _param(p) -> dict:
-    t = p.type
-    choices = getattr(t, "choices", None)
+    td = getattr(p, "type_descriptor", None)  # typer >= 0.20 (its own click)
+    t = getattr(td, "annotation", None) if td is not None else getattr(p, "type", None)
+    choices = getattr(getattr(p, "type", None), "choices", None)
     default = p.default
     if callable(default):
         default = f"<callable {getattr(default, '__name__', '?')}>"
     return {"name": p.name, "kind": type(p).__name__, "opts": list(p.opts),
             "secondary_opts": list(getattr(p, "secondary_opts", []) or []),
-            "type": getattr(t, "name", type(t).__name__),
+            "type": getattr(t, "__name__", None) or repr(t),
             "choices": list(choices) if choices else None,
             "default": default if isinstance(default, (str, int, float, bool, type(None)))
             else repr(default),
@@ -41,22 +46,26 @@ def _param(p) -> dict:
             "envvar": p.envvar, "help": getattr(p, "help", None)}
 
 
-def options() -> dict:
-    import click
+def options() -> tuple[dict, dict]:
+    """(command path -> its parameters, command path -> its rendered ``--help``)."""
     import typer
+    from typer.testing import CliRunner
 
     from popri.cli.app import app
 
     out: dict = {}
+    helps: dict = {}
+    runner = CliRunner()
 
     def walk(cmd, path: str) -> None:
         out[path] = [_param(p) for p in cmd.params]
-        if isinstance(cmd, click.Group):
-            for name in sorted(cmd.commands):
-                walk(cmd.commands[name], f"{path} {name}")
+        argv = path.split()[1:] + ["--help"]
+        helps[path] = runner.invoke(app, argv, env={"COLUMNS": "100"}, terminal_width=100).output
+        for name in sorted(getattr(cmd, "commands", None) or {}):
+            walk(cmd.commands[name], f"{path} {name}")
 
     walk(typer.main.get_command(app), "popri")
-    return out
+    return out, helps
 
 
 def _popri(args: list[str], cwd: str) -> str:
@@ -70,7 +79,12 @@ def _popri(args: list[str], cwd: str) -> str:
 
 def write(d: Path) -> None:
     d.mkdir(parents=True, exist_ok=True)
-    (d / "options.json").write_text(json.dumps(options(), indent=1, sort_keys=True) + "\n")
+    from importlib.metadata import version
+
+    (d / "meta.json").write_text(json.dumps({"typer": version("typer")}) + "\n")
+    opts, helps = options()
+    (d / "options.json").write_text(json.dumps(opts, indent=1, sort_keys=True) + "\n")
+    (d / "help.txt").write_text("".join(f"===== {k}\n{v}\n" for k, v in sorted(helps.items())))
     configs = [("default-embedded", None)] + [(p.stem, p) for p in
                                               sorted((ROOT / "examples").glob("*.yaml"))]
     with tempfile.TemporaryDirectory() as cwd:
