@@ -15,6 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from popri.feedback.release import release_scores
+from popri.pipeline.config import RunConfig, load
+from popri.pipeline.driver import Run
+from popri.pipeline.runs import load_run as _load
+from popri.privacy import accounting as A
+from popri.privacy.ledger import total
+from popri.specs.privacy import TargetDeltaSpec
+
 
 def score(private: str, synthetic: str, spec: Any = None, *, out: str | None = None,
           seed: int = 0, round: int = 0, **settings: Any) -> dict:
@@ -22,8 +30,6 @@ def score(private: str, synthetic: str, spec: Any = None, *, out: str | None = N
     ``synthetic`` from the clients in ``private``; with ``out``, the scores, their sidecar and
     the ledger entry are written exactly as the CLI writes them.  ``settings``: fields of
     :class:`popri.specs.feedback.ScoreSpec` (``noise_multiplier``, ``clip``, ...)."""
-    from popri.feedback.release import release_scores
-
     return release_scores(private, synthetic, spec, out=out, seed=seed, round_=round,
                           **settings)
 
@@ -35,8 +41,6 @@ def account(*paths: str, delta: float | None = None, accountant: str = "rdp",
     recorded twice counts once.  Returns :class:`popri.privacy.accounting.Composition`, whose
     ``neighbouring`` names the relation it holds under and ``label`` says it in words
     (``convention="papers"``: NOT a DP guarantee)."""
-    from popri.privacy.ledger import total
-
     return total(paths, delta=delta, accountant=accountant, convention=convention).composition
 
 
@@ -47,8 +51,6 @@ def epsilon(noise_multiplier: float, sample_rate: float, steps: int,
     sampling at ``sample_rate`` under add/remove one client, or ``sampling="fixed"`` (L of N,
     sample_rate = L/N) under replace one client, z relative to that relation's sensitivity.
     ``delta``: the command's default (3e-6, POPri D.1 / PrE-Text D.1) when not given."""
-    from popri.privacy import accounting as A
-
     if delta is None:
         delta = _default_delta()
     return A.epsilon(noise_multiplier, sample_rate, steps, delta, accountant, sampling=sampling)
@@ -58,8 +60,6 @@ def _default_delta() -> float:
     """``popri account epsilon``'s default --delta (TargetDeltaSpec's, declared once)."""
     import dataclasses
 
-    from popri.specs.privacy import TargetDeltaSpec
-
     return next(f.default for f in dataclasses.fields(TargetDeltaSpec) if f.name == "delta")
 
 
@@ -67,8 +67,6 @@ def load_config(path: str | None = None, overrides: Any = ()):
     """``popri run``'s config: defaults < YAML < ``key=value`` overrides (a list of strings, a
     single string or a mapping ``{key: value}``, as :func:`run` takes them), validated."""
     import os
-
-    from popri.pipeline.config import load
 
     return load(None if path is None else os.fspath(path), _overrides(overrides))
 
@@ -136,9 +134,6 @@ def run(config=None, *, overrides: Any = (), dry_run: bool = False,
     import os
     from collections.abc import Mapping
 
-    from popri.pipeline.config import RunConfig, load
-    from popri.pipeline.driver import Run
-
     sets = _overrides(overrides)
     if isinstance(config, RunConfig):
         cfg = load(None, sets, base=config) if sets else config
@@ -165,8 +160,6 @@ def load_run(path: str):
     unreadable config.resolved.json / results.json, or one that is not a JSON object, raises
     :class:`popri.core.errors.InputError`."""
     import warnings
-
-    from popri.pipeline.runs import load_run as _load
 
     run = _load(path)
     for note in run.notes:  # metrics.jsonl lines skipped (torn, not an object, no round)

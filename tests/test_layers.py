@@ -7,6 +7,8 @@
   upward import hidden in a function (so the check sees function-local imports);
 - no import cycle between popri's modules (every import, function-local ones included);
 - nothing below the package root imports the root (whose ``__getattr__`` reaches the API);
+- no popri module is imported inside a function (issue 46; the root's ``__getattr__`` is the one
+  exception), so a module's header says what it depends on;
 - the version is declared once (pyproject.toml and popri.core.version agree);
 - the contract has no exception (no ``ignore_imports``), and no module under popri/methods
   imports a private name of another package or reads anything of the run but the members of
@@ -310,3 +312,50 @@ def test_the_driver_run_is_a_run_context():
     assert isinstance(r, RunContext)
     for name in run_context_members():
         assert hasattr(Run, name) or name in vars(r), name
+
+
+# --------------------------------------------------------------------------- imports at the top
+#: the one function-local import of a popri module: the root package's lazy API attribute
+#: (importing any popri module imports the root first, so ``import popri.core.io`` must not
+#: import the whole API: PEP 562's module ``__getattr__``)
+LOCAL_IMPORT_ALLOWED = {("popri/__init__.py", "__getattr__")}
+
+
+def local_popri_imports(pkg: Path = PKG) -> list[str]:
+    """``file:line: import`` of every import of a popri module inside a function or class body,
+    outside ``if TYPE_CHECKING:`` (issue 46: a module's header says what it depends on)."""
+    out = []
+    for f in sorted(pkg.rglob("*.py")):
+        tree = ast.parse(f.read_text(encoding="utf-8"))
+        parent = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+        rel = f.relative_to(pkg.parent).as_posix()
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else ["popri"] if isinstance(node, ast.ImportFrom) else [])
+            if not any(n.split(".")[0] == "popri" for n in names) or parent.get(node) is tree:
+                continue
+            q, where, typing_only = node, None, False
+            while q in parent:
+                q = parent[q]
+                if isinstance(q, ast.If) and "TYPE_CHECKING" in ast.unparse(q.test):
+                    typing_only = True
+                if where is None and isinstance(q, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                    ast.ClassDef)):
+                    where = q.name
+            if not typing_only and (rel, where) not in LOCAL_IMPORT_ALLOWED:
+                out.append(f"{rel}:{node.lineno}: {ast.unparse(node)} (in {where})")
+    return out
+
+
+def test_no_popri_module_is_imported_inside_a_function():
+    assert local_popri_imports() == []
+
+
+def test_the_local_import_check_sees_one(tmp_path):
+    (tmp_path / "popri").mkdir()
+    (tmp_path / "popri" / "m.py").write_text(
+        "import json\n\ndef f():\n    import torch\n    from popri.core import io\n\n"
+        "    return io, torch\n")
+    assert local_popri_imports(tmp_path / "popri") == [
+        "popri/m.py:5: from popri.core import io (in f)"]

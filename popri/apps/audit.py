@@ -96,6 +96,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from popri.apps.flower import node
+from popri.core import log
+from popri.federated import aggregation, participation
+from popri.feedback import cosine, histogram
+from popri.feedback.release import public_denominator
+from popri.methods.dpfl.rounds import tree_noise
+from popri.methods.fred import stats as fred
+from popri.privacy import accounting as A
+from popri.privacy import calibration as C
+from popri.privacy import ddg
+from popri.privacy import entries as E
+from popri.privacy.calibration import gaussian_log_delta
+from popri.privacy.noise import make_rng
+from popri.privacy.relations import round_relation
+from popri.privacy.tree import depth, leaf_nodes
+from popri.specs.feedback import ScoreSpec
+from popri.specs.fl import FLSpec
 from popri.specs.privacy import AUDIT_BREAKS as BREAKS  # noqa: F401  (re-exported)
 from popri.specs.privacy import AUDIT_CLIENTS as DEFAULT_CLIENTS
 from popri.specs.privacy import AUDIT_MECHANISMS as MECHANISMS  # noqa: F401  (re-exported)
@@ -149,8 +166,6 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     """epsilon at ``delta`` of a mu-GDP mechanism (= a Gaussian mechanism with multiplier 1/mu):
     the root of Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) = delta (Balle & Wang 2018)."""
     from scipy.optimize import brentq
-
-    from popri.privacy.calibration import gaussian_log_delta
 
     if not mu > 0:
         return 0.0
@@ -239,8 +254,6 @@ class TrialNoise:
         self.seeds, self.stream = [int(s) for s in seeds], stream
 
     def standard_normal(self, size=None, dtype=np.float64) -> np.ndarray:
-        from popri.privacy.noise import make_rng
-
         return np.stack([make_rng(s, stream=self.stream).standard_normal(size, dtype=dtype)
                          for s in self.seeds])
 
@@ -330,10 +343,6 @@ def _base_rows(rng, n_clients: int, dim: int, max_rows: int):
 
 def _score_worlds(s: Setup):
     """cosine / nn-histogram: (stat0, stat1, canary description)."""
-    from popri.federated import aggregation, participation
-    from popri.feedback import cosine, histogram
-    from popri.privacy.noise import make_rng
-
     rng = make_rng(s.seed, stream="audit-data")
     n, d, cos = s.synthetic, s.dim, s.mechanism == "cosine"
     M = s.max_samples_per_client if cos else (s.max_samples_per_client or 8)
@@ -354,8 +363,6 @@ def _score_worlds(s: Setup):
         emb[:] = -syn[target] if cos else syn[target]  # every client votes with the canary
     worlds = [(emb.astype(np.float32), ids),
               (np.concatenate([emb, canary]).astype(np.float32), ids + ["canary"] * k)]
-
-    from popri.feedback.release import public_denominator
 
     def release(world, z, noise):
         e, who = worlds[world]
@@ -387,10 +394,6 @@ def _score_worlds(s: Setup):
 
 
 def _fred_worlds(s: Setup):
-    from popri.methods.fred import stats as fred
-    from popri.federated import participation
-    from popri.privacy.noise import make_rng
-
     rng = make_rng(s.seed, stream="audit-data")
     user = s.level == "user"
     design = fred.Design(s.relation, s.level, s.clip, s.max_samples_per_client if user else None)
@@ -443,8 +446,6 @@ def _cosine_vectors(s: Setup, rng):
 def _client_vectors(emb, ids, syn, clip: float):
     """Every client's clipped, standardised cosine vector, as a Flower node computes it
     (:func:`popri.apps.flower.node.client_vectors`)."""
-    from popri.apps.flower import node
-
     return node.client_vectors({"mode": "cosine", "clip": clip, "standardize": True}, syn,
                                np.asarray(emb, dtype=np.float32), list(ids), None)
 
@@ -454,10 +455,6 @@ def _ddg_worlds(s: Setup):
     through the nodes' own encoding (:func:`popri.apps.flower.node.upload`: clip, round on
     the plan's grid, one noise share per node, centred residues mod m) and the server's decode
     (sum mod m, :func:`popri.privacy.ddg.decode`).  The canary is one more client (on node 0)."""
-    from popri.apps.flower import node
-    from popri.privacy import ddg
-    from popri.privacy.noise import make_rng
-
     rng = make_rng(s.seed, stream="audit-data")
     syn, emb, ids, canary = _cosine_vectors(s, rng)
     n, C = s.synthetic, s.clip
@@ -514,11 +511,6 @@ def _tree_worlds(s: Setup):
     leaf 2, which epoch-wise participation forbids).  The attacker reads every used node off
     the prefixes (node (l, i) = P_(i+1)2^l - P_i2^l, one independent noise each) and sums its
     projections on the canary's shift (the likelihood-ratio test)."""
-    from popri.methods.dpfl.rounds import tree_noise
-    from popri.privacy.noise import make_rng
-    from popri.privacy.tree import leaf_nodes
-    from popri.specs.fl import FLSpec
-
     rng = make_rng(s.seed, stream="audit-data")
     R, d, C = int(s.leaves), s.dim, s.clip
     base = rng.standard_normal((R, d))  # the other clients' (clipped) round sums
@@ -567,10 +559,6 @@ def _subsampled_worlds(s: Setup):
     the noisy sum released (:func:`popri.feedback.cosine.cosine_round`).  The canary joins the
     round with probability q in D'; ``public-sample`` makes it always join (a sample the
     adversary can recompute) while the claim keeps q."""
-    from popri.federated import participation
-    from popri.feedback import cosine
-    from popri.privacy.noise import make_rng
-
     rng = make_rng(s.seed, stream="audit-data")
     syn, emb, ids, canary = _cosine_vectors(s, rng)
     n, C, q = s.synthetic, s.clip, float(s.sample_rate)
@@ -610,8 +598,6 @@ def _subsampled_worlds(s: Setup):
 def fixed_round(s: Setup) -> tuple[str, float]:
     """The relation and the sum's sensitivity a cosine round on L of N clients is recorded with
     (the stage's own rule, :func:`popri.privacy.relations.round_relation`)."""
-    from popri.privacy.relations import round_relation
-
     return round_relation(float(s.clip), "fixed", s.convention)
 
 
@@ -624,10 +610,6 @@ def _fixed_worlds(s: Setup):
     with the noise the stage adds for that sampling (z times the sum's sensitivity under its
     relation, :func:`fixed_round`).  In D' the canary is sampled w.p. L / (N + 1) and then
     displaces one of the +u clients: the sum moves by 2C, not C."""
-    from popri.federated import participation
-    from popri.feedback import cosine
-    from popri.privacy.noise import make_rng
-
     rng = make_rng(s.seed, stream="audit-data")
     n, d, C, L, N = s.synthetic, s.dim, float(s.clip), int(s.clients_per_round), s.n_clients
     syn = rng.standard_normal((n, d))
@@ -674,9 +656,6 @@ def claimed_epsilon(mechanism: str, *, delta: float, accountant: str = "rdp",
     is <= ``epsilon``; the claim is ``accounting.epsilon(z, 1, 1, delta, accountant)``.  fred:
     with ``epsilon``, z = ``calibration.gaussian_multiplier(epsilon, delta, calibration)`` and
     the claim is ``epsilon`` (each release's); with z, the accountant's epsilon as above."""
-    from popri.privacy import accounting as A
-    from popri.privacy import calibration as C
-
     if (noise_multiplier is None) == (epsilon is None):
         raise A.ParameterError("noise_multiplier", "give exactly one of --noise-multiplier and "
                                                    "--epsilon")
@@ -703,13 +682,8 @@ def entry_claim(s: Setup, *, delta: float, accountant: str) -> tuple[float, floa
     """(the mechanism's z as the ledger records it, the claimed epsilon of that ledger entry,
     how) for ddg / tree / subsampled: the entry the release would record, totalled by the
     accountant, as ``popri account ledger`` would."""
-    from popri.privacy import accounting as A
-    from popri.privacy import entries as E
-
     common = dict(delta=delta, sensitivity=s.clip, release_id="audit", mode="research")
     if s.mechanism == "ddg":
-        from popri.privacy import ddg
-
         plan = next(x for x in s.notes if isinstance(x, ddg.DDGPlan))
         z = ddg.effective_noise_multiplier(plan, s.nodes)
         e = E.distributed_discrete_gaussian("audit", noise_multiplier=z, sample_rate=1.0,
@@ -723,8 +697,6 @@ def entry_claim(s: Setup, *, delta: float, accountant: str) -> tuple[float, floa
     elif s.mechanism == "fixed":
         # the entry `popri score --clients-per-round L` records for this round (the same entry
         # function and relation rule), totalled as `popri account ledger` would
-        from popri.specs.feedback import ScoreSpec
-
         z = s.z
         rel, sens = fixed_round(s)
         e = E.round_release(ScoreSpec(clients_per_round=s.clients_per_round, clip=s.clip,
@@ -767,8 +739,6 @@ def audit(s: Setup, *, claimed: float, delta: float, confidence: float = 0.95,
     if s.mechanism in ("ddg", "tree", "subsampled", "fixed"):
         z_led, claimed, claim_from = entry_claim(s, delta=delta, accountant=claim_from)
         if s.mechanism == "tree":
-            from popri.privacy.tree import depth
-
             claimed_mu = math.sqrt(depth(int(s.leaves))) / s.z
         elif s.mechanism == "ddg":
             claimed_mu = 1.0 / z_led
@@ -814,8 +784,6 @@ def run(spec: AuditSpec, *, seed: int = 0) -> dict:
     :class:`~popri.privacy.accounting.ParameterError` when it cannot be had), the audit of the
     release it describes (:func:`audit`), and the result dict.  Writes nothing."""
     import time
-
-    from popri.core import log
 
     z, claimed, how = claimed_epsilon(spec.mechanism, delta=spec.delta,
                                       accountant=spec.accountant,

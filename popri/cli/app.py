@@ -18,8 +18,11 @@ from typing import Optional
 
 import typer
 
+from popri.cli import commands, examples, process
+from popri.core import log, runtime
+from popri.core.errors import ConfigError
 from popri.core.version import __version__
-
+from popri.pipeline.config import load_yaml_mapping
 
 app = typer.Typer(
     name="popri",
@@ -48,9 +51,6 @@ def _load_config(path: str, command=None) -> dict:
     ``noise-multiplier``, ``json`` for ``--json``).  An unknown section or key is a ConfigError
     (exit 2) naming the file and the dotted key, with the known ones: a typo must not fall back
     silently to the default."""
-    from popri.pipeline.config import load_yaml_mapping
-    from popri.core.errors import ConfigError
-
     data = load_yaml_mapping(path)
     if command is None:
         command = typer.main.get_command(app)
@@ -115,8 +115,6 @@ def root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
-    from popri.core import log, runtime
-
     runtime.set_threads(threads)
     log.set_quiet(quiet)
     if config:
@@ -133,8 +131,6 @@ _ORDER = ("run", "bench", "instruct", "embed", "gen", "vary", "expand", "score",
 def _register() -> None:
     import importlib
     import pkgutil
-
-    from popri.cli import commands
 
     names = [m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")]
     names.sort(key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
@@ -154,16 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     quiet exit 0 when the reader of stdout went away (``popri ... | head``), and SIGTERM/SIGHUP
     handled like Ctrl-C (temporary files removed) with exit 128 + signal
     (:mod:`popri.cli.process`)."""
-    from popri.cli import process
-
     process.prepare()
     sys.exit(process.run(command(), argv))
 
 
 def command():
     """The click command tree of ``popri``, with every command's examples in its help."""
-    from popri.cli import examples
-
     return examples.attach(typer.main.get_command(app))
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ import warnings
 import click
 import typer
 
-from popri.core.errors import PopriError
+from popri.core.errors import InputError, PopriError
+from popri.core.io import as_write_error
 from popri.core.runtime import die_with_parent
 
 _SIGNALLED: list[int] = []  # the terminating signal caught (SIGTERM / SIGHUP), if any
@@ -174,8 +175,6 @@ def _guard_floats(command) -> None:
     import functools
     import math
 
-    from popri.core.errors import InputError
-
     subs = getattr(command, "commands", None)
     if subs:
         for sub in subs.values():
@@ -214,8 +213,6 @@ _RELEASE_ON, _RELEASE_OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no",
 def _check_release_env() -> None:
     """POPRI_RELEASE must be a clear yes or no: 'maybe' or 'ture' silently meaning research
     mode (or release mode) is the worst kind of typo in a DP tool."""
-    from popri.core.errors import InputError
-
     v = os.environ.get("POPRI_RELEASE")
     if v is not None and v.strip().lower() not in _RELEASE_ON + _RELEASE_OFF:
         raise InputError(f"must be one of 1/true/yes/on (release mode) or 0/false/no/off/empty "
@@ -298,8 +295,6 @@ def run(cmd, argv: list[str] | None) -> int:
     except Exception as e:
         # a library's failed write that is not an OSError (safetensors' SafetensorError, torch's
         # RuntimeError on a full disk): one line too; anything else is a bug -> traceback
-        from popri.core.io import as_write_error
-
         err = as_write_error(e)
         if err is None:
             raise

@@ -36,14 +36,13 @@ import os
 import socket
 import sys
 
+from popri.cli.process import quiet_library_progress
+from popri.core.runtime import die_with_parent
 from popri.pipeline.zygote import FD_ENV
 from popri.pipeline.zygote_server import serve
 
 
 def main() -> int:
-    from popri.cli.process import quiet_library_progress
-    from popri.core.runtime import die_with_parent
-
     fd = int(os.environ.pop(FD_ENV))
     sock = socket.socket(fileno=fd)
     die_with_parent()  # POPRI_DIE_WITH: popri run

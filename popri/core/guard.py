@@ -32,8 +32,8 @@ import os
 from pathlib import Path
 from typing import Iterable, Literal
 
-from popri.core.errors import InputError
 from popri.core.artifacts import json_sidecar
+from popri.core.errors import InputError
 from popri.core.io import STDIO, meta_path, sidecar_path
 
 #: what a file output is named (an existing directory of such a name is refused)

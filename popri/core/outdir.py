@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Sequence, Union
 
 from popri.core.errors import InputError
 from popri.core.runtime import fault_point
+from popri.core.version import __version__
 
 #: the file that marks a directory as popri's own output (safe to replace)
 MARKER = ".popri-output"
@@ -67,8 +68,6 @@ def is_ours(path: str | os.PathLike, legacy: Legacy = ()) -> bool:
 
 def mark(path: str | os.PathLike, kind: str) -> None:
     """Write :data:`MARKER` into the (staging) directory ``path``."""
-    from popri.core.version import __version__
-
     (Path(path) / MARKER).write_text(
         json.dumps({"format": "popri-output", "kind": kind, "popri_version": __version__})
         + "\n", encoding="utf-8")

@@ -21,11 +21,11 @@ import hashlib
 import json
 from pathlib import Path
 
-from popri.core.version import __version__
 from popri.core import log
-from popri.core.errors import InputError, PopriError
 from popri.core.artifacts import file_digest
+from popri.core.errors import InputError, PopriError
 from popri.core.io import AtomicOutputs, dumps
+from popri.core.version import __version__
 from popri.data import splits as S
 from popri.data.chunking import chunk_texts
 from popri.data.sources import SourceData, get_source

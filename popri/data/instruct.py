@@ -48,15 +48,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
-from popri.core.version import __version__
 from popri.core import log
 from popri.core.errors import InputError, PopriError
+from popri.core.version import __version__
 from popri.data import splits as S
 from popri.data.build import FORMAT, FORMAT_VERSION, write_dataset
-from popri.data.sources import Document
+from popri.data.records import read_records
+from popri.data.sources import Document, get_source
 from popri.specs.instruct import InstructSpec
 
 #: the corpora with a built-in task; anything else must be a local table file
@@ -148,8 +149,6 @@ def check_example(r: object, *, path: str | None = None, line: int | None = None
 def read_examples(data: str, split: str = "train") -> tuple[list[dict], str]:
     """(instruction records, source file) of a dataset directory's ``split`` or a JSONL file
     ('-' = stdin), each checked by :func:`check_example`."""
-    from popri.data.records import read_records
-
     recs, src = read_records(data, split, locate=True)
     for r in recs:
         check_example(r, path=r.pop("_path"), line=r.pop("_line"))
@@ -294,7 +293,6 @@ def load_examples(name: str, spec: InstructSpec, *, source: str | None = None,
                          ".jsonl/.json file", field="SOURCE")
     if client_column:
         raise InputError("only for a table file", field="client_column")
-    from popri.data.sources import get_source
 
     src = get_source(name)
     sd = src.fetch(**({"source": source} if source else {}))

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from popri.core import log
-from popri.core.errors import InputError
 from popri.core.artifacts import file_digest
+from popri.core.errors import InputError
 from popri.core.io import iter_jsonl, read_json
 from popri.data.splits import SPLITS
 from popri.data.tokenize import load_tokenizer

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from popri.core.errors import MissingResourceError
+from popri.core.weights import resolve_model
 
 WHITESPACE = "whitespace"
 _WS = re.compile(r"\S+")
@@ -116,8 +117,6 @@ def _splits_on_whitespace(pre) -> bool:
 def _load_hf(name: str) -> HFTokenizer:
     """``tokenizer.json`` straight into ``tokenizers`` when the directory has one (no torch
     import: 0.1 s instead of 2 s); otherwise ``transformers.AutoTokenizer`` (hub ids, old dirs)."""
-    from popri.core.weights import resolve_model
-
     resolved = resolve_model(name)
     tj = Path(resolved) / "tokenizer.json"
     try:

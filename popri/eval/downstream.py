@@ -38,13 +38,28 @@ from typing import Sequence
 
 import numpy as np
 
-from popri.core import log, runtime
+from popri.core import log, outdir, runtime
 from popri.core.errors import InputError
-from popri.models import llm
-from popri.specs.training import DownstreamSpec, EvalSpec
-
+from popri.core.io import writing
+from popri.data.records import text_records
+from popri.data.tokenize import hf_counter, prefix_for_tokens
 from popri.eval.stats import (  # noqa: F401 (the statistics, re-exported)
-    PER_CLIENT_FIELDS, _gap_from_files, _replicate_weights, bootstrap_se, control_diff, gap_closed, gap_from_files, macro_accuracy, micro_accuracy, paired_bootstrap, per_client_table, read_per_client)
+    PER_CLIENT_FIELDS,
+    _gap_from_files,
+    _replicate_weights,
+    bootstrap_se,
+    control_diff,
+    gap_closed,
+    gap_from_files,
+    macro_accuracy,
+    micro_accuracy,
+    paired_bootstrap,
+    per_client_table,
+    read_per_client,
+)
+from popri.models import llm
+from popri.models.lora import ADAPTER_CONFIG, lora_config
+from popri.specs.training import DownstreamSpec, EvalSpec
 
 
 # --------------------------------------------------------------------------- records
@@ -52,8 +67,6 @@ def load_records(src, split: str, *, max_samples: int | None = None) -> tuple[li
     """``src``: a list of dicts with ``text``, a federated dataset directory (its ``split``) or a
     JSONL path.  Returns (records, source name)."""
     if isinstance(src, (str, os.PathLike)):
-        from popri.data.records import text_records
-
         recs, source = text_records(str(src), split)
     else:
         recs, source = list(src), "<records>"
@@ -127,7 +140,6 @@ def encode(tok, texts: Sequence[str], max_length: int = EvalSpec.max_length, *,
     """Each text -> (ids, has_eos): ``[START] + tokens + [EOS]`` cut to ``max_length``."""
     if max_length < 2:
         raise ValueError("max_length must be at least 2 (START + one target)")
-    from popri.data.tokenize import hf_counter, prefix_for_tokens
 
     start, eos = special_ids(tok, bos_token, eos_token)
     count = hf_counter(tok)  # a long text is cut first (same ids: see prefix_for_tokens)
@@ -210,7 +222,6 @@ def _adapter_base(path: Path) -> str:
                 return str(base)
         except json.JSONDecodeError:
             pass
-    from popri.models.lora import ADAPTER_CONFIG
 
     cfg = json.loads((path / ADAPTER_CONFIG).read_text(encoding="utf-8"))
     return cfg["base_model_name_or_path"]
@@ -221,7 +232,6 @@ def load_model(name: str, adapter: str | None = None, *, device: str | None = No
     """(model, tokenizer); a directory holding a PEFT adapter (e.g. a LoRA train-downstream
     checkpoint) loads its base model (recorded in its metrics.json) with the adapter on top."""
     p = Path(name).expanduser()
-    from popri.models.lora import ADAPTER_CONFIG
 
     if adapter is None and p.is_dir() and (p / ADAPTER_CONFIG).exists():
         adapter, name = str(p), _adapter_base(p)
@@ -334,8 +344,6 @@ def _prepare_out(out_dir: str, force: bool, inputs=()) -> Path:
     """The directory-output rule (:func:`popri.core.outdir.check`): a non-empty ``out_dir`` is
     replaced only with ``force`` and only when it is a model popri wrote; never a file, a
     device, a link, a foreign directory, an input or a directory holding a ledger."""
-    from popri.core import outdir
-
     out = outdir.check(out_dir, inputs=inputs, legacy=_legacy_model)
     if out.is_dir() and any(out.iterdir()) and not force:
         raise InputError("output exists and is not empty (use --force to replace it)",
@@ -389,8 +397,6 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     base_model = str(model) if str(model) in llm.ALIASES else llm.resolve(str(model))
     if lora:
         from peft import get_peft_model
-
-        from popri.models.lora import lora_config
 
         m = get_peft_model(m, lora_config(m, spec))
     params = [p for p in m.parameters() if p.requires_grad]
@@ -480,9 +486,6 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     }
     if not lora:  # no adapter: its settings did not apply
         metrics.update(lora_r=None, lora_alpha=None, target_modules=None)
-    from popri.core import outdir
-
-    from popri.core.io import writing
 
     tmp = outdir.staging_dir(out)
     try:

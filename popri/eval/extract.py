@@ -36,6 +36,11 @@ import numpy as np
 
 from popri.core import log
 from popri.core.errors import InputError
+from popri.data.instruct import prompt
+from popri.data.records import text_records
+from popri.eval.downstream import load_model
+from popri.eval.rouge import rouge_l
+from popri.models.llm import autocast, default_device
 from popri.specs.privacy import ExtractSpec
 
 
@@ -69,8 +74,6 @@ def is_instruction(rec: dict) -> bool:
 def split_example(rec: dict, tok, spec: ExtractSpec) -> tuple[list[int], list[int]] | None:
     """(prefix ids, true continuation ids) of one record, or None when it is too short."""
     if is_instruction(rec):
-        from popri.data.instruct import prompt
-
         p = tok(prompt(rec["instruction"], rec.get("input") or ""), add_special_tokens=False)["input_ids"]
         y = tok(rec["output"].strip(), add_special_tokens=False)["input_ids"][: spec.suffix_tokens]
         return (list(p), list(y)) if y else None
@@ -85,8 +88,6 @@ def greedy(model, tok, prefixes: Sequence[list[int]], lengths: Sequence[int], *,
     """Greedy continuations: ``lengths[i]`` new tokens after ``prefixes[i]`` (left-padded
     batches; the BOS token, when the tokenizer has one, starts every prefix)."""
     import torch
-
-    from popri.models.llm import autocast
 
     bos = tok.bos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -129,11 +130,6 @@ def _client_se(rows: Sequence[dict], x: np.ndarray) -> float | None:
 def run(model_path: str, data: str, split: str, spec: ExtractSpec | None = None, *,
         seed: int = 0, device: str | None = None) -> tuple[dict, list[dict]]:
     """(summary, one row per attacked example) for the checkpoint ``model_path``."""
-    from popri.eval.downstream import load_model
-    from popri.eval.rouge import rouge_l
-    from popri.data.records import text_records
-    from popri.models.llm import default_device
-
     spec = spec or ExtractSpec()
     recs, src = text_records(data, split)
     if not recs:

@@ -32,6 +32,8 @@ from typing import Sequence
 
 import numpy as np
 
+from popri.models import llm
+
 #: a text with fewer words than this is degenerate (an empty or cut-off sample)
 MIN_WORDS = 3
 #: a text whose word trigrams repeat an earlier trigram at least this often is degenerate
@@ -66,8 +68,6 @@ def text_nll(model: str, texts: Sequence[str], *, adapter: str | None = None, bf
     ``adapter``).  Each text is scored from its first token (the model's own BOS where its
     tokenizer adds one), cut to ``max_tokens`` tokens; an empty text has 0 tokens and NLL 0."""
     import torch
-
-    from popri.models import llm
 
     device = device or llm.default_device()
     m, tok = llm.load_causal_lm(model, adapter, device=device)

@@ -24,6 +24,13 @@ import time
 
 import numpy as np
 
+from popri.core.errors import InputError
+from popri.data.instruct import prompt, read_examples
+from popri.eval.downstream import load_model, paired_bootstrap
+from popri.eval.rouge import rouge_l
+from popri.models.instruct import encode, greedy_texts
+from popri.models.llm import autocast, default_device
+
 
 def evaluate(model_path: str, data: str, split: str = "test", *, max_samples: int | None = None,
              max_new_tokens: int = 96, max_length: int = 256, bf16: bool = True,
@@ -31,13 +38,6 @@ def evaluate(model_path: str, data: str, split: str = "test", *, max_samples: in
              generate: bool = True) -> dict:
     """{accuracy, accuracy_se, loss, rouge_l, rouge_l_se, examples, clients, per_client, ...}."""
     import torch
-
-    from popri.eval.downstream import load_model, paired_bootstrap
-    from popri.models.instruct import encode, greedy_texts
-    from popri.eval.rouge import rouge_l
-    from popri.core.errors import InputError
-    from popri.data.instruct import prompt, read_examples
-    from popri.models.llm import autocast, default_device
 
     t0 = time.perf_counter()
     device = device or default_device()

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from popri.core.errors import InputError
+from popri.core.io import iter_jsonl
 
 PER_CLIENT_FIELDS = ("client_id", "tokens", "correct", "loss_sum")
 #: draws of both synthetic sets a verdict needs (``popri report``, the run's learning line): the
@@ -113,8 +114,6 @@ def gap_closed(acc: float, acc_eps0: float, acc_epsinf: float) -> float:
 
 def read_per_client(path: str) -> list[dict]:
     """Rows written by ``popri eval accuracy --per-client-out`` (validated, ids unique)."""
-    from popri.core.io import iter_jsonl
-
     rows, seen = [], set()
     for i, r in enumerate(iter_jsonl(path, required=PER_CLIENT_FIELDS[:3]), start=1):
         for f in ("tokens", "correct"):

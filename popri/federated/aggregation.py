@@ -30,8 +30,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from popri.core.errors import ConfigError
+from popri.core import artifacts, io, log
+from popri.core.errors import ConfigError, InputError
+from popri.core.guard import check_outputs
+from popri.core.validate import finite
 from popri.federated.participation import row_blocks
+from popri.privacy import ledger
+from popri.privacy.noise import discrete_gaussian_release
+from popri.privacy.release import record
 
 if TYPE_CHECKING:
     from popri.specs.feedback import AggregateSpec
@@ -69,7 +75,6 @@ def noisy_sum(n: int, L: int, *, exact, rows, std_sum: float, noise_rng, rows_ou
     if secure and std_sum > 0:
         if rows_out is not None:
             raise ValueError("per-client noisy rows are not available in release mode")
-        from popri.privacy.noise import discrete_gaussian_release
 
         return discrete_gaussian_release(exact(), std_sum, float(sensitivity), noise_rng)[0]
     if rows_out is None:
@@ -164,9 +169,6 @@ def sum_rows(arr: np.ndarray) -> np.ndarray:
 
 def _read_upload(f: str):
     """(sidecar, memory-mapped rows) of one per-client upload file, checked."""
-    from popri.core import artifacts, io
-    from popri.core.errors import InputError
-
     side_path = artifacts.json_sidecar(f)
     if not f.endswith(".npy"):
         raise InputError("expected a per-client CLIENTS.npy", path=f)
@@ -203,12 +205,6 @@ def aggregate_uploads(files: Sequence[str], spec: "AggregateSpec", *, out: str) 
     vector; write ``out`` (+ sidecar, + the same ledger entries next to it) unless it is '-'.
 
     Returns ``{"scores", "ids", "sidecar", "entries", "clients", "reduce"}``."""
-    from popri.core import artifacts, io, log
-    from popri.core.errors import InputError
-    from popri.core.guard import check_outputs
-    from popri.core.validate import finite
-    from popri.privacy import ledger
-
     files = [str(f) for f in files]
     if out != io.STDIO and not str(out).endswith(".npy"):
         raise InputError("--out must be NAME.npy or '-'", path=out)
@@ -284,7 +280,6 @@ def aggregate_uploads(files: Sequence[str], spec: "AggregateSpec", *, out: str) 
               "clients": count, "reduce": reduce}
     if out == io.STDIO:  # printed by the caller; the release is already recorded with the inputs
         return result
-    from popri.privacy.release import record
 
     ledger.check_writable([out])  # a broken ledger fails before anything is written
     staged = io.AtomicOutputs()

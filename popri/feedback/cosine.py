@@ -31,11 +31,9 @@ O(L d^2 + n d) instead of the O(L n d) of scoring client by client.  Per-client 
 from __future__ import annotations
 
 import numpy as np
-from scipy import sparse
 
 from popri.federated.aggregation import noisy_sum
-from popri.federated.participation import (Participation, cap_rows,
-                                           participating_rows)
+from popri.federated.participation import Participation, cap_rows, participating_rows
 
 
 def normalize_rows(x: np.ndarray) -> np.ndarray:
@@ -48,6 +46,8 @@ def normalize_rows(x: np.ndarray) -> np.ndarray:
 
 def client_means(emb, codes, part: Participation, keep=None, source: str = "") -> np.ndarray:
     """m_i: mean of each participating client's L2-normalised embeddings, float64 [L, d]."""
+    from scipy import sparse  # lazy: scipy costs start-up time to every command
+
     L, d = len(part.members), emb.shape[1]
     sums, counts = np.zeros((L, d)), np.zeros(L)
     for x, who in participating_rows(emb, codes, part, keep, source):

@@ -24,8 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from popri.federated.aggregation import noisy_sum
-from popri.federated.participation import (Participation, cap_rows,
-                                           participating_rows)
+from popri.federated.participation import Participation, cap_rows, participating_rows
 
 
 def nn_index(syn: np.ndarray):

@@ -38,9 +38,16 @@ import numpy as np
 
 from popri.core import artifacts, io, log
 from popri.core.errors import InputError
+from popri.core.guard import check_outputs as guard
+from popri.data.records import read_records
 from popri.federated import aggregation, participation
 from popri.federated.aggregation import public_denominator  # noqa: F401  (re-exported)
+from popri.federated.flower import engine
 from popri.feedback import cosine, histogram
+from popri.models.embed import as_embedding_set, check_compatible
+from popri.privacy import ddg
+from popri.privacy.accounting import ParameterError, compose
+from popri.privacy.noise import effective_multiplier
 from popri.privacy.plan import Noise
 from popri.privacy.release import Release
 from popri.specs.feedback import ScoreSpec
@@ -52,8 +59,6 @@ def _empty(what: str, private: bool) -> str:
 
 def _records(path: str, split: str, what: str, need_client: bool):
     """JSONL / dataset-dir records (read once, so '-' works), checked non-empty."""
-    from popri.data.records import read_records
-
     recs, src = read_records(path, split)
     for i, r in enumerate(recs, start=1):
         if need_client and r.get("client_id") is None:
@@ -66,8 +71,6 @@ def _records(path: str, split: str, what: str, need_client: bool):
 
 def load_set(path: str, *, model, split, what: str, private: bool):
     """An embedding set from an .npy set, JSONL (texts or embedding rows), a dataset dir or '-'."""
-    from popri.models.embed import as_embedding_set
-
     if path != io.STDIO and io.is_embedding_path(path):
         es = as_embedding_set(path, require_client=private, mmap=private)
         if len(es) == 0:
@@ -119,7 +122,6 @@ def check_outputs(out: str | None, per_client_out: str | None, ledger_dir: str |
     if out == io.STDIO and not per_client_out and not ledger_dir and not spec.diagnostic:
         raise InputError("--out - prints the scores; give --ledger DIR (or --per-client-out) so "
                          "the privacy spent is recorded")
-    from popri.core.guard import check_outputs as guard
 
     guard([out, per_client_out], [private, synthetic], companions="scores")
 
@@ -145,8 +147,6 @@ def _flower_release(priv, syn, codes, clients, part, keep, spec: ScoreSpec, *, m
     noise_params = {"noise": spec.secagg_mechanism, "nominal_noise_multiplier":
                     noise_multiplier, "secagg": "flower SecAgg+"}
     if spec.mechanism() == "distributed_discrete_gaussian":
-        from popri.privacy import ddg
-
         ddg_params = ddg.ledger_params(ddg.DDGPlan.from_dict(flower.ddg), flower.survivors,
                                        release=secure)
     for note in ([] if secure else flower.notes):
@@ -168,8 +168,6 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
 
     Returns ``{"scores", "ids", "entry" (a LedgerEntry or None), "participating", "clients"}``.
     Printing ``--out -`` is the caller's (``popri score``)."""
-    from popri.models.embed import check_compatible
-
     if spec is None:
         spec = ScoreSpec(**settings)
     elif settings:
@@ -222,8 +220,6 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     reduce, denom = public_denominator(mode, part.sampling, q, L, spec.public_clients)
     z_eff = noise_multiplier
     if secure:
-        from popri.privacy.noise import effective_multiplier
-
         z_eff = effective_multiplier(noise_multiplier, sens, n)
     params = {
         "mode": mode, "round": round_, "noise_multiplier": noise_multiplier,
@@ -320,8 +316,6 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
              f"q={q:g}, {rel.mode} mode" + (f" -> {out}" if out and out != io.STDIO else "")
              + (" (DIAGNOSTIC: not private, no ledger entry)" if diagnostic else ""))
     if entry is not None and z_eff > 0:
-        from popri.privacy.accounting import ParameterError, compose
-
         try:
             c = compose([entry], delta, "rdp", convention=spec.convention)
         except ParameterError as e:  # e.g. an unproven pair: the total will say so too
@@ -336,8 +330,6 @@ def _flower_round(priv, syn, codes, clients, part, keep, spec, *, mode, noise_mu
                   seed, round_, secure, out, ledger_dir):
     """The round's secure sum on Flower (:mod:`popri.federated.flower.engine`), its private job
     directory next to the output (removed on every exit path)."""
-    from popri.federated.flower import engine
-
     engine.require_flower()
     where = (Path(out).parent if out and out != io.STDIO else
              Path(ledger_dir) if ledger_dir else Path("."))

@@ -12,8 +12,17 @@ Below every method (``popri.methods``), above nothing but ``core``: :mod:`popri.
 
 from popri.kit.notes import fmt, pair_fields, released_line, selection_note
 from popri.kit.seeds import draw_seed, final_seed, round_seed
-from popri.kit.stage import (Z_LATER, DPRelease, RunPaths, Stage, opt, redrawn, step_argv,
-                             take_argv, take_stage)
+from popri.kit.stage import (
+                             Z_LATER,
+                             DPRelease,
+                             RunPaths,
+                             Stage,
+                             opt,
+                             redrawn,
+                             step_argv,
+                             take_argv,
+                             take_stage,
+)
 
 __all__ = ["Stage", "DPRelease", "RunPaths", "Z_LATER", "opt", "step_argv", "redrawn", "take_argv", "take_stage",
            "round_seed", "final_seed", "draw_seed", "released_line", "selection_note", "fmt",

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from popri.core.spec import to_argv
+from popri.core.urls import redact_arg
 from popri.kit.seeds import draw_seed
 
 #: the dry-run placeholder for a noise multiplier that depends on the fetched client count
@@ -51,8 +52,6 @@ class Stage:
     def shown(self) -> str:
         """The command line as a user would type it (commands.sh, the dry-run plan, the log),
         with any URL password hidden (``--base-url http://user:***@host``)."""
-        from popri.core.urls import redact_arg
-
         s = "popri " + " ".join(shlex.quote(redact_arg(a)) for a in self.args)
         return s + (f" > {shlex.quote(self.stdout_to)}" if self.stdout_to else "")
 

@@ -34,6 +34,8 @@ from typing import Any, Iterable, Protocol, runtime_checkable
 
 from popri.kit import RunPaths, Stage
 from popri.privacy.plan import Noise
+from popri.specs.engine import EngineSpec
+from popri.specs.feedback import ScoreSpec
 
 
 @runtime_checkable
@@ -153,9 +155,6 @@ class Method(abc.ABC):
         relation and sensitivity (:meth:`popri.privacy.plan.Noise.of_round`), and whose engine
         its mechanism.  Default: ``popri score``'s :class:`~popri.specs.feedback.ScoreSpec` in
         :meth:`score_mode`, from the score section."""
-        from popri.specs.engine import EngineSpec
-        from popri.specs.feedback import ScoreSpec
-
         sc, mode = cfg.score, self.score_mode(cfg)
         bound = ({"clip": sc.clip} if mode == "cosine" else
                  {"max_samples_per_client": sc.max_samples_per_client})

@@ -25,10 +25,13 @@ from typing import Callable
 
 from popri.core import log, runtime
 from popri.core.errors import InputError, MissingResourceError, PopriError
-from popri.specs.generation import MARKER, GeneratorSpec
+from popri.models import decoding, llm, remote, slots
 from popri.models.decoding import DecodeOptions
+from popri.models.llm import ADAPTER_CONFIG, require_adapter
 from popri.models.lora import merged_checkpoint
-from popri.models.sampling import RowSampler, derive_seed
+from popri.models.sampling import SAMPLERS, RowSampler, derive_seed
+from popri.specs.generation import MARKER, GeneratorSpec
+
 
 class MarkerStop:
     """Stopping criterion: a row is done once ``marker`` appears in its newly generated tokens
@@ -63,8 +66,6 @@ class TransformersBackend:
     def __init__(self, model: str, adapter: str | None, *, device: str | None, bf16: bool,
                  params: dict, batch_size: int, seed: int, marker: str, model_obj=None,
                  tokenizer_obj=None, loop: bool = True, decode: DecodeOptions | None = None):
-        from popri.models import llm
-
         self.torch = runtime.configure_torch()
         self.loop = loop
         self.name = "transformers" if loop else "transformers-generate"
@@ -99,8 +100,6 @@ class TransformersBackend:
             eos_token_id=getattr(gc, "eos_token_id", None) or self.tok.eos_token_id,
             bos_token_id=getattr(gc, "bos_token_id", None))
         if loop:
-            from popri.models import decoding
-
             self.eos_ids = decoding.eos_token_ids(self.model, self.tok)
             self.stop_ids = decoding.stop_candidates(self.tok, marker)
         self.decode = (decode or DecodeOptions()).resolve(self.device)
@@ -117,8 +116,6 @@ class TransformersBackend:
             out = self.run_slots(prompts, keys, attempt, tick)
             if out is not None:
                 return out
-        from popri.models import decoding, llm
-        from popri.models.sampling import SAMPLERS
 
         out: list[tuple[str, int]] = []
         p = self.params
@@ -140,8 +137,6 @@ class TransformersBackend:
         """The slot engine's runner for this batch size and at least ``max_len`` positions
         (rounded up to 64, so later runs reuse its captured graphs), or None when the model
         does not fit it (then popri's loop decodes; one warning)."""
-        from popri.models import slots
-
         r = self.runner
         if r is not None and r.slots == self.batch_size and r.max_len >= max_len:
             return r
@@ -179,8 +174,6 @@ class TransformersBackend:
         the engine (the caller decodes with the loop)."""
         import contextlib
 
-        from popri.models import llm, slots
-
         p = self.params
         uniq: dict[str, int] = {}
         prompt_of = [uniq.setdefault(t, len(uniq)) for t in prompts]
@@ -200,8 +193,6 @@ class TransformersBackend:
     def run_generate(self, prompts: list[str], keys: list[tuple[int, int]], attempt: int,
                      tick) -> list[tuple[str, int]]:
         from transformers import LogitsProcessorList, StoppingCriteriaList
-
-        from popri.models import llm
 
         torch = self.torch
         out: list[tuple[str, int]] = []
@@ -246,8 +237,6 @@ def _import_vllm():
 
 def adapter_rank(adapter: str) -> int:
     """The LoRA rank ``r`` of a PEFT adapter directory (vllm's ``max_lora_rank`` must cover it)."""
-    from popri.models.llm import ADAPTER_CONFIG, require_adapter
-
     cfg = require_adapter(adapter) / ADAPTER_CONFIG
     try:
         return int(json.loads(cfg.read_text(encoding="utf-8")).get("r", 8))
@@ -288,8 +277,6 @@ class VllmBackend:
     def __init__(self, model: str, adapter: str | None, *, bf16: bool, params: dict, seed: int,
                  marker: str, adapter_mode: str = "lora", max_model_len: int | None = None,
                  model_obj=None, tokenizer_obj=None):
-        from popri.models import llm
-
         LLM, self.SamplingParams = _import_vllm()
         self.params, self.seed, self.marker, self.tok = params, seed, marker, tokenizer_obj
         self.lora = None
@@ -355,8 +342,6 @@ def make_engine(spec: GeneratorSpec, *, adapter: str | None = None, seed: int = 
     ``auto``: the loop and per-row generators on CPU, the slot engine on CUDA)."""
     params = sampling_params(spec)
     if spec.backend == "openai":
-        from popri.models import remote
-
         remote.check_url(spec.base_url)
         return remote.OpenAIBackend(
             spec.model, adapter, base_url=spec.base_url, params=params, seed=seed, marker=marker,
@@ -364,7 +349,6 @@ def make_engine(spec: GeneratorSpec, *, adapter: str | None = None, seed: int = 
             concurrency=spec.concurrency, tokenizer_obj=tokenizer_obj)
     if spec.backend == "vllm":
         _import_vllm()
-        from popri.models import llm
 
         tok = tokenizer_obj or llm.load_tokenizer(spec.model)
         if max_model_len is None and model_obj is None and prompt_tokens is not None:

@@ -40,8 +40,9 @@ from popri.core.io import (
 from popri.core.spec import spec_field
 from popri.core.weights import resolve_model
 from popri.data.records import text_records
+from popri.data.tokenize import CHARS_PER_TOKEN, hf_counter, prefix_for_tokens
+from popri.models.llm import default_device
 from popri.specs.data import EmbedSpec
-
 
 
 def default_model() -> str:
@@ -95,8 +96,6 @@ def load_model(name: str | None = None, device: str | None = None):
 
     try:
         if device is None:
-            from popri.models.llm import default_device
-
             device = default_device()  # the encoder on the GPU when torch sees one
         model = SentenceTransformer(resolved, device=device)
     except Exception as e:  # hub unreachable, bad path, ...
@@ -169,8 +168,6 @@ def embed_texts(texts: Sequence[str], spec: EmbedSpec | str | None = None, *,
 def _cut_long(texts: list[str], st) -> list[str]:
     """Texts longer than the model can read cut before tokenisation (same embedding: the
     tokenizer truncates to max_seq_length tokens anyway); a 15 MB text took 2.8 GB and 21 s."""
-    from popri.data.tokenize import CHARS_PER_TOKEN, hf_counter, prefix_for_tokens
-
     limit = int(getattr(st, "max_seq_length", None) or 512)
     if all(len(t) <= limit * CHARS_PER_TOKEN for t in texts):
         return texts

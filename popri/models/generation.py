@@ -33,20 +33,45 @@ from pathlib import Path
 
 from popri.core import log
 from popri.core.errors import InputError
-from popri.specs.generation import MARKER, GenSpec, settle  # noqa: F401 (MARKER: re-export)
+from popri.core.guard import check_outputs
+from popri.core.io import STDIO, AtomicOutputs, dumps, write_jsonl
+from popri.data.records import text_records
+from popri.models import backends  # noqa: F401
+from popri.models.backends import (  # noqa: F401
+    MarkerStop,
+    TransformersBackend,
+    VllmBackend,
+    _import_vllm,
+    adapter_rank,
+    make_engine,
+    sampling_params,
+)
+from popri.models.decoding import DecodeOptions  # noqa: F401
+from popri.models.lora import (
+    merged_checkpoint,  # noqa: F401
+    require_adapter,
+)
 
 # the split's names, importable from here as before (issue 38)
 from popri.models.prompts import (  # noqa: F401
-    COPY_WORDS, DEFAULT_TEMPLATE, LOOP_MIN_WORDS, LOOP_TRIGRAM_SHARE, TOP_WORD_SHARE,
-    build_prompts, check_template, clean_generation, cut_at_marker, degeneracy, fill_template,
-    normalise_ws, read_template, template_fields, truncate_tokens)
+    COPY_WORDS,
+    DEFAULT_TEMPLATE,
+    LOOP_MIN_WORDS,
+    LOOP_TRIGRAM_SHARE,
+    TOP_WORD_SHARE,
+    build_prompts,
+    check_template,
+    clean_generation,
+    cut_at_marker,
+    degeneracy,
+    fill_template,
+    normalise_ws,
+    read_template,
+    template_fields,
+    truncate_tokens,
+)
 from popri.models.sampling import CounterSampler, RowSampler, Sampler, derive_seed  # noqa: F401
-from popri.models.decoding import DecodeOptions  # noqa: F401
-from popri.models import backends  # noqa: F401
-from popri.models.backends import (  # noqa: F401
-    MarkerStop, TransformersBackend, VllmBackend, _import_vllm, adapter_rank, make_engine,
-    sampling_params)
-from popri.models.lora import merged_checkpoint  # noqa: F401
+from popri.specs.generation import MARKER, GenSpec, settle  # noqa: F401 (MARKER: re-export)
 
 
 # --------------------------------------------------------------------------- driver
@@ -166,15 +191,9 @@ def generate_file(omega: str, spec: GenSpec, *, prompts: int | None = None,
     ``split``, or '-'), J samples each -> JSONL at ``out`` ('-': stdout), the prompts at
     ``prompts_out``, the stats at ``stats_out`` (all written atomically, after every input
     check).  Returns the stats (counts, timings, ``omega``)."""
-    from popri.core.guard import check_outputs
-    from popri.core.io import STDIO, AtomicOutputs, dumps, write_jsonl
-    from popri.data.records import text_records
-
     if (prompts is None) == (num_samples is None):
         raise InputError("give exactly one of --prompts K and --num-samples N", field="prompts")
     if adapter:
-        from popri.models.lora import require_adapter
-
         require_adapter(adapter)
     for name, dest in (("prompts-out", prompts_out), ("stats-out", stats_out)):
         if dest == STDIO:

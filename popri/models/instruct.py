@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from popri.data.instruct import prompt
+from popri.models.llm import autocast
+
 
 def encode(tok, examples: Sequence[dict], max_length: int) -> list[tuple[list[int], int]]:
     """Each example -> (ids, n_prompt): [BOS] + Alpaca prompt + response + EOS, the prompt cut
     from the left so the response fits; the loss is on ids[n_prompt:] (response + EOS)."""
-    from popri.data.instruct import prompt
-
     bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
     eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
     out = []
@@ -36,8 +37,6 @@ def greedy_texts(model, tok, prompts: Sequence[str], max_new_tokens: int, *, dev
     """Greedy continuations of text prompts (left-padded batches, BOS first when the tokenizer
     has one), cut at ``stop`` when given."""
     import torch
-
-    from popri.models.llm import autocast
 
     bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

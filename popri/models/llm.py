@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from popri.core import log, runtime
+from popri.core.compat import dtype_kwargs
 from popri.core.errors import InputError, MissingResourceError
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -189,8 +190,6 @@ def load_causal_lm(name: str, adapter: str | None = None, *, dtype: str = "float
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                    "float16": torch.float16}[dtype]
     try:
-        from popri.core.compat import dtype_kwargs
-
         model = AutoModelForCausalLM.from_pretrained(path, **dtype_kwargs(torch_dtype))
     except Exception as e:
         raise MissingResourceError(f"cannot load model {name!r} ({path}): {type(e).__name__}: {e}") from None
@@ -263,7 +262,6 @@ def use_bf16(requested: bool, device: str = "cpu") -> bool:
         return True
     if kind not in _BF16_WARNED:
         _BF16_WARNED.add(kind)
-        from popri.core import log
 
         log.warn(f"bf16 requested, but this {'GPU' if kind == 'cuda' else 'CPU'} has no native "
                  "bf16 (no AVX512-BF16 / AMX): computing in fp32, which is many times faster "

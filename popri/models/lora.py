@@ -32,8 +32,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from popri.core import io, log
+from popri.core import io, log, outdir, runtime
+from popri.core.artifacts import digest, dir_digest
+from popri.core.compat import config_kwargs
 from popri.core.errors import InputError, PopriError
+from popri.models import llm
 from popri.models.llm import ADAPTER_CONFIG, require_adapter  # noqa: F401 (re-exported)
 
 # POPri 4.2: "all the attention matrices and up/down projection matrices"; B.1: "all the
@@ -63,8 +66,6 @@ def target_modules_for(model, requested: Sequence[str] | None = None):
 def lora_config(model, spec, *, dropout: float = 0.0):
     """The PEFT ``LoraConfig`` of a :class:`~popri.specs.training.LoraSpec` on ``model``."""
     from peft import LoraConfig
-
-    from popri.core.compat import config_kwargs
 
     return LoraConfig(**config_kwargs(LoraConfig, dict(
         r=int(spec.lora_r), lora_alpha=int(spec.lora_alpha), lora_dropout=dropout, bias="none",
@@ -97,8 +98,6 @@ def load_base(model: str, spec, adapter: str | None = None):
     in fp32 with bf16 autocast."""
     import torch
 
-    from popri.models import llm
-
     dtype = "bfloat16" if spec.bf16 and torch.cuda.is_available() and \
         torch.cuda.is_bf16_supported() else "float32"
     if adapter:
@@ -117,8 +116,6 @@ def load_base(model: str, spec, adapter: str | None = None):
 def use_bf16(bf16: bool) -> bool:
     """``bf16`` where the training device computes it natively (a GPU with bf16, a CPU with
     AVX512-BF16 / AMX: :func:`popri.models.llm.use_bf16`), else fp32 with a warning."""
-    from popri.models import llm
-
     return llm.use_bf16(bf16, llm.default_device())
 
 
@@ -152,8 +149,6 @@ def trainer_config(cls, common: dict, **extra):
     """``cls(**common, **extra)`` (a TRL ``DPOConfig`` / ``SFTConfig``) with every option under the
     name the installed version accepts (e.g. ``activation_checkpointing``, which transformers
     releases before it call ``gradient_checkpointing``): see :mod:`popri.core.compat`."""
-    from popri.core.compat import config_kwargs
-
     return cls(**config_kwargs(cls, {**common, **extra}))
 
 
@@ -184,8 +179,6 @@ def build_trainer(records: Sequence[dict], spec, *, trainer_cls, config_cls, mod
     ``ref_model=None``).  Progress goes to stderr, one line per logging step."""
     from datasets import Dataset
     from transformers.trainer_callback import PrinterCallback
-
-    from popri.core import runtime
 
     runtime.configure_torch()
     # seed before anything draws: TRL releases before 0.30 (the lowest admitted, 0.29) wrap the
@@ -249,8 +242,6 @@ def prepare_out(out_dir: Path, kind: str, fingerprint: str, config: dict,
     """Check / write OUT/run.json; return the checkpoint to resume from (or None).  A resumed
     run must have the same ``fingerprint`` (data and settings); ``resume=False`` deletes earlier
     checkpoints; a checkpoint half-written by a killed run is always removed."""
-    from popri.core import outdir
-
     out_dir = outdir.claim(out_dir, kind=kind, legacy=_legacy_run)
     for p in set(list_checkpoints(out_dir, complete_only=False)) - set(list_checkpoints(out_dir)):
         log.warn(f"{kind}: removing incomplete checkpoint {p} (a run was killed while saving it)")
@@ -277,16 +268,12 @@ def replace_dir(src: str | os.PathLike, dest: str | os.PathLike, *, kind: str = 
                 legacy=(ADAPTER_CONFIG,)) -> None:
     """Move a finished staging directory into place: :func:`popri.core.outdir.replace` (an
     older ``dest`` is replaced only when popri wrote it; a kill leaves the old or the new)."""
-    from popri.core import outdir
-
     outdir.replace(src, dest, kind=kind, legacy=legacy)
 
 
 def save_adapter(model, dest: str | os.PathLike, source: str | os.PathLike | None = None) -> str:
     """Write the adapter of ``model`` (or copy the adapter files of checkpoint ``source``) to
     ``dest`` atomically."""
-    from popri.core import outdir
-
     dest = Path(dest)
     tmp = outdir.staging_dir(dest)
     try:
@@ -399,10 +386,6 @@ def merged_checkpoint(model: str, adapter: str) -> str:
     (the base's resolved path and :func:`~popri.core.artifacts.dir_digest` of the adapter)."""
     import os
     import shutil
-
-    from popri.core import runtime
-    from popri.core.artifacts import digest, dir_digest
-    from popri.models import llm
 
     dest = runtime.cache_dir() / "merged" / digest([llm.resolve(model), dir_digest(adapter)])[:24]
     if (dest / "config.json").exists():

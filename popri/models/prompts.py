@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from popri.core.errors import InputError
+from popri.data.tokenize import hf_counter, prefix_for_tokens
 from popri.specs.generation import MARKER, GenSpec
 
 DEFAULT_TEMPLATE = (
@@ -149,7 +150,6 @@ def cut_at_marker(raw: str, marker: str = MARKER) -> str:
 def truncate_tokens(text: str, tokenizer, max_tokens: int) -> str:
     """At most ``max_tokens`` tokens of ``tokenizer``, cut on the original characters."""
     if tokenizer is not None and max_tokens > 0:  # a long text is cut first (same result)
-        from popri.data.tokenize import hf_counter, prefix_for_tokens
 
         text = prefix_for_tokens(text, max_tokens, hf_counter(tokenizer))
     if tokenizer is None or max_tokens <= 0:

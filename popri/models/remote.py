@@ -39,9 +39,14 @@ import threading
 import urllib.error
 import urllib.request
 
-from popri.core.urls import display_url, url_password as _url_password  # noqa: F401
 from popri.core import log
+from popri.core.artifacts import dir_digest
 from popri.core.errors import InputError, MissingResourceError, PopriError
+from popri.core.urls import display_url  # noqa: F401
+from popri.core.urls import url_password as _url_password
+from popri.models import llm
+from popri.models.decoding import derive_seed
+from popri.models.lora import merged_checkpoint, require_adapter
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 DEFAULT_CONCURRENCY = 8
@@ -121,9 +126,6 @@ def _post_json(url: str, body: dict, key: str | None, scrub: Scrub,
 
 def load_lora(base_url: str, adapter: str, key: str | None) -> str:
     """Load ``adapter`` into the server under a content-digest name; returns the name."""
-    from popri.core.artifacts import dir_digest
-    from popri.models.lora import require_adapter
-
     path = str(require_adapter(adapter).resolve())
     name = f"popri-{dir_digest(path)[:16]}"
     body = {"lora_name": name, "lora_path": path}
@@ -189,8 +191,6 @@ class OpenAIBackend:
                  seed: int, marker: str, adapter_mode: str = "lora", api: str | None = None,
                  api_key_env: str | None = None, concurrency: int | None = None,
                  tokenizer_obj=None, client=None):
-        from popri.models import llm
-
         openai = _import_openai()
         self.openai = openai
         self.base_url = base_url.rstrip("/")
@@ -210,8 +210,6 @@ class OpenAIBackend:
                                                                  MAX_RETRIES)))
         self.tok = tokenizer_obj or llm.load_tokenizer(model)
         if adapter and adapter_mode == "merge":
-            from popri.models.lora import merged_checkpoint
-
             self.model = merged_checkpoint(model, adapter)
         elif adapter:
             self.model = load_lora(self.base_url, adapter, key)
@@ -253,8 +251,6 @@ class OpenAIBackend:
 
     def run(self, prompts: list[str], keys: list[tuple[int, int]], attempt: int,
             tick) -> list[tuple[str, int]]:
-        from popri.models.decoding import derive_seed
-
         # one request per run of consecutive rows sharing a prompt (a prompt's J samples)
         groups: list[list[int]] = []
         for i, pr in enumerate(prompts):

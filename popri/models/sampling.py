@@ -168,8 +168,7 @@ class RowSampler:
 
     def __init__(self, temperature: float, top_p: float, seeds: Sequence[int], device):
         import torch
-        from transformers.generation.logits_process import (TemperatureLogitsWarper,
-                                                            TopPLogitsWarper)
+        from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
         self.torch = torch
         self.warpers = []

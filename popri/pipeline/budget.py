@@ -25,6 +25,12 @@ from pathlib import Path
 from popri.core.errors import ConfigError, InputError, PopriError
 from popri.core.io import read_json
 from popri.kit import DPRelease, RunPaths
+from popri.methods.fred import stats as F
+from popri.pipeline.config import select_on
+from popri.privacy import accounting as A
+from popri.privacy.calibration import calibrate, gaussian_multiplier
+from popri.privacy.entries import gaussian
+from popri.privacy.ledger import LEDGER_NAME, dedupe, read_ledger
 from popri.privacy.plan import Noise
 from popri.privacy.snap import snap_factor
 
@@ -45,8 +51,6 @@ class Budget:
     was set) and ``clients`` (N when it was planned)."""
 
     def __init__(self, cfg, method, paths: RunPaths, *, dry_run: bool = False):
-        from popri.pipeline.config import select_on
-
         self.cfg, self.method, self.paths = cfg, method, paths
         self.run = Path(paths.root)
         self.dry_run = dry_run
@@ -184,9 +188,6 @@ class Budget:
         release mode its lower bound after snapping."""
         if self.select != "dp":
             return []
-        from popri.methods.fred import stats as F
-        from popri.privacy.calibration import gaussian_multiplier
-        from popri.privacy.entries import gaussian
 
         dp = self.cfg.dpo
         z = gaussian_multiplier(dp.select_epsilon, self.cfg.selection_delta, "analytic")
@@ -203,8 +204,6 @@ class Budget:
     # ------------------------------------------------------------------ calibration
     def compose(self, entries: list):
         """The total of ``entries`` under the run's accountant and convention."""
-        from popri.privacy import accounting as A
-
         pr = self.cfg.privacy
         try:
             return A.compose(entries, pr.delta, pr.accountant, alone=False,
@@ -216,8 +215,6 @@ class Budget:
     def _calibrate(self, q: float, fixed: list) -> float:
         """Smallest z (to 1e-4) with the composition of T releases at (z, q) and the ``fixed``
         entries within privacy.epsilon."""
-        from popri.privacy import accounting as A
-
         c, pr = self.cfg, self.cfg.privacy
         try:
             if fixed:
@@ -227,7 +224,6 @@ class Budget:
                                       f"{spent:.4g} of the budget privacy.epsilon={pr.epsilon:g} "
                                       f"(at delta={pr.delta:g}): lower dpo.select_epsilon",
                                       field="dpo.select_epsilon")
-            from popri.privacy.calibration import calibrate
 
             spec = self.method.round_spec(c)
             clients = self.public_clients()
@@ -261,8 +257,6 @@ class Budget:
     # ------------------------------------------------------------------ the budget
     def existing_entries(self) -> list:
         """Every release already recorded under the run directory (deduplicated)."""
-        from popri.privacy.ledger import LEDGER_NAME, dedupe, read_ledger
-
         if not self.run.is_dir():
             return []
         out = []
@@ -297,8 +291,6 @@ class Budget:
         entries, own, match = release.entries, Path(release.ledger), release.match
 
         def before(key: str) -> None:
-            from popri.privacy.ledger import read_ledger
-
             mine = [e for e in read_ledger(own) if match(e)] if own.is_file() else []
             prev = runner.attempt(name)
             if self.cfg.privacy.epsilon is not None:

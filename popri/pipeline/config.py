@@ -18,6 +18,9 @@ from typing import Any
 
 from popri.core.errors import ConfigError
 from popri.core.spec import Spec, param, same
+from popri.pipeline.recipes import METHODS
+from popri.privacy.accounting import ParameterError
+from popri.privacy.calibration import gaussian_multiplier as fred_z
 from popri.specs.data import EmbedSpec, FetchSpec
 from popri.specs.engine import EngineSpec
 from popri.specs.feedback import (
@@ -29,11 +32,18 @@ from popri.specs.feedback import (
 )
 from popri.specs.fewfedpit import FewFedPITSpec
 from popri.specs.fl import FLSpec
+from popri.specs.generation import DEFAULT_LM, ExpandSpec, GeneratorSpec, GenSpec, VarySpec
 from popri.specs.instruct import InstructSpec
 from popri.specs.privacy import AccountantSpec, NoiseSpec
-from popri.specs.generation import DEFAULT_LM, ExpandSpec, GenSpec, GeneratorSpec, VarySpec
-from popri.specs.training import (GATE_MAX, BootstrapSpec, DownstreamSpec, DPOSpec, PoolSpec,
-                                  PrefsSpec, SelectSpec)
+from popri.specs.training import (
+    GATE_MAX,
+    BootstrapSpec,
+    DownstreamSpec,
+    DPOSpec,
+    PoolSpec,
+    PrefsSpec,
+    SelectSpec,
+)
 
 
 @dataclass(frozen=True)
@@ -354,8 +364,6 @@ class RunConfig(Spec):
         return self.privacy.delta if self.dpo.select_delta is None else self.dpo.select_delta
 
     def check(self) -> None:
-        from popri.pipeline.recipes import METHODS
-
         if self.method not in METHODS:
             raise ConfigError(f"must be one of {', '.join(METHODS)} (got {self.method!r})",
                               field="method")
@@ -514,7 +522,6 @@ def check(cfg: RunConfig) -> None:
     if not str(d.public_source or "").strip():
         raise ConfigError("is needed (the initial population Omega: a bench source or a JSONL "
                           "file)", field="data.public_source")
-    from popri.pipeline.recipes import METHODS
 
     if not METHODS[cfg.method].dp:
         if pr.noise_multiplier is not None:  # no stage of this recipe reads it
@@ -538,7 +545,6 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError("give score.clients_per_round or score.sample_rate, not both (the "
                           "default is sample_rate: 0.5, Poisson; a fixed L of N, accounted under "
                           "replace one client, needs sample_rate: null)", field="score.sample_rate")
-    from popri.pipeline.recipes import METHODS
 
     if cfg.pool != "static" and not METHODS[cfg.method].pairs:
         raise ConfigError(f"an evolving pool needs a method that ranks each prompt's J samples "
@@ -589,9 +595,6 @@ def check(cfg: RunConfig) -> None:
                               "needs dpo.select_on: dp (ledgered, part of epsilon), public or "
                               "none", field="dpo.select_on")
     if select_on(cfg) == "dp":
-        from popri.privacy.calibration import gaussian_multiplier as fred_z
-        from popri.privacy.accounting import ParameterError
-
         try:
             fred_z(dp.select_epsilon, cfg.selection_delta, "analytic")
         except ParameterError as e:
@@ -612,8 +615,6 @@ def check_files(cfg: RunConfig) -> None:
 
 def select_on(cfg: RunConfig) -> str:
     """The checkpoint selection in effect: none for methods without DPO or when turned off."""
-    from popri.pipeline.recipes import METHODS
-
     if not METHODS[cfg.method].selects or not cfg.dpo.select_checkpoint:
         return "none"
     return cfg.dpo.select_on

@@ -37,19 +37,37 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from popri.core import log
+from popri.core import log, outdir
 from popri.core.errors import ConfigError, PopriError
 from popri.core.io import atomic_write, read_json
 from popri.core.spec import to_argv
+from popri.core.version import __version__
 from popri.eval.stats import MIN_DRAWS
-from popri.kit import (Z_LATER, DPRelease, RunPaths, Stage, draw_seed, fmt, opt, redrawn,
-                       released_line, selection_note, step_argv, take_stage)
+from popri.kit import (
+    Z_LATER,
+    DPRelease,
+    RunPaths,
+    Stage,
+    draw_seed,
+    fmt,
+    opt,
+    redrawn,
+    released_line,
+    selection_note,
+    step_argv,
+    take_stage,
+)
 from popri.models import llm
 from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError
 from popri.pipeline.config import RunConfig, to_dict
+from popri.pipeline.recipes import METHODS, get_method
 from popri.pipeline.stages import RunLock, StageRunner
+from popri.privacy.ledger import LEDGER_NAME, read_ledger
 from popri.privacy.plan import Noise
+from popri.specs.engine import EngineSpec
+from popri.specs.feedback import ScoreSpec
+from popri.specs.training import DownstreamSpec, EvalSpec, GapSpec
 
 MODE_NOTES = {
     "research": ("research mode: noise is seeded and reproducible from the sidecars; "
@@ -75,8 +93,6 @@ class Run:
 
     def __init__(self, cfg: RunConfig, *, dry_run: bool = False, rerun: bool = False,
                  inputs: Iterable[str | os.PathLike] = ()):
-        from popri.pipeline.recipes import get_method
-
         self.cfg = cfg
         # what the command read besides the config's paths (its YAML): kept in a run directory
         self.inputs = [os.fspath(x) for x in inputs if x]
@@ -144,8 +160,6 @@ class Run:
         stage that never finished (an attempt stopped before its outputs: research mode's
         retry of that very attempt is the same seeded release; any other attempt is counted
         as a new release by :meth:`check_plan`)."""
-        from popri.privacy.ledger import read_ledger
-
         todo = dict(self.survey()[1])
         keys = self.runner.planned_keys
         out = []
@@ -203,7 +217,6 @@ class Run:
             return
         if self.noise is None or self.noise.z is None:
             return  # z is set after the fetch; checked then
-        from popri.privacy.ledger import read_ledger
 
         add = []
         cached = set(self.survey()[0])  # current: same settings, inputs and outputs
@@ -285,9 +298,6 @@ class Run:
         """``popri score``'s options: the score section + privacy.delta + the mode, as a
         :class:`~popri.specs.feedback.ScoreSpec`.  ``z``: the noise multiplier (None in a dry
         run before the fetch: a placeholder is shown)."""
-        from popri.specs.engine import EngineSpec
-        from popri.specs.feedback import ScoreSpec
-
         sc = self.cfg.score
         mode = mode or sc.mode
         th = sc.threshold if threshold is None else threshold
@@ -356,8 +366,6 @@ class Run:
         with the method's control (:meth:`Method.control`) its T = 0 row and the paired
         difference.  A method that trained the model itself (:meth:`Method.model_out`) is
         evaluated as it is."""
-        from popri.specs.training import DownstreamSpec, EvalSpec, GapSpec
-
         c, ds = self.cfg, self.cfg.downstream
         name = c.method
         priv = str(self.paths.private)
@@ -443,8 +451,6 @@ class Run:
 
     def ledgers(self) -> list[str]:
         """The ledgers under the run directory now (every DP release anywhere in it counts)."""
-        from popri.privacy.ledger import LEDGER_NAME
-
         return [str(f) for f in sorted(self.run.rglob(LEDGER_NAME))] if self.run.is_dir() else []
 
     def account_stage(self) -> bool:
@@ -545,8 +551,6 @@ class Run:
         reads: :data:`PREPARED`, a ledger (``ledger.jsonl``, or a folder of nothing but
         ledgers: the budget counts their releases), or one of the run's inputs (its YAML,
         ``self.inputs``; a path the config names: data.dir, a data source, a model)."""
-        from popri.core.outdir import LEDGER_NAME
-
         if entry.name in self.PREPARED or entry.name == LEDGER_NAME:
             return True
         if entry.is_dir() and not entry.is_symlink():
@@ -573,8 +577,6 @@ class Run:
         (:func:`popri.core.outdir.is_ours`: its marker, or ``.stages/`` of a run older than the
         marker).  A directory that merely holds a prepared dataset (``data/private``), the
         run's inputs or a ledger is fine; so is an empty or a missing one (hostile-0.4 N10)."""
-        from popri.core import outdir
-
         run = outdir.check(self.run, whole=False, force=True, what="run_dir")
         if run.is_dir() and not outdir.is_ours(run, legacy=lambda p: (p / ".stages").is_dir()):
             clash = [f for f in self.RUN_FILES if os.path.lexists(run / f)]
@@ -601,8 +603,6 @@ class Run:
         else:
             self.runner.hold = True
         if not self.dry_run:
-            from popri.core import outdir
-
             if not (self.run / outdir.MARKER).is_file():
                 outdir.mark(self.run, "popri-run")
         for st in self.fetch_stages():
@@ -864,8 +864,6 @@ class Run:
         import hashlib
         import sys
 
-        from popri.core.version import __version__
-
         cfg = json.dumps(to_dict(self.cfg), sort_keys=True)
         ident = {"popri_version": __version__, "git_commit": git_commit(),
                  "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
@@ -966,8 +964,6 @@ def run_precision() -> str:
 
 def results_table(r: dict) -> str:
     """The markdown results table of one run (stdout and RUN/results.md)."""
-    from popri.pipeline.recipes import METHODS
-
     eps = r.get("epsilon")
     method = r.get("method", "popri")
     m = METHODS.get(method)

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from popri.core.errors import ConfigError
 from popri.methods.base import Method
+from popri.methods.dpfl.recipe import DPFL
+from popri.methods.fewfedpit.recipe import FewFedPIT
+from popri.methods.pe.recipe import PE
+from popri.methods.popri.recipe import PESFT, POPri
 
 
 def _methods() -> dict[str, Method]:
-    from popri.methods.dpfl.recipe import DPFL
-    from popri.methods.fewfedpit.recipe import FewFedPIT
-    from popri.methods.pe.recipe import PE
-    from popri.methods.popri.recipe import PESFT, POPri
-
     return {m.name: m for m in (
         POPri(), PE(), PESFT(), DPFL("fedavg"), DPFL("ftrl"),
         FewFedPIT("fewfedpit"), FewFedPIT("fedit"), FewFedPIT("fedmit"))}

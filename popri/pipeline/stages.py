@@ -37,13 +37,16 @@ import sys
 import time
 from pathlib import Path
 
-from popri.core.version import __version__
 from popri.core import log, runtime
-from popri.core.artifacts import path_digest
-from popri.core.errors import PopriError
-from popri.core.io import atomic_write
+from popri.core.artifacts import digest, json_sidecar, path_digest
+from popri.core.errors import InputError, PopriError
+from popri.core.io import _annotate_write_error, atomic_write
 from popri.core.runtime import fault_point
+from popri.core.version import __version__
 from popri.kit import Stage
+from popri.pipeline import zygote as Z
+from popri.privacy.entries import conformance
+from popri.privacy.ledger import LockedLedgers, read_ledger
 
 #: POPRI_* settings a stage inherits that define its outputs: their values are in its key
 #: when set.  POPRI_CPU_BF16=1 (bf16 on a CPU, :func:`popri.models.llm.use_bf16`) changes more
@@ -111,8 +114,6 @@ class RunLock:
     def __enter__(self) -> "RunLock":
         import fcntl
 
-        from popri.core.errors import InputError
-
         self.created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
@@ -155,8 +156,6 @@ def recorded_release_ids(path: str | Path) -> set[str]:
     """The release ids a DP stage's output records: a directory's ``round.json``
     (``release_id``), a score vector's / FreD statistics' JSON sidecar (its ``ledger``
     entries).  Empty when it records none."""
-    from popri.core.artifacts import json_sidecar
-
     p = Path(path)
     f = p / "round.json" if p.is_dir() else Path(json_sidecar(str(p)))
     try:
@@ -451,8 +450,6 @@ class StageRunner:
     def _check(self, stage: Stage, recorded: list) -> dict:
         """The plan-vs-record check of a DP stage's new entries (a PopriError when they
         differ: the budget guard was computed on the wrong entries)."""
-        from popri.privacy.entries import conformance
-
         planned = list(stage.release.entries)
         problems = conformance(planned, recorded, accountant=self.accountant,
                                convention=self.convention)
@@ -470,9 +467,6 @@ class StageRunner:
         old id + the new outputs' hash) -- the budget guard counted this rerun as a new release
         before it ran -- and checked against the plan."""
         import dataclasses as dc
-
-        from popri.core.artifacts import digest
-        from popri.privacy.ledger import LockedLedgers
 
         tag = digest(sorted(now.items()))[:12]
         entries = [dc.replace(e, release_id=f"{e.release_id}+rerun-{tag}",
@@ -510,15 +504,11 @@ class StageRunner:
         return self.marker_dir / f"{name}.attempt.json"
 
     def _mine(self, stage: Stage) -> list:
-        from popri.privacy.ledger import read_ledger
-
         led = Path(stage.release.ledger)
         return [e for e in read_ledger(led) if stage.release.match(e)] if led.is_file() else []
 
     def _others(self, stage: Stage) -> set[str]:
         """The release ids of the other stages' lines in this stage's ledger."""
-        from popri.privacy.ledger import read_ledger
-
         led = Path(stage.release.ledger)
         return ({e.release_id for e in read_ledger(led)
                  if e.release_id and not stage.release.match(e)} if led.is_file() else set())
@@ -619,8 +609,6 @@ class StageRunner:
         error names the log (:attr:`_log_error`)."""
         import threading
 
-        from popri.core.io import _annotate_write_error
-
         logf = self._log_path(stage)
         self._log_error = None
         last = [time.time()]
@@ -717,8 +705,6 @@ class StageRunner:
         unless this process is itself a fork of a zygote, which forks one at no cost;
         popri.pipeline.zygote), else a new process.  Either way: ``.stderr`` a pipe,
         ``.wait(timeout)``, ``.kill()``."""
-        from popri.pipeline import zygote as Z
-
         prefix = child_argv([])
         left = None if self.planned_to_run is None else self.planned_to_run - len(self.ran)
         worth = (self._zygote is not None or left is None or left >= Z.MIN_STAGES

@@ -46,19 +46,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from popri.specs.privacy import ACCOUNTANTS  # ("rdp", "pld"), declared once in the spec
 from popri.privacy import relations as REL
 from popri.privacy.mechanisms import (  # noqa: F401 (the registry, re-exported)
-    Z_MAX,
-    Z_MIN,
     ADD_REMOVE,
-    DistributedDiscreteGaussianMechanism,
     FIXED_NOTE,
     GAUSSIAN,
-    GaussianMechanism,
     INF_NOTE,
     MECHANISMS,
-    Mechanism,
     NEIGHBOURING,
     OPACUS_ALPHAS,
     ORDERS,
@@ -66,20 +60,27 @@ from popri.privacy.mechanisms import (  # noqa: F401 (the registry, re-exported)
     PLD_MAX_INTERVAL,
     PLD_MAX_POINTS,
     PLD_SEARCH_INTERVAL,
-    ParameterError,
     REPLACE,
-    Result,
-    WOR,
     SUBSAMPLED_GAUSSIAN,
-    SubsampledGaussianMechanism,
     TINY_NOTE,
-    TreeAggregationMechanism,
+    WOR,
     Z_CLAMP,
+    Z_MAX,
+    Z_MIN,
+    DistributedDiscreteGaussianMechanism,
+    GaussianMechanism,
+    Mechanism,
+    ParameterError,
+    Result,
+    SubsampledGaussianMechanism,
+    TreeAggregationMechanism,
     _rdp_lib,
     check,
     get_mechanism,
     register_mechanism,
-    unregister_mechanism)
+    unregister_mechanism,
+)
+from popri.specs.privacy import ACCOUNTANTS  # ("rdp", "pld"), declared once in the spec
 
 
 # --------------------------------------------------------------------------- the accountants

@@ -34,8 +34,19 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable
 
-from popri.privacy.accounting import (ORDERS, PLD_INTERVAL, PLD_SEARCH_INTERVAL, Z_MAX, Z_MIN,
-                                      ParameterError, check, compose)
+from popri.privacy.accounting import (
+    ORDERS,
+    PLD_INTERVAL,
+    PLD_SEARCH_INTERVAL,
+    Z_MAX,
+    Z_MIN,
+    ParameterError,
+    check,
+    compose,
+    epsilon_details,
+    history_of,
+)
+
 # the single-release calibrations of gaussian_multiplier ("classic", "analytic"): in the spec
 from popri.specs.privacy import CALIBRATIONS  # noqa: F401
 
@@ -138,8 +149,6 @@ def noise_multiplier(eps: float, q: float, steps: int, delta: float, accountant:
     N) under replace one client (:func:`popri.privacy.accounting.history_of`).  ``also``: ledger
     entries of other releases composed with them (e.g. a run's DP checkpoint selection), so the
     total meets ``eps``."""
-    from popri.privacy.accounting import history_of
-
     check(eps=eps, q=q, steps=steps, delta=delta, accountant=accountant)
     steps, also = int(steps), list(also)
     if also:
@@ -158,8 +167,6 @@ def noise_multiplier_details(eps: float, q: float, steps: int, delta: float,
                              accountant: str = "rdp", tol: float = 1e-4, **kw):
     """``popri account sigma``: (z, the accountant's Result at z) for :func:`noise_multiplier`'s
     z, i.e. the epsilon it achieves (<= ``eps``), its RDP order and any warnings."""
-    from popri.privacy.accounting import epsilon_details
-
     z = noise_multiplier(eps, q, steps, delta, accountant, tol, **kw)
     return z, epsilon_details(z, q, steps, delta, accountant,
                               orders=kw.get("orders", ORDERS),

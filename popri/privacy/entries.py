@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from popri.privacy import accounting as A
+from popri.privacy import ddg as D
 from popri.privacy.ledger import LedgerEntry
 
 #: the fields of an entry the accountants read besides ``noise_multiplier`` and ``params``
@@ -59,8 +61,6 @@ def distributed_discrete_gaussian(stage: str, *, noise_multiplier: float, sample
     """Flower SecAgg+ with the distributed discrete Gaussian.  ``ddg``: the accountant's
     params -- the realised plan's (:func:`popri.privacy.ddg.ledger_params`) when recording,
     :func:`popri.privacy.ddg.nominal_params` of the asked z when planning (the default)."""
-    from popri.privacy import ddg as D
-
     return LedgerEntry(stage=stage, mechanism="distributed_discrete_gaussian",
                        noise_multiplier=float(noise_multiplier), sample_rate=float(sample_rate),
                        steps=int(steps), delta=delta, sensitivity=float(sensitivity),
@@ -111,8 +111,6 @@ def round_release(engine: Any, stage: str, *, noise_multiplier: float, sample_ra
 # --------------------------------------------------------------------------- plan vs record
 def _epsilon(entries: list[LedgerEntry], delta: float, accountant: str,
              convention: str | None = None) -> float:
-    from popri.privacy import accounting as A
-
     return A.compose([e.to_dict() for e in entries], delta, accountant, alone=False,
                      convention=convention).epsilon
 

@@ -65,12 +65,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from popri.core.version import __version__
+from popri.core import log
 from popri.core.errors import InputError
+from popri.core.io import read_json
+from popri.core.outdir import LEDGER_NAME  # noqa: F401 (ledger.jsonl; re-exported)
+from popri.core.version import __version__
 from popri.privacy import relations as _REL
-from popri.privacy.accounting import MECHANISMS, ParameterError, get_mechanism  # noqa: F401
-
-LEDGER_NAME = "ledger.jsonl"
+from popri.privacy.accounting import (  # noqa: F401
+    MECHANISMS,
+    ParameterError,
+    common_delta,
+    compose,
+    get_mechanism,
+)
 
 # MECHANISMS: the accountant's registry (popri.privacy.accounting.register_mechanism): an entry's
 # mechanism must be registered there, and it checks the fields that mechanism needs
@@ -241,8 +248,6 @@ def _parse(data: bytes, path: str) -> tuple[list[LedgerEntry], int]:
     whole = data.rfind(b"\n") + 1
     tail = data[whole:]
     if tail.strip():
-        from popri.core import log
-
         log.warn(f"{path}: last line is incomplete (a release killed while recording itself; "
                  "its outputs were never committed): skipped")
     for lineno, raw in enumerate(data[:whole].split(b"\n")[:-1], start=1):
@@ -416,8 +421,6 @@ def append(output: str | os.PathLike, entries: Iterable[LedgerEntry]) -> Path:
 
 def collect(paths: Iterable[str | os.PathLike]) -> list[LedgerEntry]:
     """Entries from ledger files, directories (every ledger.jsonl below) and score sidecars."""
-    from popri.core.io import read_json
-
     out: list[LedgerEntry] = []
     for p in paths:
         p = Path(p)
@@ -468,8 +471,6 @@ def total(paths: Iterable[str | os.PathLike], *, delta: float | None = None,
     as the papers did, NOT a DP guarantee).  A
     :class:`~popri.privacy.accounting.ParameterError` (``delta``, ``mechanism``,
     ``neighbouring``...) when they cannot be totalled."""
-    from popri.privacy.accounting import common_delta, compose
-
     paths = list(paths)
     entries = collect(paths)
     if not entries:  # an empty ledger (e.g. one whose only release was rolled back)

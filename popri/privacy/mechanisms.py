@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from popri.specs.privacy import ACCOUNTANTS  # ("rdp", "pld"), declared once in the spec
-
+from popri.privacy import ddg
 from popri.privacy import relations as REL
+from popri.privacy.tree import depth
+from popri.specs.privacy import ACCOUNTANTS  # ("rdp", "pld"), declared once in the spec
 
 NEIGHBOURING = REL.ADD_REMOVE
 #: the relations an entry may name, matched exactly (no substring tests: "not add/remove ..."
@@ -494,8 +495,6 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
         return (math.sqrt(n) * s / d2, q, int(p["dim"]), n, s, d2)
 
     def describe(self, key: tuple) -> dict:
-        from popri.privacy import ddg
-
         e = ddg.cdp_epsilon(key[5], key[4], key[3], key[2])
         return {"proof": "distributed discrete Gaussian: Kairouz, Liu, Steinke 2021, Thm 1 "
                          "(concentrated DP)" + ("; q < 1: Zhu & Wang 2019's Poisson "
@@ -508,8 +507,6 @@ class DistributedDiscreteGaussianMechanism(Mechanism):
         return key[3] == 0 or key[4] == 0
 
     def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:
-        from popri.privacy import ddg
-
         eps = ddg.cdp_epsilon(key[5], key[4], key[3], key[2])
         return ddg.rdp(orders, eps, key[1]) * int(steps)
 
@@ -593,8 +590,6 @@ class TreeAggregationMechanism(GaussianMechanism):
     @staticmethod
     def _gauss(key: tuple) -> tuple:
         """The key of the equivalent Gaussian: (z / sqrt(depth), 1)."""
-        from popri.privacy.tree import depth
-
         return (float(key[0]) / math.sqrt(depth(int(key[2]))), 1.0)
 
     def rdp(self, key: tuple, steps: int, orders) -> np.ndarray:

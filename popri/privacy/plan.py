@@ -26,6 +26,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from popri.privacy.entries import round_release
 from popri.privacy.relations import round_relation
 from popri.privacy.snap import snap_factor
 
@@ -120,8 +121,6 @@ class Noise:
         :class:`~popri.specs.engine.EngineSpec`): :func:`popri.privacy.entries.round_release`,
         the one entry function of the plan and the record (``kw``: its ``tree``, ``leaves``,
         ``ddg``, ``release_id``)."""
-        from popri.privacy.entries import round_release
-
         if not self.planned:
             raise ValueError(f"the noise is not planned yet (z={self.z}, q={self.sample_rate})")
         return round_release(engine, stage, noise_multiplier=float(self.z),

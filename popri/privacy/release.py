@@ -37,11 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from popri.privacy import ledger as L
 from popri.core.io import AtomicOutputs
 from popri.core.runtime import fault_point
+from popri.privacy import ledger as L
 from popri.privacy.noise import make_rng
-
 
 #: the label of every exact statistic of the clients' data written beside a DP release (research
 #: mode's diagnostics, or release mode's behind an explicit flag)

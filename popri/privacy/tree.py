@@ -59,6 +59,8 @@ import math
 
 import numpy as np
 
+from popri.privacy.noise import SecureRandom, discrete_gaussian
+
 #: the stream tag in every research-mode node's SeedSequence ("tree" in ASCII): keeps tree noise
 #: apart from any other stream popri derives from the same seed
 TREE_STREAM = 0x74726565
@@ -212,8 +214,6 @@ class TreeNoise:
     def _draw_units(self, tree: int, level: int, index: int) -> np.ndarray:
         """A fresh secure node in grid units (the position is not used by the draw; it names
         the node, for tests that replace this method with a keyed fake)."""
-        from popri.privacy.noise import SecureRandom, discrete_gaussian
-
         out = np.zeros(self.dim, dtype=np.int64)
         if self.std > 0:
             rng = SecureRandom()

@@ -49,6 +49,24 @@ from popri.report import style
 from popri.report.html import CSS, md_to_html
 from popri.report.read import (as_dict, clean_results, num as _num, round_dirs as _round_dirs,
                                run_ledger)
+from popri.core.errors import InputError
+from popri.privacy.accounting import common_delta
+from popri.privacy.accounting import compose
+from popri.report.verdict import privacy_words
+from popri.report.samples import samples_html
+from popri.report.samples import samples_markdown
+from popri.report.verdict import verdict_html
+from popri.report.verdict import verdict_markdown
+from popri.core.io import atomic_write
+from popri.report.samples import samples as read_samples
+from popri.report.verdict import fig_paired_differences
+from popri.report.verdict import verdict
+from popri.core import outdir
+from popri.core.io import writing
+from popri.core import runtime
+from popri.models.embed import cache_key
+from popri.models.embed import embed_spec
+from popri.pipeline.driver import results_table
 
 #: a directory holding one of these is a run directory (config.resolved.json: a run in progress)
 RUN_FILES = ("results.json", "metrics.jsonl", "config.resolved.json")
@@ -263,7 +281,6 @@ class _Report:
             if isinstance(fig, str):
                 self.note(section, f"{title}: not drawn ({fig})")
                 return
-            from popri.core.io import writing
 
             with writing(self.out / name):  # an OSError names the file
                 fig.savefig(self.out / name, format="png")
@@ -680,9 +697,6 @@ def _cached_embedding(texts_file: Path, meta: dict) -> np.ndarray | None:
     if not texts or not all(isinstance(t, str) for t in texts):
         return None
     try:
-        from popri.core import runtime
-        from popri.models.embed import cache_key, embed_spec
-
         specs = [embed_spec(meta.get("model"), normalize=meta.get("normalize"),
                             max_length=meta.get("max_length")), embed_spec(meta.get("model"))]
         for spec in specs:
@@ -777,9 +791,6 @@ def epsilon_per_round(run_dir: str | Path, results: dict | None = None) -> dict:
     round come last, as one point).  {"x": [...], "labels": [...], "epsilon": [...], "delta",
     "accountant", "by_round", "entries", "notes"}; raises ValueError when there are no entries
     or they cannot be totalled."""
-    from popri.core.errors import InputError
-    from popri.privacy.accounting import common_delta, compose
-
     notes: list[str] = []
     try:
         entries = run_ledger(Path(run_dir), notes)
@@ -877,7 +888,6 @@ def _fig_epsilon(run: _Run, d: dict | None):
     ax.set_xlabel("round" if d["by_round"] else "release (ledger order)")
     ax.set_ylabel(f"epsilon at delta = {d['delta']:g} ({d['accountant']})")
     n = d["entries"]
-    from popri.report.verdict import privacy_words
 
     words, dp = privacy_words(run.results or {})
     ax.set_title(f"{run.label}: privacy spent ({n} ledger entr{'y' if n == 1 else 'ies'})"
@@ -1020,8 +1030,6 @@ def _table_text(r: dict) -> str:
     """The run's results table as ``popri run`` prints it, plus the intervals results.json
     has; a plain table of the accuracies when the driver's table cannot be made."""
     try:
-        from popri.pipeline.driver import results_table
-
         text = results_table(r)
     except Exception:  # noqa: BLE001 -- an older or partial results.json
         lines = [f"{r.get('method', '?')} on {r.get('run_dir', '?')}", "",
@@ -1084,9 +1092,6 @@ def _figure_html(report: _Report, f: _Fig) -> str:
 
 def _write(report: _Report, runs: list[_Run], tables: dict[str, str], verdicts: list[dict],
            samples: dict[str, dict]) -> tuple[Path, Path]:
-    from popri.report.samples import samples_html, samples_markdown
-    from popri.report.verdict import verdict_html, verdict_markdown
-
     md = ["# popri report", "",
           "Runs: " + ", ".join(style.md_text(r.path) for r in runs), ""]
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
@@ -1149,7 +1154,6 @@ def _write(report: _Report, runs: list[_Run], tables: dict[str, str], verdicts: 
         figures_and_notes(sec)
     h.append("</body></html>")
     md_path, html_path = report.out / "report.md", report.out / "report.html"
-    from popri.core.io import atomic_write
 
     with atomic_write(md_path) as fh:
         fh.write("\n".join(md).rstrip() + "\n")
@@ -1225,8 +1229,6 @@ def _build(run_dirs: list[str], outp: Path) -> dict:
     report = _Report(outp)
     labels = _labels(list(run_dirs))
     runs = [_load_run(p, lab, slug) for p, lab, slug in zip(run_dirs, labels, _slugs(labels))]
-    from popri.report.samples import samples as read_samples
-    from popri.report.verdict import fig_paired_differences, verdict
 
     verdicts, samples, spent = [], {}, {}
     for run in runs:
@@ -1278,9 +1280,6 @@ def _build(run_dirs: list[str], outp: Path) -> dict:
 def check_out(out: str | os.PathLike, run_dirs: list[str]) -> Path:
     """Refuse an --out the report must not replace (popri.core.outdir.check: '-', a file, an
     input, a ledger, a foreign non-empty directory; and popri's other outputs): InputError."""
-    from popri.core import outdir
-    from popri.core.errors import InputError
-
     if os.fspath(out) in ("", "-"):
         raise InputError("--out must be a directory (the report is report.md, report.html and "
                          "its PNG figures): it cannot go to stdout ('-')")
@@ -1306,8 +1305,6 @@ def _carry_over(old: Path, new: Path) -> None:
     """What the user keeps in an earlier report's directory (their notes, anything not the
     report's own files: report.md, report.html, the PNGs, popri's marker) moves into the new
     report unchanged (hard links where possible; links copied as links)."""
-    from popri.core import outdir
-
     if not old.is_dir() or old.is_symlink():
         return
 
@@ -1339,8 +1336,6 @@ def build_report(run_dirs: list[str], out: str) -> dict:
     error or a signal leaves the earlier report (or nothing), never part of one, and a rerun
     works.  The user's own files in an earlier report's directory are kept."""
     import matplotlib
-
-    from popri.core import outdir
 
     matplotlib.use("Agg", force=False)
     dest = check_out(out, list(run_dirs))

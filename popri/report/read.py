@@ -17,6 +17,11 @@ import math
 import re
 from pathlib import Path
 from typing import Any
+from popri.core.errors import InputError
+from popri.privacy.ledger import LedgerEntry
+from popri.privacy.ledger import read_ledger
+from popri.privacy.ledger import LEDGER_NAME
+from popri.privacy.ledger import dedupe
 
 
 def num(x: Any) -> float | None:
@@ -97,9 +102,6 @@ def read_ledger_lenient(f: Path, notes: list[str]) -> list:
     ``popri account ledger`` uses); when it refuses the file (a malformed line), every line it
     would accept is still counted and the rest named in a note -- never a whole file dropped
     for one bad line."""
-    from popri.core.errors import InputError
-    from popri.privacy.ledger import LedgerEntry, read_ledger
-
     try:
         return read_ledger(f)
     except InputError as e:
@@ -132,8 +134,6 @@ def read_ledger_lenient(f: Path, notes: list[str]) -> list:
 def run_ledger(path: Path, notes: list[str]) -> list:
     """Every ledger entry under a run directory (staging directories of killed stages skipped),
     deduplicated by release id as ``popri account ledger`` does."""
-    from popri.privacy.ledger import LEDGER_NAME, dedupe
-
     out = []
     try:
         files = sorted(path.rglob(LEDGER_NAME))

@@ -15,6 +15,9 @@ from pathlib import Path
 from popri.core.io import read_jsonl_lenient as read_jsonl
 from popri.report.read import num, round_dirs
 from popri.report.style import MODEL_METHODS, h, md_text
+from popri.methods.base import Method
+from popri.pipeline.recipes import METHODS
+from popri.report.verdict import privacy_words
 
 #: how many samples and pairs are shown, and how much of each text
 N_SAMPLES, N_PAIRS, MAX_CHARS = 5, 3, 600
@@ -27,9 +30,6 @@ def _clip(t: object) -> str:
 
 def _through(method: str | None) -> str:
     """How the clients' data reach the method's text (its ``Method.feedback``)."""
-    from popri.methods.base import Method
-    from popri.pipeline.recipes import METHODS
-
     return (METHODS.get(method or "") or Method).feedback
 
 
@@ -68,7 +68,6 @@ def samples(run_path: Path, r: dict | None, notes: list[str]) -> dict | None:
             break
     if not got["set"] and not got["pairs"]:
         return None
-    from popri.report.verdict import privacy_words
 
     eps, dp = privacy_words(r) if r else ("epsilon unknown", True)
     got["note"] = (

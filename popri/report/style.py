@@ -16,6 +16,7 @@ import hashlib
 import html
 import re
 from typing import Iterator
+from popri.pipeline.recipes import METHODS
 
 #: one colour per method key, fixed (results.json's ``method`` and ``methods`` keys).  Green and
 #: magenta are kept for chosen / rejected, so no method is drawn in them.
@@ -50,8 +51,6 @@ LABELS: dict[str, str] = {
 #: methods that release a model, not a synthetic set (their report shows no text samples)
 def _model_methods() -> frozenset[str]:
     """The methods that release a model, not text (Method.releases, from the registry)."""
-    from popri.pipeline.recipes import METHODS
-
     return frozenset(n for n, m in METHODS.items() if m.releases == "model")
 
 
@@ -100,8 +99,6 @@ def method_label(key: str | None) -> str:
     if k in LABELS:
         return LABELS[k]
     try:
-        from popri.pipeline.recipes import METHODS
-
         m = METHODS.get(k)
         if m is not None and m.label:
             return str(m.label)

@@ -37,6 +37,8 @@ from typing import Any
 from popri.eval.stats import MIN_DRAWS
 from popri.report.read import as_dict, num
 from popri.report.style import colour, h, md_text, method_label, role
+from popri.eval.stats import paired_bootstrap
+from popri.eval.stats import read_per_client
 
 Z95 = 1.959963984540054
 #: what one draw's interval over test clients leaves out
@@ -135,8 +137,6 @@ def _paired_from_files(run_path: Path, method: str, seed: int) -> dict | None:
     if not (a.is_file() and b.is_file()):
         return None
     try:
-        from popri.eval.stats import paired_bootstrap, read_per_client
-
         return paired_bootstrap([read_per_client(str(a)), read_per_client(str(b))],
                                 lambda x, z: x - z, n_boot=1000, seed=seed)
     except Exception:  # noqa: BLE001 -- damaged per-client files: the unpaired difference

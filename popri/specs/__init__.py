@@ -9,48 +9,48 @@ Pure Python (no torch / numpy): importing the specs is cheap.
 """
 
 from popri.specs.data import (  # noqa: F401
-    FetchSpec,
     EmbedSpec,
+    FetchSpec,
 )
 from popri.specs.feedback import (  # noqa: F401
-    ThresholdSpec,
-    ScoreSpec,
     AggregateSpec,
+    ScoreSpec,
+    ThresholdSpec,
 )
 from popri.specs.generation import (  # noqa: F401
-    SamplingSpec,
+    ExpandSpec,
     FilterSpec,
     GeneratorSpec,
     GenSpec,
+    SamplingSpec,
     VarySpec,
-    ExpandSpec,
 )
 from popri.specs.privacy import (  # noqa: F401
     AccountantSpec,
-    TargetDeltaSpec,
-    ReleasesSpec,
+    AuditSpec,
     EpsilonSpec,
-    SigmaSpec,
+    FredDesignSpec,
+    FredStatsSpec,
+    GaussianCalibrationSpec,
     LedgerTotalSpec,
     ReleaseModeSpec,
-    FredDesignSpec,
-    GaussianCalibrationSpec,
-    FredStatsSpec,
-    AuditSpec,
+    ReleasesSpec,
+    SigmaSpec,
+    TargetDeltaSpec,
 )
 from popri.specs.training import (  # noqa: F401
-    LoraSpec,
-    PrecisionSpec,
-    TrainSpec,
-    SequenceSpec,
     BootstrapSpec,
-    PrefsSpec,
-    DPOSpec,
-    SFTSpec,
-    SelectSpec,
     DownstreamSpec,
+    DPOSpec,
     EvalSpec,
     GapSpec,
+    LoraSpec,
+    PrecisionSpec,
+    PrefsSpec,
+    SelectSpec,
+    SequenceSpec,
+    SFTSpec,
+    TrainSpec,
 )
 
 __all__ = [

@@ -40,10 +40,11 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp import ClientApp
-from flwr.common.secure_aggregation.secaggplus_constants import (RECORD_KEY_CONFIGS, Key,
-                                                                   Stage)
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
 from popri.apps.flower import node
+from popri.data.records import text_records
+from popri.feedback.release import load_set
 
 JOB_ENV = "POPRI_FLOWER_JOB"
 DROP_ENV = "POPRI_FLOWER_DROP"
@@ -60,8 +61,6 @@ node_rng = node.node_rng  # the node's random source (popri.apps.flower.node)
 
 def load_data(context, settings: dict):
     """(embeddings [k, d], client ids) of this node's private data."""
-    from popri.feedback.release import load_set
-
     path = context.node_config.get("data-path")
     if path:
         es = load_set(str(path), model=settings.get("model"),
@@ -80,8 +79,6 @@ def load_texts(context, settings: dict):
     """(texts, client ids) of this node's clients in a DP-FL round: a deployed node's
     ``data-path`` (JSONL with ``text``: ONE client, the device) or the engine's
     ``node-<partition-id>.jsonl`` (rows with ``client_id``)."""
-    from popri.data.records import text_records
-
     path = context.node_config.get("data-path")
     if path:
         recs, _ = text_records(str(path), settings.get("split", "train"))

@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from popri.feedback import cosine, histogram
 from popri.federated.participation import factorize
+from popri.feedback import cosine, histogram
+from popri.methods.dpfl.rounds import node_updates
+from popri.privacy import ddg
+from popri.privacy.noise import SecureRandom
 
 
 def node_rng(settings: dict, index: int):
@@ -37,8 +40,6 @@ def node_rng(settings: dict, index: int):
     sum; seeded by (seed, round, node) only in a simulation's research mode, where the server
     and the nodes are one process tree anyway and reruns are byte-identical."""
     if settings.get("release") or settings.get("deployed"):
-        from popri.privacy.noise import SecureRandom
-
         return SecureRandom()
     # a stream apart from the in-process sampling / cap / noise streams of the same seed
     return np.random.default_rng([int(settings["seed"]), int(settings["round"]), index,
@@ -52,8 +53,6 @@ def client_vectors(settings: dict, syn: np.ndarray, emb, client_ids, rng):
     (:func:`popri.methods.dpfl.rounds.node_updates`: a full-model update is large)."""
     mode = settings["mode"]
     if mode == "fl":
-        from popri.methods.dpfl.rounds import node_updates
-
         return node_updates(settings, syn, emb, client_ids, rng)
     codes, clients = factorize(list(client_ids))
     cap = settings.get("node_cap")  # deployment: the node caps its own rows (M)
@@ -79,8 +78,6 @@ def upload(settings: dict, syn: np.ndarray, emb: np.ndarray, client_ids, rng) ->
     n = len(syn)
     secagg = settings["secagg"]
     if secagg["mechanism"] == "ddg":
-        from popri.privacy import ddg
-
         p = ddg.DDGPlan.from_dict(settings["ddg"])
         ints = np.zeros(p.noise_dim, dtype=np.int64)  # D when the plan rotates
         for v in vecs:

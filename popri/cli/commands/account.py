@@ -17,7 +17,13 @@ from typing import List
 import typer
 
 from popri.cli.options import param_error, spec_options
+from popri.core import log
+from popri.core.io import dumps
 from popri.core.spec import help_of, spec_field
+from popri.privacy import accounting as A
+from popri.privacy.calibration import noise_multiplier_details
+from popri.privacy.ledger import total
+from popri.privacy.relations import of_sampling
 from popri.specs.privacy import FIXED, EpsilonSpec, LedgerTotalSpec, SigmaSpec
 
 NEIGHBOURS = (
@@ -67,14 +73,10 @@ def _relation(spec) -> str:
     too (popri.federated.participation.sample_clients records a fixed L = N as 'fixed': on an
     added-to neighbour it is L of N + 1).  At q = 1 the number is the Gaussian's at z either
     way (popri.privacy.accounting.history_of); the relation says what z is relative to."""
-    from popri.privacy.relations import of_sampling
-
     return of_sampling(spec.sampling)
 
 
 def _emit(obj: dict, as_json: bool, line: str) -> None:
-    from popri.core.io import dumps
-
     typer.echo(dumps(obj) if as_json else line)
 
 
@@ -94,9 +96,6 @@ def epsilon_cmd(
     *, spec: EpsilonSpec,
 ) -> None:
     """Epsilon of a Gaussian mechanism run --steps times at sample rate q."""
-    from popri.core import log
-    from popri.privacy import accounting as A
-
     try:
         r = A.epsilon_details(spec.noise_multiplier, spec.sample_rate, spec.steps, spec.delta,
                               spec.accountant, sampling=spec.sampling)
@@ -135,10 +134,6 @@ def sigma_cmd(
     *, spec: SigmaSpec,
 ) -> None:
     """Calibrate the noise multiplier to a privacy budget."""
-    from popri.core import log
-    from popri.privacy import accounting as A
-    from popri.privacy.calibration import noise_multiplier_details
-
     try:
         z, r = noise_multiplier_details(spec.epsilon, spec.sample_rate, spec.steps, spec.delta,
                                         spec.accountant, spec.tol, sampling=spec.sampling)
@@ -179,10 +174,6 @@ def ledger_cmd(
     *, spec: LedgerTotalSpec,
 ) -> None:
     """Total privacy cost of a set of ledgers."""
-    from popri.core import log
-    from popri.privacy import accounting as A
-    from popri.privacy.ledger import total
-
     try:
         t = total(paths, delta=spec.delta, accountant=spec.accountant,
                   convention=spec.convention)

@@ -15,6 +15,8 @@ from typing import List
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core import io
+from popri.federated.aggregation import aggregate_uploads
 from popri.specs.feedback import AggregateSpec
 
 HELP = """Sum per-client uploads (from 'popri score --per-client-out') into one score vector.
@@ -37,9 +39,6 @@ def aggregate(
     out: str = typer.Option(..., "--out", "-o", help="SCORES.npy (+ SCORES.json), or '-'."),
     *, spec: AggregateSpec,
 ) -> None:
-    from popri.core import io
-    from popri.federated.aggregation import aggregate_uploads
-
     r = aggregate_uploads(files, spec, out=out)
     if out == io.STDIO:
         io.write_jsonl(({"id": i, "score": float(s)} for i, s in zip(r["ids"], r["scores"])), "-")

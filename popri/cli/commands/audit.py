@@ -17,8 +17,14 @@ from typing import Optional
 
 import typer
 
+from popri.apps import audit as A
 from popri.cli.options import option, param_error, spec_options, unwrap
+from popri.core import log
+from popri.core.guard import check_outputs
+from popri.core.io import dumps, write_jsonl
 from popri.core.spec import help_of, spec_field
+from popri.eval.extract import run as do_extract
+from popri.privacy.accounting import ParameterError
 from popri.specs.privacy import AuditSpec, ExtractSpec
 
 app = typer.Typer(
@@ -105,11 +111,6 @@ def release_cmd(
     *, spec: AuditSpec,
 ) -> None:
     """Empirical epsilon lower bound of one release vs the claimed epsilon."""
-    from popri.core import log
-    from popri.core.io import dumps
-    from popri.apps import audit as A
-    from popri.privacy.accounting import ParameterError
-
     try:
         r = A.run(spec, seed=seed)
     except ParameterError as e:
@@ -161,11 +162,6 @@ def extract_cmd(
     *, spec: ExtractSpec,
 ) -> None:
     from pathlib import Path
-
-    from popri.core import log
-    from popri.core.guard import check_outputs
-    from popri.core.io import dumps, write_jsonl
-    from popri.eval.extract import run as do_extract
 
     if out == "-" and as_json:
         raise typer.BadParameter("--out - and --json both want stdout; give --out a file",

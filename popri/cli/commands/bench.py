@@ -16,6 +16,11 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core.guard import check_outputs
+from popri.data.build import FILES
+from popri.data.build import fetch as do_fetch
+from popri.data.sources import SOURCES, list_sources
+from popri.data.stats import dataset_stats, stats_table
 from popri.specs.data import FetchSpec
 
 bench_app = typer.Typer(
@@ -66,9 +71,6 @@ def fetch(
 ) -> None:
     from pathlib import Path
 
-    from popri.core.guard import check_outputs
-    from popri.data.build import FILES, fetch as do_fetch
-
     check_outputs([out, *(Path(out) / f for f in (*FILES, "manifest.json"))],
                   [name if Path(name).is_file() else None, source])
     do_fetch(name, out, spec, seed=seed, force=force, source=source, hub_id=hub_id,
@@ -78,8 +80,6 @@ def fetch(
 
 def _fetch_help() -> str:
     """The help, its list of sources from the registry (one line each there)."""
-    from popri.data.sources import SOURCES
-
     names = "; ".join(f"{s.name} (client = {s.client}; {s.origin})" for s in SOURCES.values())
     # one line per paragraph: the help formatter re-wraps them to the terminal
     return unwrap(_FETCH_HELP.replace("{sources}", names))
@@ -102,8 +102,6 @@ def stats(
 
     from rich.console import Console
 
-    from popri.data.stats import dataset_stats, stats_table
-
     st = dataset_stats(dir, tokenizer)
     if as_json:
         sys.stdout.write(json.dumps(st, indent=2) + "\n")
@@ -120,8 +118,6 @@ def list_(
 
     from rich.console import Console
     from rich.table import Table
-
-    from popri.data.sources import list_sources
 
     rows = list_sources()
     if as_json:

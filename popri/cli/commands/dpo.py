@@ -13,6 +13,11 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core import log
+from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.methods.popri import dpo as lib
+from popri.methods.popri.select import SELECTION_FILE, prepare_selection
 from popri.specs.training import DPOSpec, SelectSpec
 
 HELP = """Fine-tune the server LLM on preference pairs with DPO (POPri 4.2, Algorithm 1 line 27)
@@ -80,12 +85,6 @@ def dpo(
 ) -> None:
     from pathlib import Path
 
-    from popri.core import log
-    from popri.core.errors import InputError
-    from popri.core.guard import check_outputs
-    from popri.methods.popri import dpo as lib
-    from popri.methods.popri.select import SELECTION_FILE, prepare_selection
-
     if bool(select_on) != bool(select_prompts):
         raise InputError("checkpoint selection needs both --select-on and --select-prompts")
     o = Path(out)
@@ -106,8 +105,6 @@ def dpo(
 def _selector(select_on, select_prompts, n, model, seed, bf16, embed_model):
     """Deprecated (tests/test_run_privacy.py): :func:`popri.methods.popri.select
     .prepare_selection`; returns select(checkpoints, out_dir) -> adapter path."""
-    from popri.methods.popri.select import prepare_selection
-
     return prepare_selection(select_on, select_prompts, SelectSpec(select_samples=n), model=model,
                              seed=seed, bf16=bf16, embed_model=embed_model)
 

@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
-
 import typer
 
 from popri.cli.options import spec_options
+from popri.core.guard import check_outputs
+from popri.models.embed import embed_file
 from popri.specs.data import EmbedSpec
 
 
@@ -27,9 +28,6 @@ def embed(
     *, spec: EmbedSpec,
 ) -> None:
     """Embed texts with a sentence-transformers model into an embedding set."""
-    from popri.core.guard import check_outputs
-    from popri.models.embed import embed_file
-
     check_outputs([out], [input], companions="embeddings")
     embed_file(input, out, spec, split=split, use_cache=cache)
 

@@ -16,6 +16,23 @@ from typing import Optional
 import typer
 
 from popri.cli.options import option, spec_options, unwrap
+from popri.core import log
+from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.core.io import dumps, iter_jsonl, read_jsonl, write_jsonl
+from popri.eval import fluency as F
+from popri.eval import probe as P
+from popri.eval.downstream import (
+    control_diff,
+    evaluate_next_token,
+    gap_closed,
+    gap_from_files,
+    micro_accuracy,
+    read_per_client,
+)
+from popri.eval.instruct import evaluate
+from popri.models.embed import as_embedding_set, check_compatible
+from popri.models.fid import fid as fid_fn
 from popri.specs.training import EvalSpec, GapSpec
 
 eval_app = typer.Typer(
@@ -57,11 +74,6 @@ def accuracy(
 ) -> None:
     from pathlib import Path
 
-    from popri.core import log
-    from popri.eval.downstream import evaluate_next_token
-    from popri.core.guard import check_outputs
-    from popri.core.io import dumps, write_jsonl
-
     check_outputs([per_client_out], [data, adapter, model if Path(model).exists() else None])
     res = evaluate_next_token(model, data, spec, adapter=adapter, split=split, seed=seed)
     per = res.pop("per_client")
@@ -93,11 +105,6 @@ def fid(
 ) -> None:
     """Frechet distance between Gaussians fitted to two embedding sets (FID on sentence
     embeddings; popri.models.fid).  Prints the number, or JSON with --json."""
-    from popri.models.embed import as_embedding_set, check_compatible
-    from popri.core.errors import InputError
-    from popri.models.fid import fid as fid_fn
-    from popri.core.io import dumps
-
     sa = as_embedding_set(a, model=model, normalize=normalize, split=split, what="A")
     sb = as_embedding_set(b, model=model, normalize=normalize, split=split, what="B")
     check_compatible(sa, sb)
@@ -143,10 +150,6 @@ def gap(
     bootstrap over test clients (the same resample for all three) gives gap_closed_se and a
     95% percentile interval."""
     import math
-
-    from popri.core.errors import InputError
-    from popri.core.io import dumps
-    from popri.eval.downstream import gap_closed, gap_from_files
 
     nums = [_number_or_file(v) for v in (method, eps0, epsinf)]
     if all(n is not None for n in nums):
@@ -201,11 +204,6 @@ def instruct(
     GPT-4 judge, which does not run offline: these two stand in for it."""
     from pathlib import Path
 
-    from popri.core import log
-    from popri.core.guard import check_outputs
-    from popri.core.io import dumps, write_jsonl
-    from popri.eval.instruct import evaluate
-
     check_outputs([per_client_out], [data, model if Path(model).exists() else None])
     res = evaluate(model, data, split, max_samples=max_samples, max_new_tokens=max_new_tokens,
                    max_length=max_length, bf16=bf16, bootstrap=bootstrap, seed=seed,
@@ -236,9 +234,6 @@ def diff(
     """The method's accuracy minus its control's, paired over the same test clients (one
     bootstrap resample of clients for both), with the SE and a 95% percentile interval: e.g.
     POPri minus its untuned generator (T = 0), what the DP feedback and DPO bought."""
-    from popri.core.io import dumps
-    from popri.eval.downstream import control_diff, micro_accuracy, read_per_client
-
     res = {"acc": micro_accuracy(read_per_client(method)),
            **control_diff(method, control, n_boot=bootstrap, seed=seed),
            "bootstrap": int(bootstrap), "seed": int(seed)}
@@ -270,11 +265,6 @@ def probe(
     SEs, the public model's perplexity (fluency), distinct-1/2 and the mean pairwise cosine
     (diversity).  Reads the private validation embeddings without noise: the output says
     private_diagnostic true (a research measurement, never a release)."""
-    from popri.core.errors import InputError
-    from popri.core.io import dumps, read_jsonl
-    from popri.eval import probe as P
-    from popri.models.embed import as_embedding_set, check_compatible
-
     recs = read_jsonl(samples, ("text",))
     texts = [r["text"] for r in recs]
     if len(texts) < 2:
@@ -321,10 +311,6 @@ def fluency(
     same for the chosen and the rejected texts and their paired difference: is DPO taught that
     the less fluent text is the better one?  Post-processing of public samples: releases
     nothing about the clients."""
-    from popri.core.errors import InputError
-    from popri.core.io import dumps, iter_jsonl, write_jsonl
-    from popri.eval import fluency as F
-
     recs = list(iter_jsonl(samples, locate=True))
     if not recs:
         raise InputError("no records", path=samples)

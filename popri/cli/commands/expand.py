@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core.io import STDIO
+from popri.methods.pe.expand import expand_file
 from popri.specs.generation import ExpandSpec
 
 _HELP = """PrE-Text's Expand (Algorithm 1 line 11; Section 3 (6); Figure 3): an LLM writes N synthetic
@@ -68,9 +70,6 @@ def expand(
                                                       "expansion (its shards are removed)."),
     *, spec: ExpandSpec,
 ) -> None:
-    from popri.core.io import STDIO
-    from popri.methods.pe.expand import expand_file
-
     expand_file(seeds, spec, num_samples=num_samples, out=out, adapter=adapter, seed=seed,
                 template=template, device=device, merged_out=merged_out, force=force,
                 allow_short=allow_short)

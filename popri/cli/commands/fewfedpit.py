@@ -19,6 +19,10 @@ from typing import List, Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.methods.fewfedpit.client import init_global, run_local, run_mix, run_selfgen, run_train
+from popri.methods.fewfedpit.server import aggregate
 from popri.specs.fewfedpit import FewFedPITSpec
 
 HELP = ("FewFedPIT (arXiv:2403.06131): federated few-shot instruction tuning with "
@@ -37,9 +41,6 @@ def init_cmd(
 ) -> None:
     """W^g_0: the base model with a LoRA adapter initialised from --seed (B = 0: the base
     model's function), written as round 0's global weights (theta.npy, state.json, model/)."""
-    from popri.core.guard import check_outputs
-    from popri.methods.fewfedpit.client import init_global
-
     check_outputs([out], [])
     init_global(model, out, spec, seed=seed)
 
@@ -62,11 +63,6 @@ def local_cmd(
 ) -> None:
     """Private training (Algorithm 1, line 6): W^l = AdamW on the client's examples from the
     global weights, loss on the response tokens, lr on the cosine schedule over --rounds."""
-    from popri.core.guard import check_outputs
-    from popri.methods.fewfedpit.client import run_local
-
-    from popri.core.errors import InputError
-
     if (client is None) == (not all_clients):
         raise InputError("give --client C or --all-clients (one of them)", field="--client")
     check_outputs([out], [data, init])
@@ -94,9 +90,6 @@ def selfgen_cmd(
     remain, an input + response from a --io-shots prompt (at most --retries tries), the copy
     filter, then IFS = L(y|x) / L(y) under the local model; the --keep (M) lowest are kept.
     Writes every candidate with its Rouge-L, IFS, fate and reason."""
-    from popri.core.guard import check_outputs
-    from popri.methods.fewfedpit.client import run_selfgen
-
     check_outputs([out, stats_out], [data, init, local])
     run_selfgen(data, client, out, spec, round_=round_, init=init, local_dir=local,
                 split=split, stats_out=stats_out)
@@ -117,10 +110,6 @@ def train_cmd(
 ) -> None:
     """Training on the synthetic set (Algorithm 1, line 8): W^g_k from the global weights on
     selfgen's kept examples (fedmit with --data: on the private ones too)."""
-    from popri.core.errors import InputError
-    from popri.core.guard import check_outputs
-    from popri.methods.fewfedpit.client import run_train
-
     if data and spec.mode != "fedmit":
         raise InputError("--data (private examples in the same model) is fedmit's; FewFedPIT "
                          "trains the public weights on synthetic data only", field="--data")
@@ -140,9 +129,6 @@ def mix_cmd(
     """Local aggregation sharing (Algorithm 1, line 9): W^a = beta W^l + (1 - beta) W^g_k
     (fedit: W^l; fedmit: its one model). --clip (popri extension) clips the update W^a -
     W^g_{r-1} to that L2 norm, as the noise of 'aggregate --noise-multiplier' needs."""
-    from popri.core.guard import check_outputs
-    from popri.methods.fewfedpit.client import run_mix
-
     check_outputs([out], [init, local, public])
     run_mix(out, spec, round_=round_, init=init, local_dir=local, public_dir=public)
 
@@ -180,11 +166,6 @@ def aggregate_cmd(
     """The server (Algorithm 1, lines 12-14): W^g_r = sum_k (n_k / sum n) W^a_k; one ledger
     entry in OUT/../ledger.jsonl: eps = inf ("no DP guarantee") without the extension, else
     the Gaussian on the sum of clipped updates (uniform weights)."""
-    from popri.core.guard import check_outputs
-    from popri.methods.fewfedpit.server import aggregate
-
-    from popri.core.errors import InputError
-
     if not 0.0 < delta < 1.0:
         raise InputError(f"must be a number in (0, 1) (got {delta!r})", field="--delta")
     if diagnostics and not release:

@@ -15,6 +15,9 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.methods.dpfl import rounds as lib
 from popri.specs.fl import FLSpec
 
 HELP = """DP federated learning, one round: the DP-FL baselines of POPri (section 4, appendix C.1
@@ -71,10 +74,6 @@ def round_cmd(
 ) -> None:
     """Every FLSpec field is an option (:func:`popri.cli.options.spec_options`)."""
     from pathlib import Path
-
-    from popri.core.errors import InputError
-    from popri.core.guard import check_outputs
-    from popri.methods.dpfl import rounds as lib
 
     if spec.noise_multiplier is None:
         raise InputError("is required (popri run calibrates it to the budget; 'popri account "

@@ -18,6 +18,9 @@ from typing import List, Optional
 import typer
 
 from popri.cli.options import param_error, spec_options, unwrap
+from popri.core.io import dumps
+from popri.methods.fred.steps import OPTION, rank_candidates, release_stats
+from popri.privacy.accounting import ParameterError
 from popri.specs.privacy import FredStatsSpec
 
 fred_app = typer.Typer(
@@ -112,9 +115,6 @@ def stats(
              "ALBERT)."),
     *, spec: FredStatsSpec,
 ) -> None:
-    from popri.methods.fred.steps import OPTION, release_stats
-    from popri.privacy.accounting import ParameterError
-
     try:
         release_stats(private, out, spec, seed=seed, split=split, model=model)
     except ParameterError as e:
@@ -133,9 +133,6 @@ def compare(
         help="Embedding model for texts (default: the one recorded in STATS.json)."),
     split: str = typer.Option("train", "--split", help="Split used for dataset dirs."),
 ) -> None:
-    from popri.core.io import dumps
-    from popri.methods.fred.steps import rank_candidates
-
     rows = rank_candidates(candidates, stats_path, model=model, split=split)
     if json_out:
         typer.echo(dumps([{"candidate": r["candidate"], "fred": r["fred"]} for r in rows]))

@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core import log
+from popri.models.generation import generate_file
 from popri.specs.generation import GenSpec
 
 _HELP = """The server LLM writes K prompts x J samples (POPri Algorithm 1; PrE-Text 'Expand').
@@ -77,9 +79,6 @@ def gen(
                                             "regenerated, kept degenerate) and tokens/s as JSON."),
     *, spec: GenSpec,
 ) -> None:
-    from popri.core import log
-    from popri.models.generation import generate_file
-
     stats = generate_file(omega, spec, prompts=prompts, num_samples=num_samples, out=out,
                           split=split, template=template, adapter=adapter, seed=seed,
                           round_no=round_, device=device, prompts_out=prompts_out,

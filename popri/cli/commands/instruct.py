@@ -17,6 +17,10 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core.guard import check_outputs
+from popri.data.build import FILES, check_out_dir
+from popri.data.instruct import build as do_build
+from popri.models.embed import embed_texts
 from popri.specs.instruct import InstructSpec
 
 HELP = """Build federated instruction data: (instruction, input, response) triples held by
@@ -58,11 +62,6 @@ def build_cmd(
     *, spec: InstructSpec,
 ) -> None:
     from pathlib import Path
-
-    from popri.core.guard import check_outputs
-    from popri.data.build import FILES, check_out_dir
-    from popri.data.instruct import build as do_build
-    from popri.models.embed import embed_texts
 
     check_outputs([out, *(Path(out) / f for f in (*FILES, "manifest.json"))],
                   [name if Path(name).is_file() else None, source])

@@ -17,6 +17,8 @@ from typing import List, Optional
 import typer
 
 from popri.cli.options import unwrap
+from popri.core import log
+from popri.methods.pe.draw import draw_file, init_file, seeds_file
 
 _INIT = """The initial population S_1 (PrE-Text Algorithm 1, line 2): --num records drawn from public
 text (a JSONL with "text", or a federated dataset directory's --split), without replacement when
@@ -49,9 +51,6 @@ def init(
     seed: int = typer.Option(0, "--seed", help="Seeds the draw."),
     out: str = typer.Option("-", "--out", "-o", help="Population JSONL, or '-'."),
 ) -> None:
-    from popri.core import log
-    from popri.methods.pe.draw import init_file
-
     st = init_file(public, num, split=split, seed=seed, out=out)
     log.info(f"pe init: {st['samples']} samples from {st['public']} public texts ({st['source']})")
 
@@ -69,9 +68,6 @@ def draw(
     stats_out: Optional[str] = typer.Option(None, "--stats-out", help="JSON: distinct survivors, "
                                             "mass, whether the draw fell back to uniform."),
 ) -> None:
-    from popri.core import log
-    from popri.methods.pe.draw import draw_file
-
     st = draw_file(population, scores, num, round_no=round_, seed=seed, release=release, out=out,
                    stats_out=stats_out)
     log.info(f"pe draw: {st['survivors']} survivors, {st['distinct']} distinct, from "
@@ -83,9 +79,6 @@ def seeds(
     survivors: List[str] = typer.Argument(..., help="Survivors JSONL of each round ('pe draw')."),
     out: str = typer.Option("-", "--out", "-o", help="Seed set JSONL, or '-'."),
 ) -> None:
-    from popri.core import log
-    from popri.methods.pe.draw import seeds_file
-
     st = seeds_file(survivors, out=out)
     log.info(f"pe seeds: {st['seeds']} distinct texts from {st['survivors']} survivors over "
              f"{st['rounds']} round(s)")

@@ -12,6 +12,12 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core import io, log
+from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.methods.popri.pool import pool_file
+from popri.methods.popri.prefs import build_pairs_file, load_fluency, read_samples
+from popri.methods.popri.prefs import gate as gate_samples
 from popri.specs.training import GateSpec, PoolSpec, PrefsSpec
 
 HELP = """Build DPO preference pairs from scored samples (POPri Algorithm 1, lines 21-26).
@@ -53,11 +59,6 @@ def build(
                                           "--pair-rule fluent."),
     *, spec: PrefsSpec,
 ) -> None:
-    from popri.core import log
-    from popri.core.errors import InputError
-    from popri.core.guard import check_outputs
-    from popri.methods.popri.prefs import build_pairs_file
-
     if fluency and spec.pair_rule != "fluent":
         raise InputError("--fluency is read only by --pair-rule fluent", field="--fluency")
     check_outputs([out, report_out], [samples, scores, true_scores, fluency])
@@ -110,11 +111,6 @@ def pool(
                                  "(a prompt's --shots of 'popri gen')."),
     *, spec: PoolSpec,
 ) -> None:
-    from popri.core import log
-    from popri.core.errors import InputError
-    from popri.core.guard import check_outputs
-    from popri.methods.popri.pool import pool_file
-
     if spec.pool == "static":
         raise InputError("static is no evolving pool (gen reads Omega itself): give union or "
                          "chosen", field="--pool")
@@ -144,11 +140,6 @@ def gate(
     out: str = typer.Option("-", "--out", "-o", help="Kept samples JSONL, or '-' for stdout."),
     *, spec: GateSpec,
 ) -> None:
-    from popri.core import io, log
-    from popri.core.guard import check_outputs
-    from popri.methods.popri.prefs import gate as gate_samples
-    from popri.methods.popri.prefs import load_fluency, read_samples
-
     check_outputs([out], [samples, fluency])
     recs = read_samples(samples)
     kept, r = gate_samples(recs, load_fluency(fluency), spec.drop,

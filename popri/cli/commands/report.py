@@ -11,6 +11,12 @@ from typing import List
 
 import typer
 
+from popri.cli.options import unwrap
+from popri.core import log
+from popri.core.errors import InputError, MissingResourceError
+from popri.core.io import dumps
+from popri.report import RUN_FILES, build_report, check_out, is_run_dir
+
 _HELP = """A report of run directories ('popri run' outputs) as Markdown and one self-contained
 HTML file.
 
@@ -43,11 +49,6 @@ def report(
 ) -> None:
     from pathlib import Path
 
-    from popri.core import log
-    from popri.core.errors import InputError, MissingResourceError
-    from popri.core.io import dumps
-    from popri.report import RUN_FILES, check_out, is_run_dir
-
     if out in ("", "-"):
         check_out(out, [])  # one line: --out must be a directory
     for d in run_dirs:
@@ -64,7 +65,6 @@ def report(
         raise MissingResourceError("popri report needs matplotlib: pip install matplotlib") \
             from None
     check_out(out, list(run_dirs))  # before any figure is drawn
-    from popri.report import build_report
 
     log.info(f"report: {len(run_dirs)} run(s) -> {out}")
     res = build_report(list(run_dirs), out)
@@ -75,6 +75,4 @@ def report(
 
 
 def register(app: typer.Typer) -> None:
-    from popri.cli.options import unwrap
-
     app.command("report", help=unwrap(_HELP.strip()))(report)

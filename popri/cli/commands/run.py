@@ -10,6 +10,14 @@ from typing import List, Optional
 
 import typer
 
+from popri.cli.options import unwrap
+from popri.core.errors import ConfigError
+from popri.core.guard import check_outputs
+from popri.pipeline import config as C
+from popri.pipeline.config import _control_char
+from popri.pipeline.driver import Run, results_table
+from popri.pipeline.recipes import METHODS
+
 
 def run(
     config: Optional[str] = typer.Argument(
@@ -69,9 +77,6 @@ def run(
     private, the paper's, NOT covered by epsilon).  A resume that would run a finished DP stage
     again (its config or inputs changed) is refused before anything runs unless --rerun.
     """
-    from popri.pipeline import config as C
-    from popri.pipeline.driver import Run, results_table
-
     overrides = (list(set_) + _run_dir_override(run_dir)
                  + (["release=true"] if release else []))
     cfg = C.load(config, overrides)
@@ -82,8 +87,6 @@ def run(
         typer.echo(yaml.safe_dump(C.to_dict(cfg), sort_keys=False, allow_unicode=True).rstrip())
         return
     from pathlib import Path
-
-    from popri.core.guard import check_outputs
 
     # the run's own files (each stage guards its own outputs when it runs); config.resolved.json
     # is left out: rerunning a run from its resolved config rewrites it by design
@@ -106,9 +109,6 @@ def _run_dir_override(run_dir: str | None) -> list[str]:
     YAML's run_dir was used, and ' ' read as null)."""
     import json
 
-    from popri.core.errors import ConfigError
-    from popri.pipeline.config import _control_char
-
     if run_dir is None:
         return []
     if not run_dir.strip():
@@ -124,8 +124,6 @@ def _run_dir_override(run_dir: str | None) -> list[str]:
 def register(app: typer.Typer) -> None:
     import inspect
 
-    from popri.cli.options import unwrap
-
     app.command("run", help=unwrap(inspect.cleandoc(run.__doc__)).replace(
         "{methods}", methods_help()))(run)
 
@@ -135,8 +133,6 @@ def methods_help() -> str:
     (popri.pipeline.recipes.METHODS); a paragraph click keeps as written (``\\b``), each
     line within 76 columns."""
     import textwrap
-
-    from popri.pipeline.recipes import METHODS
 
     width = max(map(len, METHODS)) + 2
     lines = ["\b", "method (the config's 'method'; default popri):"]

@@ -15,6 +15,12 @@ from typing import List
 import typer
 
 from popri.cli.options import unwrap
+from popri.core import log
+from popri.core.errors import InputError
+from popri.core.io import dumps
+from popri.pipeline import runs as R
+from popri.pipeline.driver import results_table
+from popri.report.samples import samples
 
 app = typer.Typer(help="Finished runs: list them, show one, diff two (results.json, "
                        "config.resolved.json, metrics.jsonl).", no_args_is_help=True)
@@ -22,8 +28,6 @@ app = typer.Typer(help="Finished runs: list them, show one, diff two (results.js
 
 def _notes(run) -> None:
     """A run's notes (metrics.jsonl lines skipped, ...) on stderr."""
-    from popri.core import log
-
     for n in run.notes:
         log.warn(n)
 
@@ -48,11 +52,6 @@ def list_cmd(
     budget, accuracy, gap closed, the method minus its T = 0 row, seed, popri version, when it
     ended. A run whose results.json or config.resolved.json cannot be read is listed as
     '(unreadable)', with the reason on stderr; the other runs are listed as usual."""
-    from popri.core import log
-    from popri.core.errors import InputError
-    from popri.core.io import dumps
-    from popri.pipeline import runs as R
-
     rows = []
     for d in R.find_runs(dirs or ["runs"]):
         try:
@@ -85,9 +84,6 @@ def list_cmd(
 
 
 def _results_table(run) -> str:
-    from popri.pipeline import runs as R
-    from popri.pipeline.driver import results_table
-
     try:
         return results_table(run.results)
     except (KeyError, TypeError, AttributeError, ValueError, IndexError, ZeroDivisionError,
@@ -114,10 +110,6 @@ def show_cmd(
     accuracy, the probe's cosine, MMD^2 and distinct-2; --json has every field), the first and
     last rounds only when there are many (--all: every round). metrics.jsonl lines that are not
     a JSON object with an integer round are skipped, with a note on stderr."""
-    from popri.core import log
-    from popri.core.io import dumps
-    from popri.pipeline import runs as R
-
     run = R.load_run(run_dir)
     _notes(run)
     if as_json:
@@ -151,8 +143,6 @@ def show_cmd(
 
 def _round_table(run, every: bool) -> None:
     """The per-round table of ``popri runs show``."""
-    from popri.pipeline import runs as R
-
     rows = run.rows
     if not rows:
         if (run.path / "metrics.jsonl").is_file():
@@ -178,9 +168,6 @@ SHOW_SAMPLES, SHOW_CHARS = 3, 160
 def _samples(run) -> None:
     """The first samples of the run's synthetic set and one chosen / rejected pair with its
     released scores, as the report's samples page (popri.report.samples), shortened."""
-    from popri.core import log
-    from popri.report.samples import samples
-
     notes: list[str] = []
     s = samples(run.path, run.results if run.finished else None, notes)
     for n in notes:
@@ -207,8 +194,6 @@ def _samples(run) -> None:
 
 
 def R_fmt(x) -> str:
-    from popri.pipeline import runs as R
-
     return R.fmt(x, width=None)
 
 
@@ -238,17 +223,12 @@ def diff_cmd(
     their change. A number with a standard error is rounded to two significant digits of
     its SE and differs only at that precision; two epsilons within 1e-4 relative (the
     accountant's precision) are the same. The change column says '=' for no difference."""
-    from popri.core.io import dumps
-    from popri.pipeline import runs as R
-
     ra, rb = R.load_run(a), R.load_run(b)
     _notes(ra)
     _notes(rb)
     keys = list(keys or [])
     d = R.diff(ra, rb, everything=everything, keys=keys)
     if d["keys_unmatched"]:
-        from popri.core import log
-
         log.warn("--keys " + ", ".join(repr(k) for k in d["keys_unmatched"]) + " matched no "
                  "setting or metric key of either run (a glob such as 'privacy.*' or a "
                  "substring such as 'gap_closed'; --all lists every key)")

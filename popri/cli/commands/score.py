@@ -17,7 +17,9 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core import io
 from popri.core.spec import help_of, spec_field
+from popri.feedback.release import release_scores
 from popri.specs.feedback import ScoreSpec
 
 HELP = """Score synthetic samples with DP feedback from private clients (one round).
@@ -93,9 +95,6 @@ def score(
     *, spec: ScoreSpec,
 ) -> None:
     """The options of every ScoreSpec field come from the spec (:func:`spec_options`)."""
-    from popri.core import io
-    from popri.feedback.release import release_scores
-
     r = release_scores(private, synthetic, spec, out=out, per_client_out=per_client_out,
                        ledger_dir=ledger_dir, seed=seed, round_=round_, model=model, split=split)
     if out == io.STDIO:

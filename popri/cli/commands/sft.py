@@ -12,6 +12,8 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core.guard import check_outputs
+from popri.methods.popri import dpo as lib
 from popri.specs.training import SFTSpec
 
 HELP = """PE+SFT baseline (POPri section 3, "Supervised Fine-Tuning"; Table 1): fine-tune the
@@ -49,9 +51,6 @@ def sft(
     *, spec: SFTSpec,
 ) -> None:
     from pathlib import Path
-
-    from popri.core.guard import check_outputs
-    from popri.methods.popri import dpo as lib
 
     o = Path(out)
     check_outputs([out, o / lib.ADAPTER_DIR, o / lib.METRICS_FILE, o / lib.RUN_FILE,

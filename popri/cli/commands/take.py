@@ -12,6 +12,14 @@ from typing import Optional
 
 import typer
 
+from popri.cli.options import unwrap
+from popri.core import log
+from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.core.io import STDIO, AtomicOutputs, dumps, iter_jsonl, write_jsonl
+from popri.data.records import first_by_tokens
+from popri.models import llm
+
 HELP = """The first samples of SAMPLES whose tokens reach a budget: a synthetic set sized in text,
 not in samples.
 
@@ -44,12 +52,6 @@ def take(
                                             "tokens and samples kept, and whether the budget "
                                             "was reached, as JSON."),
 ) -> None:
-    from popri.core import log
-    from popri.core.errors import InputError
-    from popri.core.guard import check_outputs
-    from popri.core.io import STDIO, AtomicOutputs, dumps, iter_jsonl, write_jsonl
-    from popri.data.records import first_by_tokens
-
     if (tokens is None) == (tokens_of is None):
         raise InputError("give exactly one of --tokens B and --tokens-of REF", field="tokens")
     if stats_out == STDIO:
@@ -67,7 +69,6 @@ def take(
 
     recs = texts(samples)
     ref = texts(tokens_of) if tokens_of is not None else None
-    from popri.models import llm
 
     tok = llm.load_tokenizer(tokenizer)
 
@@ -106,6 +107,4 @@ def take(
 
 
 def register(app: typer.Typer) -> None:
-    from popri.cli.options import unwrap
-
     app.command("take", help=unwrap(HELP))(take)

@@ -13,6 +13,9 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core.guard import check_outputs
+from popri.core.io import dumps
+from popri.eval.downstream import train_downstream as run
 from popri.specs.training import DownstreamSpec
 
 _HELP = """Fine-tune a causal LM on the 'text' of TRAIN and keep the epoch that is best on --val.
@@ -56,10 +59,6 @@ def train_downstream(
     *, spec: DownstreamSpec,
 ) -> None:
     from pathlib import Path
-
-    from popri.core.guard import check_outputs
-    from popri.core.io import dumps
-    from popri.eval.downstream import train_downstream as run
 
     # the checkpoint directory is replaced whole: every file now under it is overwritten
     o = Path(out)

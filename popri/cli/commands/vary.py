@@ -13,6 +13,8 @@ from typing import Optional
 import typer
 
 from popri.cli.options import spec_options, unwrap
+from popri.core import log
+from popri.methods.pe.variation import vary_file
 from popri.specs.generation import VarySpec
 
 _HELP = """Variations of text samples: PrE-Text's mask-fill or Aug-PE's LLM paraphrase
@@ -84,9 +86,6 @@ def vary(
                                             "timings as JSON."),
     *, spec: VarySpec,
 ) -> None:
-    from popri.core import log
-    from popri.methods.pe.variation import vary_file
-
     st = vary_file(input, spec, out=out, lookahead_out=lookahead_out, stats_out=stats_out,
                    template=template, adapter=adapter, seed=seed, round_no=round_,
                    device=device)

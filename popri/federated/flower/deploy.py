@@ -42,9 +42,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from popri.federated.flower.deploy_files import (CONNECTION, _flat, app_config_keys, app_dir,
-                                                 make_certs, make_node_keys, node_config_arg,
-                                                 toml_table, write_flwr_config)
+from popri.federated.flower.deploy_files import (
+    CONNECTION,
+    _flat,
+    app_config_keys,
+    app_dir,
+    make_certs,
+    make_node_keys,
+    node_config_arg,
+    toml_table,
+    write_flwr_config,
+)
 
 FLWR_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
 MARK_ENV = "POPRI_FLOWER_LOOPBACK"  # set in every child's environment; found again at cleanup

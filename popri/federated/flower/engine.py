@@ -54,6 +54,8 @@ import numpy as np
 from popri.core import io, log
 from popri.core.errors import InputError, PopriError
 from popri.federated import secagg
+from popri.federated.flower import deploy
+from popri.privacy import ddg
 
 DEFAULT_SUPERNODES = 10
 KEEP_ENV = "POPRI_FLOWER_KEEP"
@@ -133,8 +135,6 @@ def plan_ddg(mode: str, z: float, sensitivity: float, dim: int, clients: int, n_
     private participant count (:func:`~popri.privacy.ddg.plan_round`'s ``fixed_grid``).
     ``sensitivity``: one client's bound (C, or M votes); ``sens_factor``: the sum's sensitivity
     under the round's relation over it (2 under replace one client, sqrt 2 for votes)."""
-    from popri.privacy import ddg
-
     return ddg.plan_round(clip=sensitivity, noise_multiplier=z, dim=dim, clients=clients,
                           uploaders=uploaders or clients, min_noisy=n_min,
                           integer_inputs=(mode == "nn-histogram"),
@@ -239,8 +239,6 @@ def execute(job: Path, spec, *, plan, ddg_plan, L: int, z: float, deployed: bool
     mean = np.load(job / "result.npy")
     notes = []
     if mech == "ddg":
-        from popri.privacy import ddg
-
         ints = np.rint(mean * survivors).astype(np.int64)
         total = ddg.decode(ints, ddg_plan)
         # each client's rounding moves a coordinate by less than gamma; rotated back, one
@@ -361,8 +359,6 @@ def submit(job: Path, spec) -> float:
     and awaited (:func:`~popri.federated.flower.deploy.submit`).  The ServerApp runs on the
     SuperLink host and reads / writes ``job``: run popri there, or share the directory at the
     same path (docs/flower.md).  Returns the wall time."""
-    from popri.federated.flower import deploy
-
     app = deploy.app_dir(job / "app", config={"job": ""})
     t0 = time.perf_counter()
     try:

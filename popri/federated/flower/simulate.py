@@ -16,6 +16,9 @@ import os
 import sys
 from pathlib import Path
 
+from popri.core import io
+from popri.federated.flower import CLIENT_APP, SERVER_APP, load_app
+
 
 def _die_with_parent(job: Path) -> None:
     """A SIGKILLed popri cannot clean up, and this process (a session of its own, so that popri
@@ -51,13 +54,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from popri.core import io
 
     settings = io.read_json(job / "settings.json", expect=dict)
     workers = max(1, int(settings.get("workers") or os.cpu_count() or 1))
     from flwr.simulation import run_simulation
-
-    from popri.federated.flower import CLIENT_APP, SERVER_APP, load_app
 
     run_simulation(
         server_app=load_app(SERVER_APP), client_app=load_app(CLIENT_APP),

@@ -26,6 +26,7 @@ from typing import Iterator
 from popri.core.errors import ConfigError
 from popri.kit import Z_LATER, DPRelease, Stage, step_argv
 from popri.methods.base import Method
+from popri.methods.dpfl.rounds import epoch_leaves, epoch_position
 from popri.privacy.plan import Noise
 from popri.specs.engine import EngineSpec
 from popri.specs.fl import FLSpec
@@ -68,8 +69,6 @@ def round_entries(cfg, t: int, noise: Noise, clients: int | None) -> list:
     if spec.epoch_trees:
         # one tree per epoch of R rounds: the tree is one release, recorded by each of its
         # rounds under one id (counted once), so only its first round plans it
-        from popri.methods.dpfl.rounds import epoch_leaves, epoch_position
-
         if clients is None and spec.assignment == "blocks":
             return []  # a dry run before the fetch: R = floor(N / L) is known after it
         R, e, r = epoch_position(epoch_leaves(spec, clients or 0, cfg.fl.clients_per_round), t)

@@ -57,8 +57,15 @@ from popri.core import io, log, outdir, runtime
 from popri.core.artifacts import path_digest
 from popri.core.errors import InputError
 from popri.data.records import text_records
-from popri.eval.downstream import (count_targets, encode, load_model, make_batch, padding_id,
-                                   special_ids, token_stats)
+from popri.eval.downstream import (
+    count_targets,
+    encode,
+    load_model,
+    make_batch,
+    padding_id,
+    special_ids,
+    token_stats,
+)
 from popri.federated.aggregation import public_count
 from popri.federated.flower import engine as E
 from popri.federated.participation import Participation, factorize, sample_clients

@@ -38,9 +38,29 @@ from typing import Sequence
 
 import numpy as np
 
-from popri.core import log, runtime
+from popri.core import log, outdir, runtime
 from popri.core.errors import InputError
+from popri.core.io import (
+    STDIO,
+    AtomicOutputs,
+    dumps,
+    iter_jsonl,
+    load_npy,
+    read_json,
+    write_json,
+    write_jsonl,
+)
+from popri.data.instruct import check_example, read_examples
+from popri.data.instruct import prompt as alpaca
+from popri.eval.downstream import load_model
+from popri.methods.dpfl.rounds import clip, flat, set_flat, trainable
+from popri.methods.fewfedpit import filters as F
+from popri.methods.fewfedpit.ifs import response_losses
+from popri.methods.fewfedpit.weights import mix
+from popri.models import llm
 from popri.models.instruct import encode, greedy_texts  # noqa: F401
+from popri.models.llm import autocast, recorded_name
+from popri.models.lora import lora_config
 from popri.specs.fewfedpit import FewFedPITSpec
 
 THETA = "theta.npy"
@@ -53,8 +73,6 @@ _LORA_KEYS = ("lora_r", "lora_alpha", "target_modules")
 def client_examples(data: str, split: str, client: str | None) -> tuple[list[dict], str]:
     """The instruction records (instruction / input / output) of one client (all with None),
     each checked (:func:`popri.data.instruct.check_example`)."""
-    from popri.data.instruct import read_examples
-
     recs, src = read_examples(data, split)
     if client is not None:
         recs = [r for r in recs if str(r.get("client_id")) == str(client)]
@@ -73,8 +91,6 @@ def rng_for(seed: int, round_: int, client: str, stream: str) -> random.Random:
 def read_meta(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> dict:
     """The checked ``state.json`` of a weights directory (its weights not loaded): a broken,
     foreign or absurd one is one :class:`InputError` naming the file and field."""
-    from popri.core.io import read_json
-
     p = Path(path)
     if not (p / THETA).is_file() or not (p / STATE).is_file():
         raise InputError(f"not a FewFedPIT weights directory (no {THETA} / {STATE})", path=str(p))
@@ -110,8 +126,6 @@ def read_meta(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> dict:
 
 def read_state(path: str | os.PathLike, kinds: Sequence[str] = KINDS) -> tuple[np.ndarray, dict]:
     """(theta, state) of a weights directory, checked."""
-    from popri.core.io import load_npy
-
     state = read_meta(path, kinds)
     f = Path(path) / THETA
     theta = load_npy(f)
@@ -127,16 +141,12 @@ WEIGHTS_FILES = (THETA, STATE)
 def check_out(out: str, *inputs: str | None) -> None:
     """The directory-output rule (:func:`popri.core.outdir.check`) for a weights directory:
     before anything is read or trained."""
-    from popri.core import outdir
-
     outdir.check(out, inputs=inputs, legacy=WEIGHTS_FILES)
 
 
 def stage_files(d: Path, theta: np.ndarray, state: dict, model=None, tok=None) -> None:
     """Write a weights directory's files into ``d``: theta.npy, state.json and, with
     ``model``, ``model/`` (adapter + tokenizer + metrics.json, for eval / audit)."""
-    from popri.models.llm import recorded_name
-
     np.save(d / THETA, theta.astype(np.float32))
     (d / STATE).write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     if model is not None:
@@ -153,8 +163,6 @@ def stage_files(d: Path, theta: np.ndarray, state: dict, model=None, tok=None) -
 def write_state(out: str | os.PathLike, theta: np.ndarray, state: dict, model=None, tok=None
                 ) -> None:
     """Write a weights directory atomically: staged next to it, renamed into place."""
-    from popri.core import outdir
-
     out_p = Path(out)
     tmp = outdir.staging_dir(out_p)
     try:
@@ -174,8 +182,6 @@ def global_weights(init: str, spec: FewFedPITSpec, device: str):
     """(model, tok, params, theta_global, base_model, state) from a global weights directory
     (``fewfedpit init``: round 0, or an aggregate); the LoRA adapter is rebuilt from the seed
     recorded there, then set to its weights."""
-    from popri.methods.dpfl.rounds import set_flat
-
     theta, st = read_state(init, ("global",))
     if st.get("lora") != lora_settings(spec):
         raise InputError(f"was made with LoRA {st.get('lora')}, this stage has "
@@ -191,9 +197,6 @@ def init_global(model: str, out: str, spec: FewFedPITSpec, *, seed: int = 0,
                 device: str | None = None) -> dict:
     """W^g_0: ``model`` with a LoRA adapter initialised from ``seed`` (B = 0, so the base
     model's function), as the round-0 global weights directory ``out`` (with ``model/``)."""
-    from popri.methods.dpfl.rounds import flat
-    from popri.models import llm
-
     check_out(out, model if Path(model).exists() else None)
     device = device or llm.default_device()
     m, tok, params = build(model, spec, seed, device)
@@ -211,10 +214,6 @@ def build(base: str, spec: FewFedPITSpec, seed: int, device: str):
     torch = runtime.configure_torch()
     from peft import get_peft_model
 
-    from popri.eval.downstream import load_model
-    from popri.methods.dpfl.rounds import trainable
-    from popri.models.lora import lora_config
-
     m, tok = load_model(base, device=device)
     if getattr(m, "peft_config", None):
         m = m.merge_and_unload()
@@ -231,9 +230,6 @@ def train(model, params, theta0: np.ndarray, examples: Sequence[dict], tok, spec
     """LocTrain: ``local_epochs`` of AdamW (batch ``batch_size``) from ``theta0`` on the
     examples' responses; returns (theta, stats)."""
     import torch
-
-    from popri.methods.dpfl.rounds import flat, set_flat
-    from popri.models.llm import autocast
 
     set_flat(params, theta0)
     seqs = encode(tok, examples, spec.max_length)
@@ -283,11 +279,6 @@ def selfgen(model, tok, params, theta_global: np.ndarray, theta_local: np.ndarra
     """SynGen (module docstring): returns (one row per candidate with its fate, counts).  Rows
     of kept samples have ``kept`` True; each row has ``rouge_l`` (instruction vs the local
     ones), and those that got a response ``rouge_l_local`` (copy filter) and ``ifs``."""
-    from popri.data.instruct import prompt as alpaca
-    from popri.methods.dpfl.rounds import set_flat
-    from popri.methods.fewfedpit import filters as F
-    from popri.methods.fewfedpit.ifs import response_losses
-
     counts = {"instruction_prompts": 0, "generated": 0, "format": 0, "rouge_local": 0,
               "rouge_kept": 0, "novel": 0, "no_response": 0, "copy": 0, "scored": 0, "kept": 0}
     local_instr = [e["instruction"] for e in local]
@@ -380,8 +371,6 @@ def run_local(data: str, client: str | None, out: str, spec: FewFedPITSpec, *, r
     """W^l_k: the client's private training from the global weights (Algorithm 1, line 6).
     ``client`` None: every client's examples pooled (centralised tuning, the eps = inf
     skyline); ``save_model``: also ``OUT/model`` for eval / audit."""
-    from popri.models import llm
-
     t0 = time.perf_counter()
     check_out(out, data, init)
     check_round(init, round_)
@@ -396,8 +385,6 @@ def run_local(data: str, client: str | None, out: str, spec: FewFedPITSpec, *, r
              "n_examples": len(local), "source": src, "train": st,
              "seconds": seconds_since(t0)}
     if save_model:
-        from popri.methods.dpfl.rounds import set_flat
-
         set_flat(params, theta)
     write_state(out, theta, state, m if save_model else None, tok)
     log.info(f"fewfedpit local r{round_} {client or 'all clients'}: {len(local)} examples, "
@@ -411,9 +398,6 @@ def run_selfgen(data: str, client: str, out: str, spec: FewFedPITSpec, *, round_
                 device: str | None = None) -> dict:
     """D^syn_k (Algorithm 1, line 7): every candidate with its fate to ``out`` (JSONL), the
     filter counts to ``stats_out`` (JSON)."""
-    from popri.core.io import STDIO, AtomicOutputs, dumps, write_json, write_jsonl
-    from popri.models import llm
-
     t0 = time.perf_counter()
     check_round(init, round_)
     theta_l, st_l = read_state(local_dir, ("local",))
@@ -454,9 +438,6 @@ def kept_samples(path: str, client: str | None = None, round_: int | None = None
     records its ``client_id`` / ``round`` (selfgen writes both) must be of ``client`` /
     ``round_`` (when given): another client's or round's synthetic set is refused, as ``mix``
     refuses another client's or round's weights."""
-    from popri.core.io import iter_jsonl
-    from popri.data.instruct import check_example
-
     out = []
     for r in iter_jsonl(path, ("instruction", "kept"), locate=True):
         where = {"path": r.pop("_path"), "line": r.pop("_line")}
@@ -478,8 +459,6 @@ def run_train(synthetic: str, client: str, out: str, spec: FewFedPITSpec, *, rou
               device: str | None = None) -> dict:
     """W^g_k: training on the kept synthetic examples from the global weights (line 8); fedmit
     (``data`` given): on the client's private examples and the synthetic ones together."""
-    from popri.models import llm
-
     t0 = time.perf_counter()
     check_round(init, round_)
     device = device or llm.default_device()
@@ -511,9 +490,6 @@ def run_mix(out: str, spec: FewFedPITSpec, *, round_: int, init: str, local_dir:
             public_dir: str | None) -> dict:
     """W^a_k = beta W^l + (1 - beta) W^g_k (line 9); fedit uploads W^l, fedmit its one model;
     with ``spec.clip`` (popri extension) the update W^a_k - W^g_{r-1} clipped to C."""
-    from popri.methods.dpfl.rounds import clip
-    from popri.methods.fewfedpit.weights import mix
-
     check_out(out, init, local_dir, public_dir)
     check_round(init, round_)
     theta_g, g = read_state(init, ("global",))

@@ -28,10 +28,15 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from popri.core.errors import ConfigError
+from popri.core.io import read_json, write_json
 from popri.kit import DPRelease, Stage, released_line, step_argv
 from popri.methods.base import Method
+from popri.privacy.entries import gaussian
+from popri.privacy.noise import make_rng
 from popri.privacy.plan import Noise, mode_of
 from popri.specs.fewfedpit import FewFedPITSpec
+from popri.specs.instruct import InstructSpec
 
 #: FewFedPITSpec fields each stage takes from the config's fewfedpit section
 _TRAIN = ("lr", "local_epochs", "batch_size", "max_length", "bf16", "lora_r", "lora_alpha")
@@ -107,8 +112,6 @@ def round_samples(run, clients: list[str], k: int) -> dict[int, list[str]]:
     server's own record: publishing it with the model voids the amplification) and reuses it
     on every rerun; research mode (no privacy claim) seeds it.  A dry run shows placeholders
     for a release-mode sample not drawn yet."""
-    from popri.core.io import read_json, write_json
-
     c, f = run.cfg, run.cfg.fewfedpit
     if not (run.release and f.noise_multiplier):
         return {t: sampled(c.seed, t, clients, k) for t in range(1, c.rounds + 1)}
@@ -119,7 +122,6 @@ def round_samples(run, clients: list[str], k: int) -> dict[int, list[str]]:
         if rec.get("clients") == clients and rec.get("k") == k \
                 and set(got) >= set(range(1, c.rounds + 1)):
             return got
-        from popri.core.errors import ConfigError
 
         raise ConfigError("holds the secret client samples of another client set or "
                           "clients_per_round: use a new run_dir", path=str(path),
@@ -127,7 +129,6 @@ def round_samples(run, clients: list[str], k: int) -> dict[int, list[str]]:
     if run.dry_run:
         return {t: [f"SECRET{j + 1}" for j in range(min(k, len(clients)))]
                 for t in range(1, c.rounds + 1)}
-    from popri.privacy.noise import make_rng
 
     rng = make_rng(None, secure=True, stream="sampling")
     out = {t: sampled(c.seed, t, clients, k, rng=rng) for t in range(1, c.rounds + 1)}
@@ -153,8 +154,6 @@ def round_entries(cfg, t: int, q: float | None, *, release: bool) -> list:
     and such a run has no budget).  The noise is the extension's explicit z on the round's
     relation and sensitivity (:meth:`popri.privacy.plan.Noise.of_round`, from the aggregate's
     spec: its clip), as ``popri fewfedpit aggregate`` records it."""
-    from popri.privacy.entries import gaussian
-
     f = cfg.fewfedpit
     if not f.noise_multiplier or q is None:
         return []
@@ -235,8 +234,6 @@ def recipe(run) -> Iterator[Stage]:
 def data_stages(run) -> Iterator[Stage]:
     """The instruction data: ``popri instruct build`` of data.source (no Omega: FewFedPIT's
     synthetic data is the clients' own self-generation)."""
-    from popri.specs.instruct import InstructSpec
-
     c, d = run.cfg, run.cfg.data
     if not d.dir:
         yield Stage("instruct-private", [
@@ -289,8 +286,6 @@ def evaluation(run) -> Iterator[Stage]:
 
 
 def results(run, noise: Noise | None) -> dict:
-    from popri.core.io import read_json
-
     c, E = run.cfg, run.paths.eval
     methods, leakage = {}, {}
     for name in (c.method, "eps0", "epsinf"):

@@ -31,12 +31,19 @@ from typing import Sequence
 
 import numpy as np
 
-from popri.core import log
+from popri.core import log, outdir
+from popri.core.artifacts import path_digest
 from popri.core.errors import InputError
 from popri.federated.aggregation import public_count
+from popri.methods.dpfl.rounds import add_noise, set_flat
 from popri.methods.fewfedpit import client as C
 from popri.methods.fewfedpit.weights import WeightedSum
+from popri.models import llm
+from popri.privacy.entries import gaussian
+from popri.privacy.relations import round_relation
+from popri.privacy.release import NOT_PRIVATE, Release
 from popri.specs.fewfedpit import FewFedPITSpec
+from popri.specs.fl import FLSpec
 
 ROUND = "round.json"
 LEDGER_STAGE = "fewfedpit"
@@ -52,15 +59,6 @@ def aggregate(uploads: Sequence[str], out: str, spec: FewFedPITSpec, *, round_: 
     weights directory ``out`` (with ``model/``), one ledger entry in ``OUT/../ledger.jsonl``.
     Release mode writes no count of the round's clients or their examples and no update norm
     (round.json's ``private_diagnostics``, NOT PRIVATE, only with ``diagnostics``)."""
-    from popri.core.artifacts import path_digest
-    from popri.core import outdir
-    from popri.methods.dpfl.rounds import add_noise, set_flat
-    from popri.privacy.relations import round_relation
-    from popri.models import llm
-    from popri.privacy.entries import gaussian
-    from popri.privacy.release import NOT_PRIVATE, Release
-    from popri.specs.fl import FLSpec
-
     t0 = time.perf_counter()
     if not uploads:
         raise InputError("no uploads to aggregate", field="UPLOADS")

@@ -69,12 +69,22 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from popri.core.artifacts import json_sidecar
+from popri.core.errors import InputError
+from popri.core.io import read_json
+from popri.federated import participation
+from popri.models.fid import gaussian_stats
 from popri.privacy.accounting import ParameterError
 from popri.privacy.calibration import (  # noqa: F401  (re-exported: deprecated names)
-    CALIBRATIONS, analytic_multiplier, classic_multiplier, gaussian_log_delta, gaussian_multiplier)
+    CALIBRATIONS,
+    analytic_multiplier,
+    classic_multiplier,
+    gaussian_log_delta,
+    gaussian_multiplier,
+)
+from popri.privacy.noise import discrete_gaussian_release, make_rng
+
 # the relations, the levels and the user-level cap m (8, PrE-Text's): declared in the spec
 from popri.specs.privacy import DEFAULT_USER_CAP, LEVELS, RELATIONS  # noqa: F401
-
 
 # --------------------------------------------------------------------------- calibration
 # One Gaussian release's noise multiplier: popri.privacy.calibration.gaussian_multiplier.
@@ -251,7 +261,6 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
     z_eff = {"mean": z, "covariance": z}
     t1 = server_sum(mean_contribution(x, c, g) for x in clients)
     if secure:  # release mode: snapped + discrete Gaussian (popri.privacy.noise)
-        from popri.privacy.noise import discrete_gaussian_release
 
         v1 = t1[:d] if design.count_public else t1
         sum1, ze, _ = discrete_gaussian_release(v1, s1, design.mean_sensitivity, rng)
@@ -304,9 +313,6 @@ def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, s
     user level (a seeded choice, stream "fred-cap"), then :func:`private_stats` (stream
     "fred-noise"); ``secure`` draws both from os.urandom instead.  ``clip_to``: as
     :func:`private_stats`'s."""
-    from popri.federated import participation
-    from popri.privacy.noise import make_rng
-
     codes, _ = participation.factorize(list(keys))
     rng = make_rng(seed, secure=secure, stream="fred-cap")
     keep = participation.cap_per_client(codes, design.m, rng) if design.level == "user" else None
@@ -317,8 +323,6 @@ def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, s
 
 def exact_stats(emb: np.ndarray) -> FredStats:
     """--non-private: mean and (N-1) covariance of all rows, unclipped (= what `eval fid` fits)."""
-    from popri.models.fid import gaussian_stats
-
     mean, cov = gaussian_stats(emb)
     return FredStats(mean, cov, float(len(emb)), False, {})
 
@@ -355,9 +359,6 @@ def load_stats(path: str) -> tuple[np.ndarray, np.ndarray | None, dict]:
     """(mean, cov, sidecar) of a `popri fred stats` output; located errors for bad files.  cov
     is None for a mean-only release (sidecar ``"statistics": "mean"``)."""
     from pathlib import Path
-
-    from popri.core.errors import InputError
-    from popri.core.io import read_json
 
     if not Path(path).is_file():
         raise InputError("no such file", path=path)

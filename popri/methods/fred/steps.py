@@ -25,8 +25,20 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from popri.core import log
+from popri.core import log, validate
+from popri.core.artifacts import array_digest
 from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.core.io import STDIO, is_embedding_path
+from popri.data.records import read_records
+from popri.methods.fred import stats as F
+from popri.methods.fred.stats import Design, load_stats
+from popri.models.embed import as_embedding_set, resolve_model
+from popri.models.fid import frechet_distance, gaussian_stats
+from popri.privacy.accounting import compose
+from popri.privacy.calibration import gaussian_multiplier
+from popri.privacy.entries import gaussian
+from popri.privacy.release import Release
 from popri.specs.privacy import FredStatsSpec
 
 #: library parameter -> the ``popri fred stats`` option (for ParameterError messages)
@@ -38,10 +50,6 @@ OPTION = {"epsilon": "--epsilon", "delta": "--delta", "clip": "--clip", "relatio
 def load_embeddings(path: str, *, what: str, split: str, **kw):
     """An embedding set from a .npy set, a dataset dir (its split), or JSONL (a file or '-')
     of texts or of 'embedding' rows (the pipe format of 'popri embed --out -')."""
-    from popri.core.io import STDIO, is_embedding_path
-    from popri.data.records import read_records
-    from popri.models.embed import as_embedding_set
-
     if path != STDIO and is_embedding_path(path):
         return as_embedding_set(path, what=what, **kw)
     recs, src = read_records(path, split)
@@ -52,9 +60,6 @@ def stats_noise_multiplier(spec: FredStatsSpec) -> float:
     """z of each of the two releases (``spec.calibration`` at ``spec.epsilon``, ``spec.delta``):
     a ParameterError when the calibration does not apply (classic at eps >= 1), an InputError
     when the noise would be so large that the statistics are pure noise."""
-    from popri.core import validate
-    from popri.privacy.calibration import gaussian_multiplier
-
     z = gaussian_multiplier(spec.epsilon, spec.delta, spec.calibration)
     if not z <= validate.Z_MAX:
         raise InputError(f"too small: it needs noise multiplier {z:.3g} > {validate.Z_MAX:g}, "
@@ -65,8 +70,6 @@ def stats_noise_multiplier(spec: FredStatsSpec) -> float:
 def design_of(spec: FredStatsSpec):
     """The :class:`~popri.methods.fred.stats.Design` (relation, level, clip, m) of a private
     spec."""
-    from popri.methods.fred.stats import Design
-
     m = spec.max_samples_per_client if spec.level == "user" else None
     return Design(spec.relation, spec.level, spec.clip, m)
 
@@ -87,12 +90,6 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
     (None when non-private)}``.  Bad settings: a :class:`~popri.core.errors.InputError`, or a
     :class:`~popri.privacy.accounting.ParameterError` whose ``param`` :data:`OPTION` maps to
     the command's option; both before anything is read or written."""
-    from popri.core.artifacts import array_digest
-    from popri.core.guard import check_outputs
-    from popri.methods.fred import stats as F
-    from popri.privacy.entries import gaussian
-    from popri.privacy.release import Release
-
     if spec is None:
         spec = FredStatsSpec(**settings)
     elif settings:
@@ -164,8 +161,6 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
     if non_private:
         log.info(f"fred stats: exact statistics of {len(emb)} x {emb.shape[1]} -> {out}")
     else:
-        from popri.privacy.accounting import compose
-
         tau2 = st.params.get("tau2")
         log.info(f"fred stats: {design.neighbouring}, z={z:.4g} ({cal}), "
                  f"tau1={st.params['tau1']:.3g}"
@@ -185,10 +180,6 @@ def rank_candidates(candidates: Sequence[str], stats_path: str, *, model: str | 
     """``popri fred compare``: the Frechet distance of each candidate to the statistics of
     :func:`release_stats`, closest first: ``[{"candidate", "fred", "n"}, ...]`` (ties keep the
     given order).  Spends no privacy: only the released statistics are read."""
-    from popri.methods.fred.stats import load_stats
-    from popri.models.embed import resolve_model
-    from popri.models.fid import frechet_distance, gaussian_stats
-
     if sum(c == "-" for c in candidates) > 1:
         raise InputError("only one candidate can be '-' (stdin)")
     mean, cov, side = load_stats(stats_path)

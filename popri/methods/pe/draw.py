@@ -26,7 +26,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from popri.core import io, log
 from popri.core.errors import InputError
+from popri.core.guard import check_outputs
+from popri.data.records import text_records
+from popri.methods.popri.prefs import align_scores, load_score_vector
+from popri.privacy.noise import make_rng
 
 
 def default_threshold(noise_multiplier: float, max_samples_per_client: int) -> float:
@@ -97,11 +102,6 @@ def init_file(public: str, num: int, *, split: str = "train", seed: int = 0,
     """``popri pe init``: S_1, ``num`` records of ``public`` (JSONL, a dataset directory's
     ``split``, or '-'), seeded -> JSONL ``{"id": "r1-p{i}", "round": 1, "text", "source_id"}``
     at ``out`` ('-': stdout, else atomically).  Returns counts for the log line."""
-    from popri.core import io
-    from popri.core.guard import check_outputs
-    from popri.data.records import text_records
-    from popri.privacy.noise import make_rng
-
     check_outputs([out], [public])
     recs, src = text_records(public, split)
     idx = initial_population(recs, num, make_rng(seed, stream="pe-init"))
@@ -118,11 +118,6 @@ def draw_file(population: str, scores: str, num: int, *, round_no: int = 1, seed
     "parent_id", "text", "votes"}`` at ``out`` and the draw's stats at ``stats_out`` (atomic).
     ``release``: the OS CSPRNG instead of ``seed``.  Returns the stats."""
     import json
-
-    from popri.core import io, log
-    from popri.core.guard import check_outputs
-    from popri.methods.popri.prefs import align_scores, load_score_vector
-    from popri.privacy.noise import make_rng
 
     check_outputs([out, stats_out], [population, scores])
     pop = list(io.iter_jsonl(population, required=("id", "text"), locate=True))
@@ -154,9 +149,6 @@ def seeds_file(survivors: Sequence[str], *, out: str = "-") -> dict:
     """``popri pe seeds``: the DP seed set, :func:`union_of_sets` of the survivor files (one per
     round; a file's round is its rows' "round", else its position) -> JSONL at ``out``.  Returns
     counts for the log line."""
-    from popri.core import io
-    from popri.core.guard import check_outputs
-
     check_outputs([out], survivors)
     rounds = []
     for k, path in enumerate(survivors, start=1):

@@ -41,11 +41,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from popri.core import log
+from popri.core import log, outdir
 from popri.core.artifacts import dir_digest
 from popri.core.errors import InputError, PopriError
-from popri.core.io import STDIO, atomic_write, dumps, write_json
+from popri.core.guard import check_outputs
+from popri.core.io import STDIO, atomic_write, dumps, read_json, write_json
+from popri.data.records import text_records
 from popri.models import generation
+from popri.models.lora import require_adapter
 from popri.specs.generation import ExpandSpec, GenSpec, settle
 
 FORMAT = "popri-expand/1"
@@ -292,7 +295,6 @@ def expand(records: Sequence[dict], spec: ExpandSpec | None = None, *, num_sampl
            "min_words": int(spec.min_words),
            "template_sha256": hashlib.sha256(template.encode()).hexdigest(),
            "bf16": bool(spec.bf16), "attempt_factor": float(spec.attempt_factor)}
-    from popri.core import outdir
 
     # '-', a file, a device, a link, a directory holding the seeds, and a non-empty directory
     # that is not an expansion of ours are refused (--force starts over only in ours)
@@ -303,8 +305,6 @@ def expand(records: Sequence[dict], spec: ExpandSpec | None = None, *, num_sampl
     done: list[dict] = []
     fresh = True
     if mpath.exists() and not force:
-        from popri.core.io import read_json
-
         old = read_json(mpath)
         if not isinstance(old, dict) or old.get("format") != FORMAT:
             raise InputError(f"not a {FORMAT} manifest; --force starts over", path=str(mpath))
@@ -418,12 +418,7 @@ def expand_file(seeds: str, spec: ExpandSpec, *, num_samples: int, out: str,
     is checked before a model loads.  A shortfall (fewer than N kept after ``attempt_factor`` x
     the prompts) is a PopriError (exit 1) unless ``allow_short`` (then a warning).  Returns the
     final manifest."""
-    from popri.core.guard import check_outputs
-    from popri.data.records import text_records
-
     if adapter:
-        from popri.models.lora import require_adapter
-
         require_adapter(adapter)
     if out == STDIO:
         raise InputError("--out is a directory; use --merged-out - for stdout", field="out")

@@ -17,7 +17,9 @@ from typing import Iterator
 
 from popri.kit import Stage, final_seed, fmt, round_seed, step_argv
 from popri.methods.base import Method
+from popri.methods.pe.draw import default_threshold
 from popri.privacy.plan import Noise
+from popri.specs.generation import EXPAND_BATCH, ExpandSpec, GeneratorSpec, VarySpec, sampling_of
 
 
 def threshold(run, noise: Noise | None) -> float | str:
@@ -26,8 +28,6 @@ def threshold(run, noise: Noise | None) -> float | str:
     vote stage is passed times the planned round's sensitivity; a placeholder while z is
     unknown (dry run before the fetch).  Before the fetch with z given, q = L/N (so the
     sampling) is not known yet: H is shown at the bound M itself, as under Poisson sampling."""
-    from popri.methods.pe.draw import default_threshold
-
     pe = run.cfg.pe
     if pe.threshold is not None:
         return float(pe.threshold)
@@ -41,8 +41,6 @@ def threshold(run, noise: Noise | None) -> float | str:
 def vary_args(run) -> list[str]:
     """``popri vary``'s options: the pe section's variation settings and the generator's
     sampling settings, as a :class:`~popri.specs.generation.VarySpec`."""
-    from popri.specs.generation import VarySpec, sampling_of
-
     pe, g = run.cfg.pe, run.cfg.generator
     model = pe.variation_model or (None if pe.variation == "mask-fill" else g.model)
     vals = {**sampling_of(g), "method": pe.variation, "model": model,
@@ -57,8 +55,6 @@ def expand_args(run, seed: int) -> list[str]:
     the backend's (:data:`popri.specs.generation.EXPAND_BATCH`) -- not the generator's sampling
     batch.  The value in effect is passed, so the plan shows it and a stage's key does not move
     when only the table's default would."""
-    from popri.specs.generation import EXPAND_BATCH, ExpandSpec, GeneratorSpec
-
     g = run.cfg.generator
     own = [f.name for f in dataclasses.fields(GeneratorSpec)]
     batch = run.cfg.pe.expand_batch_size or EXPAND_BATCH[g.backend]

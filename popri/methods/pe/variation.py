@@ -38,8 +38,14 @@ from typing import Sequence
 import numpy as np
 
 from popri.core import log, runtime
+from popri.core.compat import dtype_kwargs
 from popri.core.errors import InputError, MissingResourceError
-from popri.models import generation
+from popri.core.guard import check_outputs
+from popri.core.io import STDIO, AtomicOutputs, dumps, iter_jsonl, save_embedding_set, write_jsonl
+from popri.data.tokenize import hf_counter, prefix_for_tokens
+from popri.models import generation, llm
+from popri.models.embed import embed_texts, model_meta
+from popri.models.lora import require_adapter
 from popri.specs.generation import (
     DEFAULT_LM,
     FILL_MODES,
@@ -105,8 +111,6 @@ def load_masked_lm(name: str, *, dtype: str = "float32", device: str | None = No
     from transformers import AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from popri.core.compat import dtype_kwargs
-
     hf_logging.disable_progress_bar()
     p = Path(name).expanduser()
     path = str(p.resolve()) if p.exists() else name
@@ -153,8 +157,6 @@ class MaskFiller:
 
     def __init__(self, model: str, *, device: str | None = None, bf16: bool = True,
                  model_obj=None, tokenizer_obj=None):
-        from popri.models import llm
-
         self.torch = runtime.configure_torch()
         if model_obj is None:
             self.device = device or llm.default_device()
@@ -189,8 +191,6 @@ class MaskFiller:
     # ---- text <-> ids
     def encode(self, texts: Sequence[str], max_tokens: int) -> list[list[int]]:
         """Token ids without special tokens, cut to ``max_tokens`` (and the model's length)."""
-        from popri.data.tokenize import hf_counter, prefix_for_tokens
-
         limit = max(1, min(int(max_tokens), self.max_len))
         count = hf_counter(self.tok)  # a long text is cut first (same ids: see prefix_for_tokens)
         texts = [prefix_for_tokens(generation.normalise_ws(t), limit, count) for t in texts]
@@ -205,8 +205,6 @@ class MaskFiller:
     # ---- model
     def logits_at(self, input_ids, attention_mask, rows, cols):
         """float32 logits [len(rows), vocab] at (rows, cols) of the batch."""
-        from popri.models import llm
-
         torch = self.torch
         with torch.inference_mode(), llm.autocast(self.device, self.autocast):
             if self.split_head is not None:
@@ -372,8 +370,6 @@ def paraphrase(texts: Sequence[str], spec: VarySpec | None = None, *,
     (EOS); a plain one stops at a blank line.  Sample k of text i is drawn with the generator
     seeded from (seed, attempt, i, k) (generation's seeding); a paraphrase equal to its text, or
     whose first 8 words are in the prompt, is a copy and regenerated like other degenerate ones."""
-    from popri.models import llm
-
     spec = settle(VarySpec, spec, settings)
     model = spec.model or PARAPHRASE_DEFAULT
     tok = tokenizer_obj or llm.load_tokenizer(model)
@@ -450,8 +446,6 @@ def lookahead_means(texts: Sequence[Sequence[str]], k: int, *, embedder: str | N
                     batch_size: int = 64) -> np.ndarray:
     """PrE-Text's lookahead: the mean of the embeddings of the first ``k`` variations of each
     parent, float32 [n, d] (of L2-normalised embeddings; the mean itself is not normalised)."""
-    from popri.models.embed import embed_texts
-
     flat = [t for row in texts for t in row[:k]]
     if any(len(row) < k for row in texts):
         raise ValueError(f"every parent needs {k} variations")
@@ -480,8 +474,6 @@ def variation_rows(ids: Sequence, result: dict, variations: int, round_no: int) 
 def read_inputs(path: str) -> tuple[list, list[str]]:
     """(ids, texts) of the input JSONL ('-': stdin); an id defaults to the row's position; ids
     must be unique (a variation's id is '<id>-v<k>'); errors name file, line and field."""
-    from popri.core.io import iter_jsonl
-
     ids, texts, first = [], [], {}
     for pos, r in enumerate(iter_jsonl(path, required=("text",), locate=True)):
         line = r["_line"]
@@ -510,9 +502,6 @@ def vary_file(input: str, spec: VarySpec, *, out: str = "-", lookahead_out: str 
     timings at ``stats_out``.  ``template``: a paraphrase prompt FILE with {text}.  Every input
     and output is checked before a model loads; outputs are written atomically.  Returns the
     stats."""
-    from popri.core.guard import check_outputs
-    from popri.core.io import STDIO, AtomicOutputs, dumps, save_embedding_set, write_jsonl
-
     t_start = time.perf_counter()
     if spec.lookahead and not lookahead_out:
         raise InputError("--lookahead K needs --lookahead-out SET.npy", field="lookahead-out")
@@ -525,8 +514,6 @@ def vary_file(input: str, spec: VarySpec, *, out: str = "-", lookahead_out: str 
         raise InputError("stdout carries the variations; give a file name",
                          field="stats-out" if stats_out == STDIO else "lookahead-out")
     if adapter:
-        from popri.models.lora import require_adapter
-
         require_adapter(adapter)
     check_outputs([out, stats_out, lookahead_out],
                   [input, template, adapter,
@@ -551,8 +538,6 @@ def vary_file(input: str, spec: VarySpec, *, out: str = "-", lookahead_out: str 
                         "chat": spec.chat, "batch_size": spec.batch_size, "bf16": spec.bf16}}
     la = None
     if spec.lookahead:
-        from popri.models.embed import model_meta
-
         t0 = time.perf_counter()
         emb = lookahead_means(res["texts"], spec.lookahead, embedder=spec.embedder)
         la = (emb, [{"id": i, "text": t} for i, t in zip(ids, texts)],

@@ -37,10 +37,20 @@ import numpy as np
 from popri.core import artifacts, io, log
 from popri.core.errors import InputError
 from popri.core.spec import default
+from popri.methods.popri.prefs import load_score_vector, read_samples, top_samples
 from popri.methods.popri.select import select_checkpoint
-from popri.models.lora import (ADAPTER_DIR, METRICS_FILE, RUN_FILE, build_trainer,
-                               list_checkpoints, prepare_out, require_adapter, run_trainer,
-                               save_adapter, training_args)
+from popri.models.lora import (
+    ADAPTER_DIR,
+    METRICS_FILE,
+    RUN_FILE,
+    build_trainer,
+    list_checkpoints,
+    prepare_out,
+    require_adapter,
+    run_trainer,
+    save_adapter,
+    training_args,
+)
 from popri.specs.training import DPOSpec, SFTSpec, TrainSpec
 
 # re-exported: what the commands, tests and the selection use from here (the TRL / PEFT
@@ -207,8 +217,6 @@ def split_holdout(records: list[dict], frac: float, seed: int) -> tuple[list[dic
 def sft_records(*, pairs=None, samples: str | None = None, scores: str | None = None) -> list[dict]:
     """The PE+SFT training set: (prompt, chosen) of preference ``pairs``, or the top-scored
     sample per prompt of ``samples`` ('popri gen' JSONL) + ``scores`` (SCORES.npy / JSONL)."""
-    from popri.methods.popri.prefs import load_score_vector, read_samples, top_samples
-
     if bool(pairs) == bool(samples):
         raise InputError("give either --pairs, or --samples with --scores")
     if samples and not scores:

@@ -27,14 +27,21 @@ from __future__ import annotations
 import numpy as np
 
 from popri.core.errors import InputError
+from popri.core.io import write_jsonl
+from popri.data.records import text_records
+from popri.methods.popri.prefs import (
+    align_scores,
+    check_samples,
+    load_score_vector,
+    rank_groups,
+    read_samples,
+)
 
 
 def chosen_records(samples: list[dict], scores: np.ndarray, ids: list[str] | None, *,
                    round_no: int, scores_path: str = "scores") -> list[dict]:
     """The top-scored, non-degenerate sample of every prompt as a pool record ``{"id", "text",
     "source": "round{t}", "prompt_id"}``."""
-    from popri.methods.popri.prefs import align_scores, check_samples, rank_groups
-
     if not samples:
         raise InputError("no samples", path=scores_path)
     check_samples(samples)
@@ -80,10 +87,6 @@ def pool_file(samples: str, scores: str, base: str, *, mode: str, round_no: int,
     """``popri prefs pool``: read round t's samples and released scores and the previous pool
     (or Omega: a JSONL file or a dataset directory's ``split``), write round t's pool as JSONL
     (atomically) and return counts."""
-    from popri.core.io import write_jsonl
-    from popri.data.records import text_records
-    from popri.methods.popri.prefs import load_score_vector, read_samples
-
     recs = read_samples(samples)
     arr, ids = load_score_vector(scores)
     chosen = chosen_records(recs, arr, ids, round_no=round_no, scores_path=scores)

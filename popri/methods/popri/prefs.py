@@ -22,7 +22,9 @@ from typing import Sequence
 
 import numpy as np
 
+from popri.core import io
 from popri.core.errors import InputError
+from popri.core.io import iter_jsonl, load_scores
 from popri.specs.training import PrefsSpec
 
 SAMPLE_FIELDS = ("id", "prompt_id", "sample_idx", "prompt", "text")
@@ -210,8 +212,6 @@ def top_samples(samples: list[dict], scores: np.ndarray, ids: list[str] | None, 
 def read_samples(path: str) -> list[dict]:
     """Samples JSONL with each record's file/line kept (``_path``, ``_line``) for error messages.
     An empty file is an error naming it (not the scores file read next to it)."""
-    from popri.core.io import iter_jsonl
-
     recs = list(iter_jsonl(path, locate=True))
     if not recs:
         raise InputError("no samples", path=path)
@@ -221,8 +221,6 @@ def read_samples(path: str) -> list[dict]:
 def load_score_vector(path: str) -> tuple[np.ndarray, list[str] | None]:
     """(scores, ids or None) from SCORES.npy + SCORES.json, or JSONL rows ``{"id", "score"}``
     (what ``popri score --out -`` prints)."""
-    from popri.core.io import iter_jsonl, load_scores
-
     if path.endswith(".npy"):
         arr, meta = load_scores(path)
         ids = meta.get("ids") if isinstance(meta, dict) else None
@@ -241,8 +239,6 @@ def load_score_vector(path: str) -> tuple[np.ndarray, list[str] | None]:
 def load_fluency(path: str) -> dict:
     """Sample id -> mean NLL from the per-text JSONL of ``popri eval fluency --out`` (fields
     ``id`` and ``nll``; ``nll`` null for an empty text)."""
-    from popri.core.io import iter_jsonl
-
     out: dict = {}
     for n, r in enumerate(iter_jsonl(path, required=("id", "nll")), start=1):
         v = r["nll"]
@@ -296,8 +292,6 @@ def build_pairs_file(samples: str, scores: str, spec: PrefsSpec | None = None, *
     and write them as JSONL to ``out`` ('-': stdout) and the report to ``report_out`` (both
     staged: a failing report leaves no pairs file either).  Returns the report."""
     import json
-
-    from popri.core import io
 
     spec = spec or PrefsSpec()
     recs = read_samples(samples)

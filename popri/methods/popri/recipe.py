@@ -17,8 +17,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
-from popri.kit import (DPRelease, Stage, final_seed, opt, pair_fields, round_seed, take_stage,
-                       selection_note, step_argv)
+from popri.core.io import read_json
+from popri.kit import (
+    DPRelease,
+    Stage,
+    final_seed,
+    opt,
+    pair_fields,
+    round_seed,
+    selection_note,
+    step_argv,
+    take_stage,
+)
 from popri.methods.base import Method
 from popri.specs.generation import GenSpec
 from popri.specs.training import DPOSpec, GateSpec, PrefsSpec, SelectSpec, SFTSpec
@@ -262,8 +272,6 @@ def round_metrics(run) -> list[dict]:
 
     import numpy as np
 
-    from popri.core.io import read_json
-
     c, rows = run.cfg, []
 
     def probe_row(t):
@@ -321,8 +329,6 @@ def recipe_sft(run) -> Iterator[Stage]:
 
 
 def _recovery(run) -> dict:
-    from popri.core.io import read_json
-
     c, out, recov = run.cfg, {}, []
     for t in range(1, c.rounds + 1):
         rep = run.paths.root / f"round{t}" / "prefs_report.json"
@@ -340,8 +346,6 @@ def _probe(run) -> dict:
     private diagnostic).  The SE of the change combines the two rounds' bootstrap SEs as if
     independent (the rounds share prompts and seeds, so this is conservative)."""
     import math
-
-    from popri.core.io import read_json
 
     P = run.paths.root / "probe"
     got = {t: read_json(P / f"round{t}.json", expect=dict) for t in range(run.cfg.rounds + 1)

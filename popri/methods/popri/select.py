@@ -28,6 +28,16 @@ import numpy as np
 
 from popri.core import log
 from popri.core.errors import InputError, PopriError
+from popri.core.io import read_jsonl, write_json
+from popri.data.records import is_federated_dir
+from popri.eval import probe
+from popri.methods.fred.stats import load_stats
+from popri.models import embed, generation, lora
+from popri.models.embed import as_embedding_set, default_model, resolve_model
+from popri.models.fid import frechet_distance, gaussian_stats
+from popri.models.generation import build_prompts
+from popri.models.lora import ADAPTER_DIR
+from popri.specs.training import SelectSpec
 
 SELECTION_FILE = "selection.json"
 
@@ -49,9 +59,6 @@ def select_checkpoint(checkpoints: list[str], *, base_model: str,
     or their (mean, covariance) given directly as ``val_stats``, e.g. the DP statistics of
     ``popri fred stats`` (then selection costs no privacy beyond that release; mmd needs
     samples and is refused there)."""
-    from popri.eval import probe
-    from popri.models.fid import frechet_distance, gaussian_stats
-
     if not checkpoints:
         raise PopriError("no checkpoints to select from")
     if (val_embeddings is None) == (val_stats is None):
@@ -106,9 +113,6 @@ def select_checkpoint(checkpoints: list[str], *, base_model: str,
 def selection_prompts(path: str, n: int, seed: int = 0) -> list[dict]:
     """The prompts of the selection samples: JSONL with "prompt" (deduplicated by prompt_id, else
     text), or Omega texts with "text", from which prompts are built as 'popri gen' does."""
-    from popri.core.io import read_jsonl
-    from popri.models.generation import build_prompts
-
     recs = read_jsonl(path)
     if not recs:
         raise InputError("no prompts", path=path)
@@ -132,12 +136,7 @@ def selection_target(select_on: str, embed_model: str | None) -> tuple[dict, str
     """(``select_checkpoint`` target keyword, criterion sentence) for ``--select-on``: a FreD
     STATS.npz (its mean and covariance; its embedder must be the selection's), else validation
     embeddings (a dataset dir's 'val' split, an embedding set, JSONL texts)."""
-    from popri.data.records import is_federated_dir
-    from popri.models.embed import as_embedding_set
-
     if str(select_on).endswith(".npz"):  # FreD statistics: a mean + covariance, no samples
-        from popri.methods.fred.stats import load_stats
-        from popri.models.embed import default_model, resolve_model
 
         mean, cov, side = load_stats(select_on)
         smodel = side.get("embedding_model")
@@ -178,10 +177,6 @@ class Selection:
     select_by: str = "fid"
 
     def __call__(self, checkpoints: list[str], out_dir) -> str:
-        from popri.core.io import write_json
-        from popri.models import embed, generation
-        from popri.models.lora import ADAPTER_DIR
-
         per_prompt = -(-self.samples // len(self.prompts))
 
         def gen(ck: str) -> list[str]:
@@ -205,8 +200,6 @@ class Selection:
 
 
 def _copy_adapter(checkpoint: str, dest: Path) -> str:
-    from popri.models import lora
-
     return lora.save_adapter(None, dest, source=checkpoint)
 
 
@@ -215,8 +208,6 @@ def prepare_selection(select_on: str, select_prompts: str, spec=None, *, model: 
                       embed_model: str | None = None) -> Selection:
     """Check the selection inputs and fix prompts and target up front (before training);
     ``spec``: a :class:`~popri.specs.training.SelectSpec` (samples per checkpoint)."""
-    from popri.specs.training import SelectSpec
-
     spec = spec or SelectSpec()
     prompts = selection_prompts(select_prompts, spec.select_samples, seed)
     target, criterion = selection_target(select_on, embed_model)

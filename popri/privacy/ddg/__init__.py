@@ -73,15 +73,42 @@ message naming rdp.
 
 """
 
-from popri.privacy.ddg.accounting import (TAU_TERMS, cdp_epsilon, effective_noise_multiplier,
-                                          epsilon_cdp, ledger_params, nominal_params, rdp,
-                                          subsampled_rdp, tau)
-from popri.privacy.ddg.codec import (MAX_ROUNDING_TRIES, TINY_SIGMA, decode, encode, fwht,
-                                     noise_share, rotate, round_client, unrotate)
-from popri.privacy.ddg.planning import (NOISE_TARGET, NOISE_TOLERANCE, ROTATE_MAX_DIM,
-                                        ROTATE_MIN_DIM, DDGPlan, headroom, integer_gamma,
-                                        max_bits_for, next_pow2, plan, plan_round,
-                                        rounded_l2_bound)
+from popri.privacy.ddg.accounting import (
+                                          TAU_TERMS,
+                                          cdp_epsilon,
+                                          effective_noise_multiplier,
+                                          epsilon_cdp,
+                                          ledger_params,
+                                          nominal_params,
+                                          rdp,
+                                          subsampled_rdp,
+                                          tau,
+)
+from popri.privacy.ddg.codec import (
+                                          MAX_ROUNDING_TRIES,
+                                          TINY_SIGMA,
+                                          decode,
+                                          encode,
+                                          fwht,
+                                          noise_share,
+                                          rotate,
+                                          round_client,
+                                          unrotate,
+)
+from popri.privacy.ddg.planning import (
+                                          NOISE_TARGET,
+                                          NOISE_TOLERANCE,
+                                          ROTATE_MAX_DIM,
+                                          ROTATE_MIN_DIM,
+                                          DDGPlan,
+                                          headroom,
+                                          integer_gamma,
+                                          max_bits_for,
+                                          next_pow2,
+                                          plan,
+                                          plan_round,
+                                          rounded_l2_bound,
+)
 
 __all__ = ["DDGPlan", "MAX_ROUNDING_TRIES", "NOISE_TARGET", "NOISE_TOLERANCE", "ROTATE_MAX_DIM",
            "ROTATE_MIN_DIM", "TAU_TERMS", "TINY_SIGMA", "cdp_epsilon", "decode",

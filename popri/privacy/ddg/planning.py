@@ -14,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 import numpy as np
 
+
 # --------------------------------------------------------------------------- the plan
 @dataclass(frozen=True)
 class DDGPlan:
