@@ -278,9 +278,27 @@ def sweep_jobs(where: Path) -> None:
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
+            _remove_dead_job(d)
         except (PermissionError, OverflowError):
             pass
+
+
+#: how long a sweep keeps removing a dead process's job directory while the orphaned
+#: simulation's watchdog (popri.federated.flower.simulate: 0.5 s polls, then the whole group
+#: killed) may still write into it
+SWEEP_SECONDS = 10.0
+
+
+def _remove_dead_job(d: Path) -> None:
+    """Remove ``d`` until it is gone: a SIGKILLed popri's simulation group runs on for up to
+    its watchdog's poll and may create files while one removal walks the tree (which then
+    leaves the directory behind)."""
+    deadline = time.monotonic() + SWEEP_SECONDS
+    while True:
+        shutil.rmtree(d, ignore_errors=True)
+        if not os.path.lexists(d) or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager
