@@ -536,8 +536,8 @@ class _Start:
     src: str
     base: str
     prev: dict | None
-    theta: np.ndarray
-    vel: np.ndarray
+    theta: np.ndarray | None  # None in round 1 (theta_0 comes from the seed)
+    vel: np.ndarray | None
     epoch: Epoch | None
     tree_ledgers: list[Path]
 
