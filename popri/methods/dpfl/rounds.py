@@ -539,7 +539,7 @@ class _Start:
     theta: np.ndarray | None  # None in round 1 (theta_0 comes from the seed)
     vel: np.ndarray | None
     epoch: Epoch | None
-    tree_ledgers: list[Path]
+    ledgers: list[Path]  # OUT/../ledger.jsonl, and the tree's ledger next to --init (epochs)
 
 
 def _start(data: str, out: str, spec: FLSpec, *, round_: int, z: float, model: str,
@@ -564,7 +564,7 @@ def _start(data: str, out: str, spec: FLSpec, *, round_: int, z: float, model: s
         public_count("poisson" if sample_rate is not None and sample_rate < 1 else "none",
                      sample_rate=sample_rate or 1.0, clients_per_round=None,
                      public_clients=spec.public_clients, what=_what(spec))
-    epoch, tree_ledgers = None, [Path(out).parent / LEDGER_NAME]
+    epoch, ledgers = None, [Path(out).parent / LEDGER_NAME]
     if spec.epoch_trees:
         epoch = _ftrl_epoch(data, split, spec, z, n, clients_per_round, round_, prev, init, seed,
                             release, base)
@@ -577,10 +577,10 @@ def _start(data: str, out: str, spec: FLSpec, *, round_: int, z: float, model: s
                                  "two noises average out", path=str(out), field="--out")
         # ... into any directory: the ledgers of the tree (next to --out and to --init) record
         # every leaf released; checked again under their lock when the entry is appended
-        tree_ledgers = _tree_ledgers(out, init)
-        _refuse_released_leaf(epoch, tree_ledgers, None if release else _leaf_release_id(
+        ledgers = _tree_ledgers(out, init)
+        _refuse_released_leaf(epoch, ledgers, None if release else _leaf_release_id(
             data, split, round_, spec, z, clients_per_round, sample_rate, init, base, seed), out)
-    return _Start(clients, by, src, base, prev, theta, vel, epoch, tree_ledgers)
+    return _Start(clients, by, src, base, prev, theta, vel, epoch, ledgers)
 
 
 def _what(spec: FLSpec) -> str:
@@ -728,9 +728,7 @@ def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplie
         raise InputError("the saved weights do not fit the model", path=init)
     pad = prepare_tokenizer(tok, spec)
     rseed = round_seed(seed, round_)
-    with Release(LEDGER_STAGE, rseed, secure=release,
-                 ledgers=[out_p.parent / "ledger.jsonl",
-                          *(s.tree_ledgers[1:] if epoch is not None else [])]) as rel:
+    with Release(LEDGER_STAGE, rseed, secure=release, ledgers=s.ledgers) as rel:
         rel.check_ledgers()
         part = _participants(epoch, spec, n, rel, clients_per_round=clients_per_round,
                              sample_rate=sample_rate)
