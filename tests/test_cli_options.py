@@ -1,21 +1,24 @@
-"""Options generated from specs (popri/cli/options.py: spec_options), issue 27.
+"""Arguments and options generated from a command's Call (popri/cli/options.py: command), issues
+27 and 46.
 
     python -m pytest -q tests/test_cli_options.py
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import typer
 from typer.testing import CliRunner
 
-from popri.cli.options import spec_options
+from popri.cli.options import command
 from popri.core.errors import ConfigError
-from popri.core.spec import Spec, param
+from popri.core.spec import Call, Spec, out_param, param, same, seed_param
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,50 +51,78 @@ def _run(app, *args):
     return CliRunner().invoke(app, list(args))
 
 
-def test_every_field_is_an_option_and_the_command_gets_the_built_spec():
+@dataclass(frozen=True, kw_only=True)
+class ToyCall(Toy, Call):
+    command: ClassVar[str] = "cmd"
+    into: ClassVar[dict] = {"spec": Toy}
+    src: str = param(help="The input.", positional=True)
+    out: str = out_param("Where to write.", "-")
+    seed: int = seed_param("Seeds it.")
+    files: tuple[str, ...] = param((), "Repeatable.", flag="--file")
+
+
+def test_every_field_is_an_argument_or_option_and_the_command_gets_the_built_spec():
     got = {}
 
-    @spec_options(Toy)
-    def cmd(out: str = typer.Option("-", "--out"), *, spec: Toy) -> None:
-        got.update(out=out, spec=spec)
+    @command(ToyCall)
+    def cmd(src: str, out: str, files: list, *, spec: Toy) -> None:
+        got.update(src=src, out=out, files=files, spec=spec)
 
-    r = _run(_app(cmd), "cmd", "--alpha", "0.25", "--count", "4", "--name", "y", "--flag",
-             "--out", "o")
+    r = _run(_app(cmd), "cmd", "in.jsonl", "--alpha", "0.25", "--count", "4", "--name", "y",
+             "--flag", "-o", "o", "--file", "a", "--file", "b")
     assert r.exit_code == 0, r.output
-    assert got == {"out": "o", "spec": Toy(alpha=0.25, count=4, name="y", flag=True)}
+    assert got == {"src": "in.jsonl", "out": "o", "files": ["a", "b"],
+                   "spec": Toy(alpha=0.25, count=4, name="y", flag=True)}
     help_text = _run(_app(cmd), "cmd", "--help").output
-    for flag in ("--alpha", "--count", "--name", "--flag", "--no-flag", "--out"):
+    for flag in ("--alpha", "--count", "--name", "--flag", "--no-flag", "--out", "--seed",
+                 "--file"):
         assert flag in help_text
+    assert "src" in help_text.lower().split("usage:")[1].split("\n")[0]
+    # the command's own arguments first, in declaration order, then the settings
+    assert help_text.index("--out") < help_text.index("--seed") < help_text.index("--alpha")
 
 
-def test_only_takes_a_subset_in_its_order_and_the_rest_keep_their_defaults():
+def test_a_call_renders_the_command_line_the_command_parses_back():
+    """One declaration both ways: Call.argv() of any instance, parsed by the command, gives the
+    same instance (the stage of popri run and the command agree by construction)."""
     got = {}
 
-    @spec_options(Toy, only=("count", "alpha"))
-    def cmd(*, spec: Toy) -> None:
-        got["spec"] = spec
+    @command(ToyCall)
+    def cmd(src: str, out: str, seed: int, files: list, *, spec: Toy) -> None:
+        got["call"] = ToyCall(src=src, out=out, seed=seed, files=tuple(files),
+                              **spec.to_dict())
 
-    r = _run(_app(cmd), "cmd", "--count", "2")
-    assert r.exit_code == 0, r.output
-    assert got["spec"] == Toy(count=2)
-    h = _run(_app(cmd), "cmd", "--help").output
-    assert "--name" not in h and "--flag" not in h
-    assert h.index("--count") < h.index("--alpha")
-    with pytest.raises(TypeError, match="no field nope"):
-        spec_options(Toy, only=("nope",))
+    for call in (ToyCall(src="x"), ToyCall(src="a b", out="o", seed=7, files=("p", "q"),
+                                           alpha=0.125, count=2, name="y", flag=True)):
+        argv = call.argv()
+        assert argv[:2] == ["cmd", call.src]
+        r = _run(_app(cmd), *argv)
+        assert r.exit_code == 0, r.output
+        assert got["call"] == call
+    argv = dataclasses.replace(ToyCall(src="x"), seed=3).argv()
+    i = argv.index("--seed")
+    assert argv[i + 1] == "3" and argv.count("--seed") == 1
 
 
-def test_stacked_specs_each_go_to_their_keyword():
+def test_subset_settings_and_two_specs_each_go_to_their_keyword():
+    """A Call may take a subset of a spec's fields (declared with ``same``) and two specs."""
     got = {}
 
-    @spec_options(Toy, only=("count",))
-    @spec_options(Other, into="other")
+    @dataclass(frozen=True, kw_only=True)
+    class TwoCall(Other, Call):
+        command: ClassVar[str] = "cmd"
+        into: ClassVar[dict] = {"other": Other, "spec": Toy}
+        count: int = same(Toy, "count")
+
+    @command(TwoCall)
     def cmd(*, spec: Toy, other: Other) -> None:
         got.update(spec=spec, other=other)
 
     r = _run(_app(cmd), "cmd", "--count", "7", "--depth", "9")
     assert r.exit_code == 0, r.output
     assert got == {"spec": Toy(count=7), "other": Other(depth=9)}
+    h = _run(_app(cmd), "cmd", "--help").output
+    assert "--name" not in h and "--flag" not in h
 
 
 def test_the_specs_validation_names_the_flag(monkeypatch):
@@ -99,19 +130,19 @@ def test_the_specs_validation_names_the_flag(monkeypatch):
     (popri's main() prints it as one line and exits 2)."""
     from popri.core.errors import InputError
 
-    @spec_options(Toy)
+    @command(ToyCall)
     def cmd(*, spec: Toy) -> None:
         pass
 
     for args, flag in ((["--alpha", "2"], "--alpha"), (["--name", "z"], "--name"),
                        (["--flag", "--count", "9"], "--count")):
-        r = _run(_app(cmd), "cmd", *args)
+        r = _run(_app(cmd), "cmd", "x", *args)
         assert isinstance(r.exception, InputError), (args, r.output)
         assert r.exception.field == flag, (args, r.exception)
 
 
 def test_no_command_lists_spec_fields_by_hand_and_builds_the_spec():
-    """Issue 27: a command takes its spec through spec_options, not a hand-written option per
+    """Issue 27: a command takes its spec through its Call, not a hand-written option per
     field plus a build(Spec, x=x, ...) call (22 such pairs before, 0 now)."""
     hits = []
     for p in sorted((ROOT / "popri" / "cli" / "commands").glob("*.py")):
@@ -119,3 +150,18 @@ def test_no_command_lists_spec_fields_by_hand_and_builds_the_spec():
         hits += [f"{p.name}: {m.group(0)}" for m in re.finditer(r"\bbuild\(\w+Spec\b", src)]
         hits += [f"{p.name}: build_spec" for _ in re.finditer(r"\bbuild_spec\(", src)]
     assert hits == []
+
+
+def test_options_are_declared_once():
+    """Issue 46: the commands' options come from their Calls; popri/cli keeps at most 40
+    hand-written ``typer.Option`` (the root command's and the generic ones), and ``--seed``,
+    ``--out`` and ``--json`` are spelled in one place each (popri/core/spec.py)."""
+    cli = [p for p in (ROOT / "popri" / "cli").rglob("*.py")]
+    n = sum(p.read_text(encoding="utf-8").count("typer.Option") for p in cli)
+    assert n <= 40, n
+    spelled = [str(p.relative_to(ROOT)) for p in
+               cli + list((ROOT / "popri" / "specs").rglob("*.py"))
+               if any(f"\"{x}\"" in p.read_text(encoding="utf-8")
+                      or f"'{x}'" in p.read_text(encoding="utf-8")
+                      for x in ("--seed", "--json"))]
+    assert spelled == []

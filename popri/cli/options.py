@@ -1,17 +1,18 @@
-"""What every command shares: options generated from the specs, help unwrapping, error mapping.
+"""What every command shares: its parameters generated from its Call, help unwrapping, error
+mapping.
 
-    from popri.cli.options import spec_options
-    from popri.specs.feedback import ScoreSpec
+    from popri.cli.options import command
+    from popri.specs.commands.score import ScoreCall
 
-    @spec_options(ScoreSpec)                   # every field of ScoreSpec is an option
-    def score(synthetic: str = typer.Option(...), *, spec: ScoreSpec) -> None:
-        ...                                     # spec: built and validated; errors name the flag
+    @command(ScoreCall)                 # every field of ScoreCall is an argument or an option
+    def score(synthetic: str, out: str | None, ..., *, spec: ScoreSpec) -> None:
+        ...                             # spec: built and validated; errors name the flag
 
-A spec field declares its default, help, source and range once (:mod:`popri.core.spec`);
-:func:`spec_options` makes every field of a spec an option of a command, so a new setting is one
-field; :func:`option` turns one field into a Typer option, :func:`build` turns the parsed values
-back into the spec (a ConfigError from its validation becomes an InputError naming the flag:
-exit 2).
+A command's arguments are the fields of its :class:`~popri.core.spec.Call`
+(popri/specs/commands/), each declaring its default, help, source and range once
+(:mod:`popri.core.spec`), so a new setting is one field; :func:`option` turns one field into a
+Typer option (or argument), :func:`build` turns the parsed values back into the Call (a
+ConfigError from its validation becomes an InputError naming the flag: exit 2).
 """
 
 from __future__ import annotations
@@ -35,22 +36,41 @@ def option(spec_cls, name: str, *decls: str, **overrides: Any) -> Any:
     choices are checked by the spec's validation, with the same one-line error)."""
     f = spec_field(spec_cls, name)
     md = f.metadata
-    dflt = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if f.default is not dataclasses.MISSING:
+        dflt = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        dflt = f.default_factory()
+    else:
+        dflt = ...  # required
+    if md.get("positional"):
+        kw = {"help": escape(help_of(f)) or None}
+        if md.get("metavar"):
+            kw["metavar"] = md["metavar"]
+        if isinstance(dflt, tuple) and not dflt:
+            dflt = None
+        kw.update(overrides)
+        return typer.Argument(dflt, **kw)
     flag = flag_of(f)
+    if not decls:
+        decls = md.get("decls") or ()
     if not decls:
         if isinstance(dflt, bool) and md.get("negatable", True):
             decls = (f"{flag}/--no-{flag[2:]}",)
         else:
             decls = (flag,) + ((md["short"],) if md.get("short") else ())
-    kw: dict[str, Any] = {"help": escape(help_of(f))}
+    kw: dict[str, Any] = {"help": escape(help_of(f)) or None}
     if md.get("envvar"):
         kw["envvar"] = md["envvar"]
+    if md.get("metavar"):
+        kw["metavar"] = md["metavar"]
     if isinstance(dflt, (list, tuple)) and md.get("sep"):
         dflt = md["sep"].join(map(str, dflt))
+    elif isinstance(dflt, tuple):
+        dflt = list(dflt)
     for bound, key in (("lo", "min"), ("hi", "max")):
         v = md.get(bound)
-        if v is not None and not md.get(f"{bound}_open") and isinstance(dflt, int) \
-                and not isinstance(dflt, bool):
+        if v is not None and not md.get(f"{bound}_open") and (
+                md.get("cli_range") or isinstance(dflt, int) and not isinstance(dflt, bool)):
             kw[key] = v
     kw.update(overrides)
     return typer.Option(dflt, *decls, **kw)
@@ -82,50 +102,59 @@ def _option_type(t: Any) -> Any:
     return t
 
 
-def spec_options(spec_cls, *, into: str = "spec", exclude: tuple[str, ...] = (),
-                 only: tuple[str, ...] | None = None,
-                 decls: dict[str, tuple[str, ...]] | None = None):
-    """Decorator: every field of ``spec_cls`` (but ``exclude``; or just ``only``, in that order)
-    becomes an option of the command, after the command's own parameters (:func:`option`: its
-    default, flag, help and range), and the command receives the built, validated spec as the
-    keyword ``into`` (fields that are not options keep their defaults).  A field the command
-    declares itself (a different flag or a required value) keeps the command's option and still
-    goes into the spec.  ``decls``: other flag spellings of a field (``--x/--no-x``)."""
-    hints = typing.get_type_hints(spec_cls)
-    fields = [f for f in dataclasses.fields(spec_cls) if f.init and f.name not in exclude]
-    if only is not None:
-        by = {f.name: f for f in fields}
-        unknown = [n for n in only if n not in by]
-        if unknown:
-            raise TypeError(f"{spec_cls.__name__} has no field {', '.join(unknown)}")
-        fields = [by[n] for n in only]
-    decls = decls or {}
+def _param_type(t: Any, f: dataclasses.Field) -> Any:
+    """:func:`_option_type`, but a tuple without ``sep`` (a repeated option, or any number of
+    positional arguments) as ``List[item]``."""
+    inner = [a for a in typing.get_args(t) if a is not type(None)]
+    if (isinstance(t, types.UnionType) or typing.get_origin(t) is typing.Union) \
+            and len(inner) == 1:
+        t = inner[0]
+    if (typing.get_origin(t) is tuple or t is tuple) and not f.metadata.get("sep"):
+        (item, *_) = typing.get_args(t) or (str,)
+        return typing.List[item]
+    return _option_type(t)
+
+
+def command(call_cls):
+    """Decorator: the command's parameters are the fields of ``call_cls`` (a
+    :class:`~popri.core.spec.Call`: its own arguments in declaration order, then its inherited
+    settings), each from its one declaration (:func:`option`).  The function receives each own
+    argument it names as a keyword, and each settings spec of ``call_cls.into`` built and
+    validated (errors name the flag: exit 2)::
+
+        @command(GenCall)
+        def gen(omega: str, out: str, ..., *, spec: GenSpec) -> None: ...
+    """
+    hints = typing.get_type_hints(call_cls)
+    by = {f.name: f for f in dataclasses.fields(call_cls) if f.init}
+    own = call_cls.own_fields()
+    rest = [n for cls in call_cls.into.values() for n in
+            (f.name for f in dataclasses.fields(cls) if f.init) if n in by and n not in own]
+    order = own + list(dict.fromkeys(rest))
+    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY,
+                                default=option(call_cls, n, *call_cls.flags.get(n, ())),
+                                annotation=_param_type(hints[n], by[n])) for n in order]
 
     def deco(fn):
-        sig = inspect.signature(fn)
-        resolved = typing.get_type_hints(fn)  # the command module's string annotations
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY,
-                         annotation=resolved.get(n, p.annotation))
-               for n, p in sig.parameters.items() if n != into]
-        mine = {p.name for p in own}
-        added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY,
-                                   default=option(spec_cls, f.name, *decls.get(f.name, ())),
-                                   annotation=_option_type(hints[f.name]))
-                 for f in fields if f.name not in mine]
-        in_spec = [f.name for f in fields]
+        takes = set(inspect.signature(fn).parameters)
 
         @functools.wraps(fn)
-        def command(**kw):
-            vals = {n: kw[n] for n in in_spec if n in kw}
-            for p in added:
-                kw.pop(p.name, None)
-            kw[into] = build(spec_cls, **vals)
-            return fn(**kw)
+        def cmd(**kw):
+            for n, v in list(kw.items()):
+                if isinstance(v, list):
+                    kw[n] = tuple(v)
+            call = build(call_cls, **kw)
+            args = {n: (list(getattr(call, n)) if isinstance(getattr(call, n), tuple)
+                        and not by[n].metadata.get("sep") else getattr(call, n))
+                    for n in own if n in takes}
+            for into in call_cls.into:
+                if into in takes:
+                    args[into] = call.settings(into)
+            return fn(**args)
 
-        command.__signature__ = sig.replace(parameters=own + added)
-        command.__annotations__ = {**{p.name: p.annotation for p in own + added},
-                                   "return": resolved.get("return", None)}
-        return command
+        cmd.__signature__ = inspect.Signature(params)
+        cmd.__annotations__ = {p.name: p.annotation for p in params}
+        return cmd
 
     return deco
 

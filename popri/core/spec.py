@@ -26,13 +26,23 @@ import dataclasses
 import math
 import typing
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 from .errors import ConfigError
 
 #: metadata keys understood by param()
 _META = ("help", "cite", "flag", "short", "lo", "hi", "lo_open", "hi_open", "choices",
-         "nonempty", "envvar", "cli", "sep", "negatable")
+         "nonempty", "envvar", "cli", "sep", "negatable", "positional", "decls", "metavar",
+         "cli_range")
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+#: :func:`same`'s default for a field the command requires (no default)
+REQUIRED: Any = _Required()
 
 
 def param(default: Any = MISSING, help: str = "", *, cite: str | None = None,
@@ -40,23 +50,66 @@ def param(default: Any = MISSING, help: str = "", *, cite: str | None = None,
           hi: float | None = None, lo_open: bool = False, hi_open: bool = False,
           choices: tuple | None = None, nonempty: bool = False, envvar: str | None = None,
           cli: bool = True, sep: str | None = None, negatable: bool = True,
+          positional: bool = False, decls: tuple[str, ...] | None = None,
+          metavar: str | None = None, cli_range: bool = False,
           default_factory: Any = MISSING) -> Any:
     """A spec field.  ``help``: one sentence for ``--help``; ``cite``: where the default comes
     from ("POPri B.1"); ``flag``: the long option (default ``--field-name``); ``lo``/``hi``
     (``*_open`` for strict): the valid range; ``choices``: the allowed values; ``sep``: a list
     field given as one ``sep``-joined option value; ``cli``: False for settings only the config
-    has; ``negatable``: a bool flag has a ``--no-`` form."""
+    has; ``negatable``: a bool flag has a ``--no-`` form.  Of a command's own arguments
+    (:class:`Call`): ``positional`` (an argument, not an option; a tuple field takes any number),
+    ``decls`` (every spelling, ``("--steps", "--rounds", "-T")`` or ``("--lora/--full",)``, when
+    ``flag`` / ``short`` cannot say it), ``metavar``; ``cli_range``: the command-line parser
+    checks the closed bounds itself even where the default is not an int (``None``)."""
     md = {"help": help, "cite": cite, "flag": flag, "short": short, "lo": lo, "hi": hi,
           "lo_open": lo_open, "hi_open": hi_open, "choices": tuple(choices) if choices else None,
           "nonempty": nonempty, "envvar": envvar, "cli": cli, "sep": sep,
-          "negatable": negatable}
+          "negatable": negatable, "positional": positional,
+          "decls": tuple(decls) if decls else None, "metavar": metavar, "cli_range": cli_range}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=md)
     return dataclasses.field(default=default, metadata=md)
 
 
+# ---------------------------------------------------------------- the arguments every command shares
+# Declared once here (flag, type, default); each command says what they mean for it in ``help``.
+
+def seed_param(help: str, **kw: Any) -> Any:
+    """``--seed``: an int, default 0 (every random choice of a command is derived from it)."""
+    return param(0, help, **kw)
+
+
+def out_param(help: str, default: Any = MISSING, **kw: Any) -> Any:
+    """``--out`` / ``-o``: where the command writes (a file, a directory, or ``-`` for stdout,
+    as ``help`` says); no default: required."""
+    return param(default, help, short="-o", **kw)
+
+
+def json_param(help: str, **kw: Any) -> Any:
+    """``--json``: print one JSON object on stdout instead of text (a switch, no ``--no-``)."""
+    return param(False, help, flag="--json", negatable=False, **kw)
+
+
 def flag_of(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+    """A field's long option: its ``flag``, else the first long spelling of its ``decls`` (the
+    true side of ``--a/--b``), else ``--field-name``."""
+    md = f.metadata
+    if md.get("flag"):
+        return md["flag"]
+    for d in md.get("decls") or ():
+        if d.startswith("--"):
+            return d.split("/")[0]
+    return "--" + f.name.replace("_", "-")
+
+
+def false_flag_of(f: dataclasses.Field) -> str | None:
+    """A bool field's false side: ``--b`` of ``decls`` ``("--a/--b",)``, ``--no-x`` when
+    negatable, else None (the flag's absence)."""
+    for d in f.metadata.get("decls") or ():
+        if "/" in d:
+            return d.split("/")[1]
+    return "--no-" + flag_of(f)[2:] if f.metadata.get("negatable", True) else None
 
 
 def help_of(f: dataclasses.Field) -> str:
@@ -239,7 +292,8 @@ def to_argv(spec: Spec, *, only: typing.Iterable[str] | None = None,
     out: list[str] = []
     for f in fields(spec):
         md = f.metadata
-        if not md.get("cli", True) or f.name in skip or (want is not None and f.name not in want):
+        if not md.get("cli", True) or f.name in skip or (want is not None and f.name not in want) \
+                or md.get("positional"):
             continue
         v = getattr(spec, f.name)
         if isinstance(v, Spec):
@@ -248,10 +302,11 @@ def to_argv(spec: Spec, *, only: typing.Iterable[str] | None = None,
         if v is None:
             continue
         if isinstance(v, bool):
+            no = false_flag_of(f)
             if v:
                 out.append(flag)
-            elif md.get("negatable", True):
-                out.append("--no-" + flag[2:])
+            elif no:
+                out.append(no)
             continue
         if isinstance(v, (list, tuple)):
             if md.get("sep"):
@@ -271,8 +326,67 @@ def same(spec_cls, name: str, default: Any = MISSING, **meta: Any) -> Any:
     metadata overrides are given."""
     f = spec_field(spec_cls, name)
     md = {**f.metadata, **meta}
+    if default is REQUIRED:
+        return dataclasses.field(metadata=md)
     if default is not MISSING:
         return dataclasses.field(default=default, metadata=md)
     if f.default is MISSING:
         return dataclasses.field(default_factory=f.default_factory, metadata=md)
     return dataclasses.field(default=f.default, metadata=md)
+
+
+@dataclass(frozen=True)
+class Call(Spec):
+    """One invocation of a ``popri`` command: every argument it takes, as fields -- its
+    settings (the settings spec(s) it inherits: ``into`` maps the keyword the command's function
+    receives each one as to its class) and its own arguments (paths, sizes, seeds: the fields
+    declared in the subclass, with :func:`param` / :func:`same`).
+
+        from popri.specs.commands.gen import GenCall
+        GenCall(omega="omega.jsonl", prompts=4, out="r1.jsonl").argv()
+        # ['gen', 'omega.jsonl', '--prompts', '4', ..., '--out', 'r1.jsonl', ...]
+
+    The command's options are derived from it (:func:`popri.cli.options.command`) and a stage's
+    command line is rendered from it (:meth:`argv`): one declaration per argument."""
+
+    #: the command path after ``popri`` ("gen", "fred stats")
+    command: ClassVar[str] = ""
+    #: keyword -> settings spec class the command's function receives (built from the fields)
+    into: ClassVar[dict] = {}
+    #: other spellings of an inherited settings field's option ({"lora": ("--lora/--full",)})
+    flags: ClassVar[dict] = {}
+
+    @classmethod
+    def own_fields(cls) -> list[str]:
+        """The fields the subclasses declare (body order), before the inherited settings."""
+        names: list[str] = []
+        by = {f.name for f in fields(cls)}
+        for k in reversed(cls.__mro__):
+            if k in (Call, Spec, object) or not issubclass(k, Call):
+                continue
+            for n in k.__dict__.get("__annotations__", {}):
+                if n in by and n not in names:
+                    names.append(n)
+        return names
+
+    def positionals(self) -> list[str]:
+        out: list[str] = []
+        for f in fields(self):
+            if f.metadata.get("positional"):
+                v = getattr(self, f.name)
+                if v is None:
+                    continue
+                out += [str(x) for x in v] if isinstance(v, (list, tuple)) else [str(v)]
+        return out
+
+    def argv(self, *, only: typing.Iterable[str] | None = None) -> list[str]:
+        """The command line (without ``popri``): the command, the positional arguments, then
+        every option (:func:`to_argv`; ``only``: just these fields' options)."""
+        return [*self.command.split(), *self.positionals(), *to_argv(self, only=only)]
+
+    def settings(self, into: str = "spec"):
+        """The settings spec the command's function receives as ``into``."""
+        cls = self.into[into]
+        mine = {f.name for f in fields(self)}
+        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)
+                      if f.init and f.name in mine})

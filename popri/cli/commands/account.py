@@ -16,15 +16,16 @@ from typing import List
 
 import typer
 
-from popri.cli.options import param_error, spec_options
+from popri.cli.options import param_error
 from popri.core import log
 from popri.core.io import dumps
-from popri.core.spec import help_of, spec_field
 from popri.privacy import accounting as A
 from popri.privacy.calibration import noise_multiplier_details
 from popri.privacy.ledger import total
 from popri.privacy.relations import of_sampling
 from popri.specs.privacy import FIXED, EpsilonSpec, LedgerTotalSpec, SigmaSpec
+from popri.cli.options import command
+from popri.specs.commands.account import AccountEpsilonCall, AccountLedgerCall, AccountSigmaCall
 
 NEIGHBOURS = (
     "Neighbouring datasets differ by one client's whole data (user-level DP): added or removed "
@@ -45,11 +46,6 @@ OPTION = {"noise_multiplier": "--noise-multiplier", "sample_rate": "--sample-rat
           "steps": "--steps", "delta": "--delta", "epsilon": "--epsilon",
           "accountant": "--accountant", "tol": "--tol"}
 H_JSON = "Print one JSON object on stdout instead of one line of text."
-
-
-def _required(spec_cls, name: str, *decls: str):
-    """A required option (``...``) with the spec field's help."""
-    return typer.Option(..., *decls, help=help_of(spec_field(spec_cls, name)))
 
 
 def _g(x: float) -> str:
@@ -86,14 +82,9 @@ def _emit(obj: dict, as_json: bool, line: str) -> None:
     "rounded up), or with --json one object {\"epsilon\", \"noise_multiplier\", \"sample_rate\", "
     "\"steps\", \"delta\", \"accountant\", ...}; z = 0 gives 'inf' / null with a \"note\".\n\n"
     + NEIGHBOURS))
-@spec_options(EpsilonSpec)
+@command(AccountEpsilonCall)
 def epsilon_cmd(
-    noise_multiplier: float = _required(EpsilonSpec, "noise_multiplier", "--noise-multiplier",
-                                        "-z"),
-    sample_rate: float = _required(EpsilonSpec, "sample_rate", "--sample-rate", "-q"),
-    steps: int = _required(EpsilonSpec, "steps", "--steps", "--rounds", "-T"),
-    as_json: bool = typer.Option(False, "--json", help=H_JSON),
-    *, spec: EpsilonSpec,
+    noise_multiplier: float, sample_rate: float, steps: int, as_json: bool, *, spec: EpsilonSpec
 ) -> None:
     """Epsilon of a Gaussian mechanism run --steps times at sample rate q."""
     try:
@@ -125,13 +116,9 @@ def epsilon_cmd(
     "line shows z rounded up, e.g. 'noise_multiplier = 2.3098 (rdp, q=1, T=11, delta=3e-06, "
     "epsilon=7.5800 <= 7.58)'. --json: {\"noise_multiplier\", \"epsilon_achieved\", \"epsilon\" "
     "(the target), the other inputs, \"accountant\"}.\n\n" + NEIGHBOURS))
-@spec_options(SigmaSpec)
+@command(AccountSigmaCall)
 def sigma_cmd(
-    epsilon: float = _required(SigmaSpec, "epsilon", "--epsilon", "-e"),
-    sample_rate: float = _required(SigmaSpec, "sample_rate", "--sample-rate", "-q"),
-    steps: int = _required(SigmaSpec, "steps", "--steps", "--rounds", "-T"),
-    as_json: bool = typer.Option(False, "--json", help=H_JSON),
-    *, spec: SigmaSpec,
+    epsilon: float, sample_rate: float, steps: int, as_json: bool, *, spec: SigmaSpec
 ) -> None:
     """Calibrate the noise multiplier to a privacy budget."""
     try:
@@ -165,14 +152,8 @@ def sigma_cmd(
     "<= 0.3 recorded) are refused unless --convention papers, whose total is NOT a DP "
     "guarantee and says so.\n\n"
     + FIXED + "\n\n" + NEIGHBOURS))
-@spec_options(LedgerTotalSpec)
-def ledger_cmd(
-    paths: List[str] = typer.Argument(
-        ..., help="ledger.jsonl files, directories (every ledger.jsonl below them) or score "
-                  "sidecars (.json with a 'ledger' key). A release_id seen twice counts once."),
-    as_json: bool = typer.Option(False, "--json", help=H_JSON),
-    *, spec: LedgerTotalSpec,
-) -> None:
+@command(AccountLedgerCall)
+def ledger_cmd(paths: List[str], as_json: bool, *, spec: LedgerTotalSpec) -> None:
     """Total privacy cost of a set of ledgers."""
     try:
         t = total(paths, delta=spec.delta, accountant=spec.accountant,

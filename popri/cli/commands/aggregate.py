@@ -14,10 +14,12 @@ from typing import List
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core import io
 from popri.federated.aggregation import aggregate_uploads
 from popri.specs.feedback import AggregateSpec
+from popri.cli.options import command
+from popri.specs.commands.aggregate import AggregateCall
 
 HELP = """Sum per-client uploads (from 'popri score --per-client-out') into one score vector.
 
@@ -33,12 +35,8 @@ No new privacy is spent: the output sidecar and the ledger.jsonl next to it get 
 entries (same release_id, so 'popri account ledger' counts them once).  --out - prints JSONL
 {"id", "score"} and writes no ledger (the release is already recorded next to the inputs)."""
 
-@spec_options(AggregateSpec)
-def aggregate(
-    files: List[str] = typer.Argument(..., help="CLIENTS.npy files (+ CLIENTS.json sidecars)."),
-    out: str = typer.Option(..., "--out", "-o", help="SCORES.npy (+ SCORES.json), or '-'."),
-    *, spec: AggregateSpec,
-) -> None:
+@command(AggregateCall)
+def aggregate(files: List[str], out: str, *, spec: AggregateSpec) -> None:
     r = aggregate_uploads(files, spec, out=out)
     if out == io.STDIO:
         io.write_jsonl(({"id": i, "score": float(s)} for i, s in zip(r["ids"], r["scores"])), "-")

@@ -18,14 +18,15 @@ from typing import Optional
 import typer
 
 from popri.apps import audit as A
-from popri.cli.options import option, param_error, spec_options, unwrap
+from popri.cli.options import param_error, unwrap
 from popri.core import log
 from popri.core.guard import check_outputs
 from popri.core.io import dumps, write_jsonl
-from popri.core.spec import help_of, spec_field
 from popri.eval.extract import run as do_extract
 from popri.privacy.accounting import ParameterError
 from popri.specs.privacy import AuditSpec, ExtractSpec
+from popri.cli.options import command
+from popri.specs.commands.audit import AuditExtractCall, AuditReleaseCall
 
 app = typer.Typer(
     help="Empirical privacy audits: replay a DP mechanism on neighbouring datasets and bound its "
@@ -96,19 +97,10 @@ def _table(r: dict) -> list[str]:
 
 
 @app.command("release", help=unwrap(HELP))
-@spec_options(AuditSpec)
+@command(AuditReleaseCall)
 def release_cmd(
-    mechanism: str = typer.Option(..., "--mechanism", "-m",
-                                  help=help_of(spec_field(AuditSpec, "mechanism"))),
-    trials: int = typer.Option(..., "--trials", "-T",
-                               help=help_of(spec_field(AuditSpec, "trials"))),
-    max_samples_per_client: Optional[int] = option(
-        AuditSpec, "max_samples_per_client",
-        help="Per-client cap M: nn-histogram's sensitivity (default 8); cosine: cap (default "
-             "none); fred --level user: m (default 8)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the data and of every trial's noise."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
-    *, spec: AuditSpec,
+    mechanism: str, trials: int, max_samples_per_client: Optional[int], seed: int, as_json: bool, *,
+    spec: AuditSpec
 ) -> None:
     """Empirical epsilon lower bound of one release vs the claimed epsilon."""
     try:
@@ -147,19 +139,10 @@ pre-trained model too, on the same examples, to read a method's figure."""
 
 
 @app.command("extract", help=unwrap(EXTRACT_HELP))
-@spec_options(ExtractSpec)
+@command(AuditExtractCall)
 def extract_cmd(
-    model: str = typer.Option(..., "--model", "-m", help="Checkpoint to attack (directory, "
-                              "adapter directory, alias or hub id)."),
-    data: str = typer.Option(..., "--data", "-d", help="Federated dataset directory or JSONL "
-                             "with 'text' (and 'client_id'; instruction records: "
-                             "'instruction', 'input', 'output')."),
-    split: str = typer.Option("train", "--split", help="Split of --data (the training data)."),
-    seed: int = typer.Option(0, "--seed", help="Which examples (and clients) are attacked."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Per-example JSONL ('-': "
-                                      "stdout)."),
-    as_json: bool = typer.Option(False, "--json", help="Summary as one JSON object on stdout."),
-    *, spec: ExtractSpec,
+    model: str, data: str, split: str, seed: int, out: Optional[str], as_json: bool, *,
+    spec: ExtractSpec
 ) -> None:
     from pathlib import Path
 

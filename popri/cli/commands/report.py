@@ -16,6 +16,8 @@ from popri.core import log
 from popri.core.errors import InputError, MissingResourceError
 from popri.core.io import dumps
 from popri.report import RUN_FILES, build_report, check_out, is_run_dir
+from popri.cli.options import command
+from popri.specs.commands.report import ReportCall
 
 _HELP = """A report of run directories ('popri run' outputs) as Markdown and one self-contained
 HTML file.
@@ -37,16 +39,8 @@ swapped into place in one step (an interrupted report leaves the earlier one); s
 file's path, or the JSON result with --json."""
 
 
-def report(
-    run_dirs: List[str] = typer.Argument(..., metavar="RUN_DIR...", help="Run directories "
-                                         "(each holds results.json, metrics.jsonl or, while "
-                                         "running, config.resolved.json)."),
-    out: str = typer.Option(..., "--out", "-o", help="Output directory (created; an earlier "
-                            "report there is replaced, the user's other files in it kept)."),
-    json_out: bool = typer.Option(False, "--json", help="Print {figures, notes, not_shown, "
-                                  "verdicts, epsilon, palette, html, md} as JSON instead of "
-                                  "the HTML path."),
-) -> None:
+@command(ReportCall)
+def report(run_dirs: List[str], out: str, json_out: bool) -> None:
     from pathlib import Path
 
     if out in ("", "-"):

@@ -17,44 +17,14 @@ from popri.pipeline import config as C
 from popri.pipeline.config import _control_char
 from popri.pipeline.driver import Run, results_table
 from popri.pipeline.recipes import METHODS
+from popri.cli.options import command
+from popri.specs.commands.run import RunCall
 
 
+@command(RunCall)
 def run(
-    config: Optional[str] = typer.Argument(
-        None, help="YAML config (see examples/; every key and its default is in "
-                   "popri/pipeline/config.py). Without it: those defaults, the embedded "
-                   "default that examples/default.yaml spells out (a test keeps them equal)."),
-    set_: List[str] = typer.Option(
-        [], "--set", "-s", help="Override any config key: --set dpo.lr=2e-5 (repeatable; the "
-                                "value is parsed as YAML)."),
-    run_dir: Optional[str] = typer.Option(
-        None, "--run-dir", help="Shortcut for --set run_dir=DIR (DIR taken as written, not "
-                                "parsed as YAML); an empty or blank DIR is refused."),
-    dry_run: bool = typer.Option(
-        False, "--dry-run",
-        help="Print the plan on stdout (how z is set, then every stage command; '# up to date' "
-             "marks a cached one) and nothing else: no stage runs, no file or directory is "
-             "written."),
-    show_config: bool = typer.Option(
-        False, "--show-config", help="Print the resolved config (the embedded default or the "
-        "YAML, with every --set applied and every default filled in) as YAML on stdout, and "
-        "exit: nothing runs."),
-    rerun: bool = typer.Option(
-        False, "--rerun",
-        help="Let finished DP stages run again: a resume whose config or inputs changed so "
-             "that a stage that already released (its ledger holds it) would run again is "
-             "refused before anything runs, naming the stages and why; with --rerun each such "
-             "rerun is a new DP release, counted against privacy.epsilon before the first stage "
-             "runs (a rerun that reproduces its release bit for bit is the same release)."),
-    release: bool = typer.Option(
-        False, "--release", envvar="POPRI_RELEASE",
-        help="Release mode (shortcut for --set release=true): every DP stage and every stage "
-             "that samples clients gets --release (OS CSPRNG, discretised Gaussian; nothing "
-             "reproducible from a seed); the noise-free recovery-rate diagnostic is skipped, "
-             "and the run stops at its release (synthetic set or DP model, and the ledger): no "
-             "evaluation on the private splits; probe.enabled and dpo.select_on: private are "
-             "refused. "
-             "Without it: research mode, seeded noise, reproducible from the sidecars."),
+    config: Optional[str], set_: List[str], run_dir: Optional[str], dry_run: bool,
+    show_config: bool, rerun: bool, release: bool
 ) -> None:
     """Run POPri end to end (T rounds of gen, score, prefs, dpo; then synthetic data, downstream training, evaluation against the eps=0 / eps=inf baselines, and the ledger totalled).
 

@@ -21,6 +21,8 @@ from popri.core.io import dumps
 from popri.pipeline import runs as R
 from popri.pipeline.driver import results_table
 from popri.report.samples import samples
+from popri.cli.options import command
+from popri.specs.commands.runs import RunsDiffCall, RunsListCall, RunsShowCall
 
 app = typer.Typer(help="Finished runs: list them, show one, diff two (results.json, "
                        "config.resolved.json, metrics.jsonl).", no_args_is_help=True)
@@ -41,13 +43,8 @@ def _table(lines: list, indent: str = "") -> None:
                              "  ".join(v.ljust(w) for v, w in zip(x, width)).rstrip()))
 
 
-def list_cmd(
-    dirs: List[str] = typer.Argument(None, metavar="DIRS...", help="Run directories or folders "
-                                     "holding them (default: runs)."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON list on stdout (+/-Infinity "
-                                 "as the strings \"inf\" / \"-inf\", NaN as null; a run that "
-                                 "could not be read has \"error\")."),
-) -> None:
+@command(RunsListCall)
+def list_cmd(dirs: List[str], as_json: bool) -> None:
     """One line per run directory found in DIRS (and below): method, epsilon spent of the
     budget, accuracy, gap closed, the method minus its T = 0 row, seed, popri version, when it
     ended. A run whose results.json or config.resolved.json cannot be read is listed as
@@ -93,16 +90,8 @@ def _results_table(run) -> str:
                 f"table needs, or holds them with other types (see --json)")
 
 
-def show_cmd(
-    run_dir: str = typer.Argument(..., metavar="RUN_DIR"),
-    as_json: bool = typer.Option(False, "--json", help="run_dir, config, results, metrics "
-                                 "(metrics.jsonl's rows, as written) and notes as one JSON "
-                                 "object (+/-Infinity as the strings \"inf\" / \"-inf\", "
-                                 "NaN as null)."),
-    every: bool = typer.Option(False, "--all", help="Every round in the per-round table "
-                               "(default: the first and last five when there are more than "
-                               "eleven, the middle as '...')."),
-) -> None:
+@command(RunsShowCall)
+def show_cmd(run_dir: str, as_json: bool, every: bool) -> None:
     """One run: its results table (as 'popri run' printed it), its identity (popri version,
     git commit, command line, config hash, start and end), the stages' seconds and its
     per-round table: one row per round with the per-round metrics metrics.jsonl holds (the
@@ -197,26 +186,8 @@ def R_fmt(x) -> str:
     return R.fmt(x, width=None)
 
 
-def diff_cmd(
-    a: str = typer.Argument(..., metavar="RUN_A"),
-    b: str = typer.Argument(..., metavar="RUN_B"),
-    everything: bool = typer.Option(False, "--all", help="Every setting and every metric, "
-                                    "equal ones too (default: the settings that differ and "
-                                    "the headline metrics)."),
-    keys: List[str] = typer.Option(None, "--keys", metavar="PATTERN", help="Only the keys "
-                                   "that match PATTERN: a glob (privacy.*, *_se) or a "
-                                   "substring (gap_closed); repeatable. Metrics: every "
-                                   "matching one that differs instead of the headline. A "
-                                   "PATTERN that matches no key of either run is named on "
-                                   "stderr (exit 0: an empty selection, not an error)."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object: every setting and "
-                                 "metric that differs (by the rule of the counts; values "
-                                 "exact; --all: every one; --keys filters; \"keys_unmatched\": "
-                                 "the patterns that matched no key), the headline with its "
-                                 "precision, the counts; "
-                                 "+/-Infinity as the strings \"inf\" / \"-inf\", NaN as "
-                                 "null."),
-) -> None:
+@command(RunsDiffCall)
+def diff_cmd(a: str, b: str, everything: bool, keys: List[str], as_json: bool) -> None:
     """Two runs side by side (as 'dvc params diff' and 'dvc metrics diff'): the settings that
     differ (config.resolved.json), then the headline metrics (results.json: the method's
     accuracy, epsilon and its relation, the method minus its T = 0 row, gap closed, FID) with

@@ -16,11 +16,12 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core import io
-from popri.core.spec import help_of, spec_field
 from popri.feedback.release import release_scores
 from popri.specs.feedback import ScoreSpec
+from popri.cli.options import command
+from popri.specs.commands.score import ScoreCall
 
 HELP = """Score synthetic samples with DP feedback from private clients (one round).
 
@@ -60,41 +61,13 @@ through SecAgg+ (derived shares, threshold and quantisation), the distributed di
 by default (--secagg-mechanism); same outputs and ledger (docs/flower.md)."""
 
 
-@spec_options(ScoreSpec, decls={"standardize": ("--standardize/--no-standardize",)})
+@command(ScoreCall)
 def score(
-    private: Optional[str] = typer.Option(
-        None, "--private",
-        help="Private data: a federated dataset directory (its --split), JSONL with 'client_id' "
-             "and 'text' (or 'embedding'), or an embedding set NAME.npy whose sidecar has "
-             "'client_id'. Required, except for a Flower deployment round (--federation)."),
-    synthetic: str = typer.Option(
-        ..., "--synthetic",
-        help="Synthetic samples: JSONL with 'text' (or 'embedding' rows, e.g. from 'popri embed "
-             "--out -'), an embedding set NAME.npy, or '-' for stdin."),
-    noise_multiplier: float = typer.Option(  # required here; the spec's is None until calibrated
-        ..., "--noise-multiplier", "-z",
-        help=help_of(spec_field(ScoreSpec, "noise_multiplier"))),
-    seed: int = typer.Option(
-        0, "--seed", help="Seed for client sampling, the per-client cap and the noise "
-                          "(separate streams)."),
-    out: Optional[str] = typer.Option(
-        None, "--out", "-o", help="SCORES.npy (+ SCORES.json), or '-' for JSONL on stdout."),
-    per_client_out: Optional[str] = typer.Option(
-        None, "--per-client-out",
-        help="CLIENTS.npy: every participating client's noised upload [L, n_syn] + CLIENTS.json "
-             "(client ids in row order)."),
-    ledger_dir: Optional[str] = typer.Option(
-        None, "--ledger",
-        help="Directory whose ledger.jsonl records this release (default: next to the outputs)."),
-    model: Optional[str] = typer.Option(
-        None, "--model", "-m", envvar="POPRI_EMBED_MODEL",
-        help="Embedding model for text inputs (default all-MiniLM-L6-v2: POPri B.1, "
-             "PrE-Text D.2)."),
-    split: str = typer.Option("train", "--split", help="Split when --private is a dataset dir."),
-    round_: int = typer.Option(0, "--round", help="Round number, recorded in sidecar and ledger."),
-    *, spec: ScoreSpec,
+    private: Optional[str], synthetic: str, noise_multiplier: float, seed: int, out: Optional[str],
+    per_client_out: Optional[str], ledger_dir: Optional[str], model: Optional[str], split: str,
+    round_: int, *, spec: ScoreSpec
 ) -> None:
-    """The options of every ScoreSpec field come from the spec (:func:`spec_options`)."""
+    """Every ScoreCall field is an option (:func:`popri.cli.options.command`)."""
     r = release_scores(private, synthetic, spec, out=out, per_client_out=per_client_out,
                        ledger_dir=ledger_dir, seed=seed, round_=round_, model=model, split=split)
     if out == io.STDIO:

@@ -11,10 +11,12 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core.guard import check_outputs
 from popri.methods.popri import dpo as lib
 from popri.specs.training import SFTSpec
+from popri.cli.options import command
+from popri.specs.commands.sft import SftCall
 
 HELP = """PE+SFT baseline (POPri section 3, "Supervised Fine-Tuning"; Table 1): fine-tune the
 server LLM with next-token loss on the highest-scoring sample of every prompt, through TRL's
@@ -34,21 +36,10 @@ token accuracy per step and epoch), run.json; the adapter path on stdout. --adap
 earlier adapter; --resume (default) picks up a killed run."""
 
 
-@spec_options(SFTSpec)
+@command(SftCall)
 def sft(
-    out: str = typer.Option(..., "--out", "-o", help="Output directory."),
-    pairs: Optional[str] = typer.Option(None, "--pairs", "-p", help="Preference pairs JSONL "
-                                        "(uses prompt + chosen)."),
-    samples: Optional[str] = typer.Option(None, "--samples", "-s", help="Samples JSONL ('popri gen')."),
-    scores: Optional[str] = typer.Option(None, "--scores", help="SCORES.npy (+ .json with 'ids') for "
-                                         "--samples."),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", envvar="POPRI_GEN_MODEL",
-                              help="Base LLM (alias, checkpoint dir or hub id)."),
-    adapter: Optional[str] = typer.Option(None, "--adapter", help="Continue from this adapter."),
-    seed: int = typer.Option(0, "--seed", help="Seeds LoRA init and data order."),
-    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest "
-                                "checkpoint in --out."),
-    *, spec: SFTSpec,
+    out: str, pairs: Optional[str], samples: Optional[str], scores: Optional[str], model: str,
+    adapter: Optional[str], seed: int, resume: bool, *, spec: SFTSpec
 ) -> None:
     from pathlib import Path
 

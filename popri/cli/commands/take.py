@@ -19,6 +19,8 @@ from popri.core.guard import check_outputs
 from popri.core.io import STDIO, AtomicOutputs, dumps, iter_jsonl, write_jsonl
 from popri.data.records import first_by_tokens
 from popri.models import llm
+from popri.cli.options import command
+from popri.specs.commands.take import TakeCall
 
 HELP = """The first samples of SAMPLES whose tokens reach a budget: a synthetic set sized in text,
 not in samples.
@@ -38,19 +40,10 @@ its T = 0 control's token count. Samples and REF are synthetic (public) text: no
 Output: the kept records, unchanged, as JSONL on stdout or --out (atomic)."""
 
 
+@command(TakeCall)
 def take(
-    samples: str = typer.Argument(..., metavar="SAMPLES", help="Synthetic samples JSONL "
-                                  "('text'), or '-'."),
-    tokens: Optional[int] = typer.Option(None, "--tokens", min=1, help="The token budget B."),
-    tokens_of: Optional[str] = typer.Option(None, "--tokens-of", metavar="REF",
-                                            help="The budget is REF's total tokens (JSONL "
-                                                 "with 'text', e.g. the T = 0 control's set)."),
-    tokenizer: str = typer.Option("smollm2-135m", "--tokenizer", help="Counts the tokens: a "
-                                  "model name or path (the downstream model's)."),
-    out: str = typer.Option("-", "--out", "-o", help="Kept samples JSONL ('-' = stdout)."),
-    stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Write the budget, the "
-                                            "tokens and samples kept, and whether the budget "
-                                            "was reached, as JSON."),
+    samples: str, tokens: Optional[int], tokens_of: Optional[str], tokenizer: str, out: str,
+    stats_out: Optional[str]
 ) -> None:
     if (tokens is None) == (tokens_of is None):
         raise InputError("give exactly one of --tokens B and --tokens-of REF", field="tokens")

@@ -12,11 +12,13 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core.guard import check_outputs
 from popri.core.io import dumps
 from popri.eval.downstream import train_downstream as run
 from popri.specs.training import DownstreamSpec
+from popri.cli.options import command
+from popri.specs.commands.train_downstream import TrainDownstreamCall
 
 _HELP = """Fine-tune a causal LM on the 'text' of TRAIN and keep the epoch that is best on --val.
 
@@ -38,25 +40,10 @@ accuracy; 'initial' = the model before training; the settings).  Evaluate it wit
 'popri eval accuracy --model OUT'.  Progress goes to stderr; --json prints the summary on stdout."""
 
 
-@spec_options(DownstreamSpec, decls={'lora': ('--lora/--full',)})
+@command(TrainDownstreamCall)
 def train_downstream(
-    train: str = typer.Argument(..., metavar="TRAIN", help="JSONL with 'text', or a dataset dir."),
-    out: str = typer.Option(..., "--out", "-o", help="Checkpoint directory to create."),
-    val: Optional[str] = typer.Option(
-        None, "--val", help="Validation JSONL or dataset dir (val split) for epoch selection. "
-                            "Without it the last epoch is kept."),
-    model: str = typer.Option(
-        "smollm2-135m", "--model", "-m",
-        help="Causal LM to fine-tune: 'smollm2-135m' (default: SmolLM2-135M-Instruct, the small "
-             "pretrained LM installable offline), 'distilgpt2' (the papers' model; needs the hub "
-             "or a local copy), any local checkpoint dir or hub id."),
-    train_split: str = typer.Option("train", help="Split of TRAIN when it is a dataset directory."),
-    seed: int = typer.Option(0, help="Seeds the shuffling and the LoRA initialisation."),
-    force: bool = typer.Option(False, "--force", help="Replace a non-empty --out that popri "
-                               "wrote (a model of an earlier run); a directory popri did not "
-                               "write is never replaced."),
-    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
-    *, spec: DownstreamSpec,
+    train: str, out: str, val: Optional[str], model: str, train_split: str, seed: int, force: bool,
+    json_out: bool, *, spec: DownstreamSpec
 ) -> None:
     from pathlib import Path
 

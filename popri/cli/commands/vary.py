@@ -12,10 +12,12 @@ from typing import Optional
 
 import typer
 
-from popri.cli.options import spec_options, unwrap
+from popri.cli.options import unwrap
 from popri.core import log
 from popri.methods.pe.variation import vary_file
 from popri.specs.generation import VarySpec
+from popri.cli.options import command
+from popri.specs.commands.vary import VaryCall
 
 _HELP = """Variations of text samples: PrE-Text's mask-fill or Aug-PE's LLM paraphrase
 (PE 'Variation', PrE-Text Algorithm 1 line 9).
@@ -68,23 +70,11 @@ Counts, fallback and timings go to stderr and --stats-out. Variation only post-p
 already-released samples: it spends no privacy and writes no ledger entry."""
 
 
-@spec_options(VarySpec, decls={'chat': ('--chat/--no-chat',)})
+@command(VaryCall)
 def vary(
-    input: str = typer.Argument(..., help="JSONL with 'text' (and 'id'), or '-' for stdin."),
-    seed: int = typer.Option(0, "--seed", min=0, help="Seeds masks, fills and sampling."),
-    round_: int = typer.Option(0, "--round", min=0, help="Round number, recorded in every row."),
-    out: str = typer.Option("-", "--out", "-o", help="Variations JSONL ('-' = stdout)."),
-    lookahead_out: Optional[str] = typer.Option(None, "--lookahead-out", help="SET.npy for the "
-                                                "lookahead means (with --lookahead)."),
-    template: Optional[str] = typer.Option(None, "--template", help="paraphrase prompt file with "
-                                           "{text}."),
-    adapter: Optional[str] = typer.Option(None, "--adapter", help="paraphrase: PEFT LoRA adapter "
-                                          "directory on top of --model."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu, cuda, cuda:1 (default: "
-                                         "cuda if available)."),
-    stats_out: Optional[str] = typer.Option(None, "--stats-out", help="Counts, fallback and "
-                                            "timings as JSON."),
-    *, spec: VarySpec,
+    input: str, seed: int, round_: int, out: str, lookahead_out: Optional[str],
+    template: Optional[str], adapter: Optional[str], device: Optional[str],
+    stats_out: Optional[str], *, spec: VarySpec
 ) -> None:
     st = vary_file(input, spec, out=out, lookahead_out=lookahead_out, stats_out=stats_out,
                    template=template, adapter=adapter, seed=seed, round_no=round_,
