@@ -231,7 +231,10 @@ def big_n(run: Path, out: Path, method: str, n: int, variant: dict | None = None
     ``match``: the method's set a pool of 3 n cut to its control's tokens)."""
     from learning_study import _matched, _stage_lines, _tag, run_line, with_flags
 
-    from popri.kit import take_argv
+    from popri.kit import take_call
+
+    def take_argv(*a):
+        return take_call(*a).argv()
     from popri.methods.popri.recipe import MATCH_POOL
 
     v = variant or {"gen": [], "match": False}

@@ -255,7 +255,10 @@ def draw(run: Path, k: int, gen: list[str] | None = None, match: bool = False) -
     ``draws``' RUN/draws/dK).  Such draws go to RUN/study_draws/<tag>-dK."""
     from popri.kit import draw_seed
     from popri.methods.popri.recipe import MATCH_POOL
-    from popri.kit import take_argv
+    from popri.kit import take_call
+
+    def take_argv(*a):
+        return take_call(*a).argv()
 
     res = json.loads((run / "results.json").read_text())
     method = res["method"]
@@ -312,7 +315,7 @@ def _matched(lines: list[list[str]], run: Path, dk: Path, k: int, pool: int,
         for f, dest in zip(have, (t0, dk / "eval" / "t0.json", dk / "eval" / "t0.clients.jsonl")):
             shutil.copyfile(f, dest)
     control = {t0, str(dk / "downstream" / "t0"), str(dk / "eval" / "t0.json")}
-    model = next(x[x.index("--model") + 1] for x in lines if x[1] == "train-downstream")
+    model = next(call_of(x).model for x in lines if x[1] == "train-downstream")
     out = [] if reuse else [x for x in lines if a_out(x) == t0]  # the budget's set first
     for argv in lines:
         if a_out(argv) == syn:
@@ -327,6 +330,18 @@ def _matched(lines: list[list[str]], run: Path, dk: Path, k: int, pool: int,
         else:
             out.append(argv)
     return out
+
+
+def call_of(argv: list[str]):
+    """A commands.sh line (``popri CMD ...``, maybe ``> FILE``) as the Call its command parses
+    it into (its defaults filled in: a line writes only what differs from them)."""
+    import typer
+
+    from popri.cli.app import app
+    from popri.cli.options import parse_call
+
+    argv = argv[:argv.index(">")] if ">" in argv else argv
+    return parse_call(typer.main.get_command(app), argv[1:])[1]
 
 
 def a_out(argv: list[str]) -> str | None:

@@ -42,10 +42,17 @@ def as_file(mod: str) -> str:
 
 def table() -> str:
     cmds = sorted((ROOT / "popri" / "cli" / "commands").glob("[!_]*.py"))
-    rows = ["| command module | settings (spec) | library (the maths) |", "|---|---|---|"]
+    rows = ["| command module | arguments (its Call) and settings (spec) | library (the maths) |", "|---|---|---|"]
     for f in cmds:
         mods = imports(f)
-        specs = [as_file(m) for m in mods if m.startswith("popri.specs")]
+        # the command's Calls (popri/specs/commands/) and the settings specs they inherit
+        specs = []
+        for m in mods:
+            if m.startswith("popri.specs"):
+                specs.append(as_file(m))
+                if m.startswith("popri.specs.commands."):
+                    specs += [as_file(x) for x in imports(ROOT / (m.replace(".", "/") + ".py"))
+                              if x.startswith("popri.specs")]
         libs = [as_file(m) for m in mods if not m.startswith("popri.specs")]
         rows.append(f"| `popri {f.stem.replace('_', '-')}`: `popri/cli/commands/{f.name}` | "
                     f"{', '.join(dict.fromkeys(specs)) or '-'} | "

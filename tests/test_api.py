@@ -10,6 +10,9 @@ import pytest
 
 from conftest import emb_set
 
+from popri.specs.commands.account import AccountEpsilonCall
+from popri.specs.commands.pe import PeSeedsCall
+
 
 def test_import_popri_is_light_and_has_the_api():
     code = ("import sys, popri; print(popri.__version__); "
@@ -70,7 +73,7 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
 
     from test_layers import run_context_members, run_reads
 
-    from popri.kit import Stage, round_seed
+    from popri.kit import Stage
     from popri.methods.base import RunContext
     from popri.pipeline import config as C
     from popri.pipeline import recipes
@@ -86,9 +89,8 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
             seen["noise"], seen["clients"] = run.noise, run.public_clients()
             R = run.paths.root / "toy"
             yield run.score_stage(1, run.paths.emb_val, R / "scores.npy", seed=7)
-            yield Stage("toy-copy", ["pe", "seeds", str(run.paths.root / "x.jsonl"), "--out",
-                                     str(run.paths.synthetic),
-                                     "--seed", str(round_seed(run.cfg.seed, 1))],
+            yield Stage("toy-copy", PeSeedsCall(survivors=(str(run.paths.root / "x.jsonl"),),
+                                                out=str(run.paths.synthetic)),
                         outputs=[str(run.paths.synthetic)])
 
         def plan_notes(self, run):
@@ -118,7 +120,8 @@ def test_stage_key_covers_version_and_keyed_env_and_strips_other_popri_settings(
     from popri.kit import Stage
     from popri.pipeline import stages as S
 
-    st = Stage("s", ["account", "epsilon", "-z", "2", "-q", "1", "-T", "1"], outputs=[])
+    st = Stage("s", AccountEpsilonCall(noise_multiplier=2.0, sample_rate=1.0, steps=1),
+               outputs=[])
     monkeypatch.setenv("POPRI_RELEASE", "1")
     monkeypatch.setenv("POPRI_EMBED_MODEL", "x")
     r = S.StageRunner(tmp_path)
@@ -133,7 +136,8 @@ def test_stage_key_covers_version_and_keyed_env_and_strips_other_popri_settings(
     assert S.StageRunner(tmp_path).env["POPRI_THREADS"] == "2"  # passed on to the stage
     monkeypatch.setattr(S, "__version__", "9.9.9")
     assert S.StageRunner(tmp_path).key(st) != k1
-    st2 = Stage("s", ["account", "epsilon", "-z", "3", "-q", "1", "-T", "1"], outputs=[])
+    st2 = Stage("s", AccountEpsilonCall(noise_multiplier=3.0, sample_rate=1.0, steps=1),
+                outputs=[])
     assert S.StageRunner(tmp_path).key(st2) != S.StageRunner(tmp_path).key(st)
 
 
@@ -144,7 +148,8 @@ def test_an_edited_intermediate_reruns_its_stage(tmp_path):
     from popri.pipeline.stages import StageRunner
 
     out = tmp_path / "eps.json"
-    st = lambda: Stage("eps", ["account", "epsilon", "-z", "2", "-q", "1", "-T", "1", "--json"],  # noqa: E731
+    st = lambda: Stage("eps", AccountEpsilonCall(noise_multiplier=2.0, sample_rate=1.0,  # noqa: E731
+                                                 steps=1, as_json=True),
                        outputs=[str(out)], stdout_to=str(out))
     assert StageRunner(tmp_path).run(st()) is True
     assert StageRunner(tmp_path).run(st()) is False

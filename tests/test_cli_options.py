@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-import pytest
 import typer
 from typer.testing import CliRunner
 

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import _run
+from popri.specs.commands.score import ScoreCall
 from popri.core.errors import PopriError
 from popri.core.io import save_embedding_set
 from popri.kit import DPRelease, Stage
@@ -166,10 +167,11 @@ def _score_inputs(tmp: Path):
 def _score_stage(tmp: Path, planned, q_args=("--clients-per-round", "5")):
     priv, syn = _score_inputs(tmp)
     out = tmp / "r1" / "scores.npy"
-    return Stage("round1-score", ["score", "--private", str(priv), "--synthetic", str(syn),
-                                  "--out", str(out), "-z", "1.5", "--seed", "3", "--round", "1",
-                                  "--delta", "1e-05",
-                                  *q_args],
+    q = {"clients_per_round": 5} if q_args == ("--clients-per-round", "5") else \
+        {q_args[0][2:].replace("-", "_"): float(q_args[1])}
+    return Stage("round1-score", ScoreCall(private=str(priv), synthetic=str(syn), out=str(out),
+                                           noise_multiplier=1.5, seed=3, round_=1,
+                                           delta=1e-05, **q),
                  outputs=[str(out)], inputs=[str(priv), str(syn)],
                  release=DPRelease(planned, out.parent / "ledger.jsonl",
                                    lambda e: e.stage == "score"))
@@ -249,4 +251,18 @@ def test_popri_run_dry_run_plans_with_the_engine_entry(tmp_path):
                         "--set", "privacy.epsilon=null"],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert "--engine flower" in p.stdout and "--secagg-mechanism ddg" in p.stdout
+    import shlex
+
+    import typer
+
+    from popri.cli.app import app
+    from popri.cli.options import parse_call
+
+    # the plan's score lines mean DDG on Flower (ddg is the command's default: a line writes
+    # only what differs from the defaults, so it is read as the command parses it)
+    score = [shlex.split(x) for x in p.stdout.splitlines() if x.startswith("popri score")]
+    assert score and "--engine flower" in p.stdout
+    for line in score:
+        call = parse_call(typer.main.get_command(app), line[1:])[1]
+        assert call.engine == "flower" and call.secagg_mechanism == "ddg"
+        assert call.to_dict()["supernodes"] == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from popri.specs.commands.embed import EmbedCall
 from popri.kit import Stage
 from popri.models import llm
 from popri.pipeline import stages as S
@@ -78,7 +79,7 @@ def test_the_precision_is_in_results_and_the_table_header(monkeypatch):
 def test_opting_in_to_cpu_bf16_is_in_every_stage_key(tmp_path, monkeypatch):
     """POPRI_CPU_BF16 changes more than the last bits: a stage computed in bf16 is not reused by
     a default (fp32) run, and a run without it keeps the keys it had before (resume)."""
-    st = Stage("s", ["embed", "x", "--out", str(tmp_path / "o.npy")], outputs=[])
+    st = Stage("s", EmbedCall(input="x", out=str(tmp_path / "o.npy")), outputs=[])
     keys = {}
     for v in (None, "1"):
         if v is None:

@@ -14,6 +14,7 @@ Poisson sampling, example counts, update norms, clipped shares, losses, research
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -469,8 +470,10 @@ def check_release_run(run: Path, data: Path, log: str) -> None:
             f"{st.name} reads {sorted(reads)} without a DP release: its outputs are private"
         # what it writes: its declared outputs and what its command names as an output
         # (``--out DIR`` of dpo is the directory around the declared adapter)
-        outs = set(st.outputs) | {st.args[i + 1] for i, a in enumerate(st.args[:-1])
-                                  if a == "--out" or a.endswith("-out")}
+        outs = set(st.outputs) | {str(getattr(st.call, f.name)) for f in
+                                  dataclasses.fields(st.call)
+                                  if (f.name == "out" or f.name.endswith("_out"))
+                                  and getattr(st.call, f.name) not in (None, "-")}
         for o in outs:
             if Path(o).is_relative_to(run):
                 owner[str(Path(o).relative_to(run))] = (st.name, kind)

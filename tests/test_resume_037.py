@@ -24,6 +24,7 @@ from pathlib import Path
 
 from test_hostile_037_run import _env, _minimal, _one_line, _popri, _run_args
 from test_run_e2e import tiny_inputs  # noqa: F401 (fixture)
+from popri.specs.commands.score import ScoreCall
 
 
 def _entry_point() -> list[str]:
@@ -190,7 +191,8 @@ def test_a_dp_rerun_is_the_same_release_only_if_bit_identical(tmp_path):
     led = append(out, [entry])
     plan = gaussian("score", noise_multiplier=2.0, sample_rate=1.0, sensitivity=1.0,
                     sampling="none", delta=1e-5, mode="research", params={"round": 1})
-    st = Stage("round1-score", ["score"], outputs=[str(out)],
+    st = Stage("round1-score", ScoreCall(synthetic="s.jsonl", noise_multiplier=2.0),
+               outputs=[str(out)],
                release=DPRelease([plan], led, lambda e: e.stage == "score"))
     r = StageRunner(tmp_path)
     earlier = {"hashes": {str(out): path_digest(str(out))}}

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from popri.specs.commands.account import AccountEpsilonCall, AccountLedgerCall
 from popri.pipeline import config as C
 from popri.core.errors import PopriError
 from popri.pipeline.driver import Run
@@ -29,7 +30,8 @@ def test_config_errors_are_clear(override, msg):
 
 
 def _eps_stage(out, z="2.0"):
-    return Stage("eps", ["account", "epsilon", "-z", z, "-q", "1", "-T", "1", "--json"],
+    return Stage("eps", AccountEpsilonCall(noise_multiplier=float(z), sample_rate=1.0, steps=1,
+                                           as_json=True),
                  outputs=[str(out)], stdout_to=str(out))
 
 
@@ -51,7 +53,7 @@ def test_downstream_stage_reruns_when_upstream_output_changes(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     r = StageRunner(tmp_path)
     r.run(_eps_stage(a))
-    dep = Stage("dep", ["account", "ledger", str(tmp_path / "ledger.jsonl"), "--json"],
+    dep = Stage("dep", AccountLedgerCall(paths=(str(tmp_path / "ledger.jsonl"),), as_json=True),
                 outputs=[str(b)], inputs=[str(a)], stdout_to=str(b))
     (tmp_path / "ledger.jsonl").write_text(json.dumps(
         {"stage": "s", "mechanism": "gaussian", "noise_multiplier": 2.0, "sample_rate": 1.0,
@@ -67,7 +69,9 @@ def test_downstream_stage_reruns_when_upstream_output_changes(tmp_path):
 
 def test_failed_stage_leaves_no_marker_and_names_the_command(tmp_path):
     out = tmp_path / "bad.json"
-    st = Stage("bad", ["account", "epsilon", "-z", "1", "-q", "7", "-T", "1"], outputs=[str(out)],
+    # a sample rate of 7 the command refuses (a draft: the call itself would refuse it too)
+    st = Stage("bad", AccountEpsilonCall.draft(noise_multiplier=1.0, sample_rate=7.0, steps=1),
+               outputs=[str(out)],
                stdout_to=str(out))
     with pytest.raises(PopriError, match="stage bad failed"):
         StageRunner(tmp_path).run(st)

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import _run, write_jsonl
 from test_run_e2e import tiny_inputs  # noqa: F401  (fixture)
+from popri.specs.commands.account import AccountEpsilonCall
 from popri.pipeline import config as C
 from popri.core.errors import ConfigError
 from popri.core.io import save_embedding_set
@@ -212,7 +213,8 @@ def test_commands_sh_is_rewritten_by_each_run_not_appended(tmp_path):
     out = tmp_path / "eps.json"
 
     def stage(z):
-        return Stage("eps", ["account", "epsilon", "-z", z, "-q", "1", "-T", "1", "--json"],
+        return Stage("eps", AccountEpsilonCall(noise_multiplier=float(z), sample_rate=1.0,
+                                               steps=1, as_json=True),
                      outputs=[str(out)], stdout_to=str(out))
 
     StageRunner(tmp_path).run(stage("2.0"))
@@ -425,7 +427,8 @@ def test_stage_guard_counts_every_prior_release_and_a_seeded_rerun_once(tmp_path
         rel.budget.guard(name, DPRelease(rel.dp_stages()[0][1], own, match), rel.runner)("k1")
     # a refusing guard stops the stage: it does not run, no marker
     out = tmp_path / "x.json"
-    st = Stage("x", ["account", "epsilon", "-z", "2", "-q", "1", "-T", "1"], outputs=[str(out)],
+    st = Stage("x", AccountEpsilonCall(noise_multiplier=2.0, sample_rate=1.0, steps=1),
+               outputs=[str(out)],
                stdout_to=str(out), before=lambda key: (_ for _ in ()).throw(BudgetError("no")))
     with pytest.raises(BudgetError):
         StageRunner(tmp_path).run(st)

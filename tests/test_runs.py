@@ -151,10 +151,11 @@ def test_stage_log_heartbeat_and_no_carriage_returns(tmp_path):
         from pathlib import Path
         from popri.kit import Stage
         from popri.pipeline.stages import StageRunner
+        from popri.specs.commands.bench import BenchListCall
         run = Path({str(tmp_path / 'run')!r}); run.mkdir(exist_ok=True)
         r = StageRunner(run)
         r.total = 3
-        st = Stage("slow-stage", ["noop"], outputs=[])
+        st = Stage("slow-stage", BenchListCall(), outputs=[])
         sys.exit(r._child(st, [sys.executable, {str(script)!r}], None))
     """))
     env = dict(os.environ, POPRI_HEARTBEAT="1", PYTHONPATH=str(REPO))

@@ -128,12 +128,10 @@ def command(call_cls):
     hints = typing.get_type_hints(call_cls)
     by = {f.name: f for f in dataclasses.fields(call_cls) if f.init}
     own = call_cls.own_fields()
-    rest = [n for cls in call_cls.into.values() for n in
-            (f.name for f in dataclasses.fields(cls) if f.init) if n in by and n not in own]
-    order = own + list(dict.fromkeys(rest))
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY,
                                 default=option(call_cls, n, *call_cls.flags.get(n, ())),
-                                annotation=_param_type(hints[n], by[n])) for n in order]
+                                annotation=_param_type(hints[n], by[n]))
+              for n in call_cls.order()]
 
     def deco(fn):
         takes = set(inspect.signature(fn).parameters)
@@ -152,6 +150,7 @@ def command(call_cls):
                     args[into] = call.settings(into)
             return fn(**args)
 
+        cmd.call_cls = call_cls  # what the command parses into (tests: argv round trips)
         cmd.__signature__ = inspect.Signature(params)
         cmd.__annotations__ = {p.name: p.annotation for p in params}
         return cmd
@@ -174,3 +173,21 @@ def unwrap(text: str) -> str:
 def param_error(err, option_names: dict[str, str]) -> InputError:
     """A library ParameterError (``param``, ``message``) as an InputError naming the option."""
     return InputError(err.message, field=option_names.get(err.param, err.param))
+
+
+def parse_call(root, argv: list[str]):
+    """``(quiet, call)``: a ``popri`` command line (after ``popri``) parsed the way the command
+    parses it, as the :class:`~popri.core.spec.Call` its function would build -- what a stage's
+    rendered command line means (tests compare plans by it).  ``root``: the click group of the
+    app (``typer.main.get_command(app)``)."""
+    args, quiet = list(argv), False
+    if args and args[0] == "--quiet":
+        quiet, args = True, args[1:]
+    cmd, path = root, []
+    while getattr(cmd, "commands", None) and args and args[0] in cmd.commands:
+        path.append(args[0])
+        cmd = cmd.commands[args.pop(0)]
+    call_cls = cmd.callback.call_cls
+    ctx = cmd.make_context(" ".join(path), args, resilient_parsing=False)
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in ctx.params.items()}
+    return quiet, build(call_cls, **values)

@@ -33,7 +33,7 @@ from .errors import ConfigError
 #: metadata keys understood by param()
 _META = ("help", "cite", "flag", "short", "lo", "hi", "lo_open", "hi_open", "choices",
          "nonempty", "envvar", "cli", "sep", "negatable", "positional", "decls", "metavar",
-         "cli_range")
+         "cli_range", "always")
 
 
 class _Required:
@@ -51,7 +51,7 @@ def param(default: Any = MISSING, help: str = "", *, cite: str | None = None,
           choices: tuple | None = None, nonempty: bool = False, envvar: str | None = None,
           cli: bool = True, sep: str | None = None, negatable: bool = True,
           positional: bool = False, decls: tuple[str, ...] | None = None,
-          metavar: str | None = None, cli_range: bool = False,
+          metavar: str | None = None, cli_range: bool = False, always: bool = False,
           default_factory: Any = MISSING) -> Any:
     """A spec field.  ``help``: one sentence for ``--help``; ``cite``: where the default comes
     from ("POPri B.1"); ``flag``: the long option (default ``--field-name``); ``lo``/``hi``
@@ -61,12 +61,14 @@ def param(default: Any = MISSING, help: str = "", *, cite: str | None = None,
     (:class:`Call`): ``positional`` (an argument, not an option; a tuple field takes any number),
     ``decls`` (every spelling, ``("--steps", "--rounds", "-T")`` or ``("--lora/--full",)``, when
     ``flag`` / ``short`` cannot say it), ``metavar``; ``cli_range``: the command-line parser
-    checks the closed bounds itself even where the default is not an int (``None``)."""
+    checks the closed bounds itself even where the default is not an int (``None``);
+    ``always``: a stage's command line writes it even at its default (:meth:`Call.given`)."""
     md = {"help": help, "cite": cite, "flag": flag, "short": short, "lo": lo, "hi": hi,
           "lo_open": lo_open, "hi_open": hi_open, "choices": tuple(choices) if choices else None,
           "nonempty": nonempty, "envvar": envvar, "cli": cli, "sep": sep,
           "negatable": negatable, "positional": positional,
-          "decls": tuple(decls) if decls else None, "metavar": metavar, "cli_range": cli_range}
+          "decls": tuple(decls) if decls else None, "metavar": metavar, "cli_range": cli_range,
+          "always": always}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=md)
     return dataclasses.field(default=default, metadata=md)
@@ -76,8 +78,9 @@ def param(default: Any = MISSING, help: str = "", *, cite: str | None = None,
 # Declared once here (flag, type, default); each command says what they mean for it in ``help``.
 
 def seed_param(help: str, **kw: Any) -> Any:
-    """``--seed``: an int, default 0 (every random choice of a command is derived from it)."""
-    return param(0, help, **kw)
+    """``--seed``: an int, default 0 (every random choice of a command is derived from it;
+    a stage's command line always writes it)."""
+    return param(0, help, always=True, **kw)
 
 
 def out_param(help: str, default: Any = MISSING, **kw: Any) -> Any:
@@ -219,6 +222,10 @@ def check_field(f: dataclasses.Field, v: Any, where: str | None = None) -> None:
 class Spec:
     """Base of every spec: validation from the field metadata in ``__post_init__`` (subclasses
     add cross-field checks in ``check()``), strict ``from_dict``, ``replace``, ``to_dict``."""
+
+    #: settings whose None the spec resolves itself in ``__post_init__`` (the mode's default),
+    #: recording those given in ``_given``: a call renders only the given ones
+    RESOLVED: ClassVar[tuple] = ()
 
     def __post_init__(self) -> None:
         hints = get_type_hints(type(self))
@@ -369,24 +376,81 @@ class Call(Spec):
                     names.append(n)
         return names
 
+    @classmethod
+    def order(cls) -> list[str]:
+        """Every argument in the command's order: its own, then each settings spec's fields
+        (``into`` order) -- the order of ``--help`` and of :meth:`argv`."""
+        own = cls.own_fields()
+        by = {f.name for f in fields(cls) if f.init}
+        rest = [f.name for spec in cls.into.values() for f in fields(spec)
+                if f.init and f.name in by and f.name not in own]
+        return own + list(dict.fromkeys(rest))
+
     def positionals(self) -> list[str]:
         out: list[str] = []
-        for f in fields(self):
-            if f.metadata.get("positional"):
-                v = getattr(self, f.name)
+        by = {f.name: f for f in fields(self)}
+        for n in self.order():
+            if by[n].metadata.get("positional"):
+                v = getattr(self, n)
                 if v is None:
                     continue
                 out += [str(x) for x in v] if isinstance(v, (list, tuple)) else [str(v)]
         return out
 
-    def argv(self, *, only: typing.Iterable[str] | None = None) -> list[str]:
+    def given(self) -> list[str]:
+        """The options :meth:`argv` writes: each field whose value is not the command's default,
+        every field the command would otherwise read from the environment (``envvar``: a
+        default there is not the command's alone), every seed (``always``) and every field
+        without a default."""
+        by = {f.name: f for f in fields(self)}
+        out = []
+        for n in self.order():
+            f = by[n]
+            if f.metadata.get("positional") or not f.metadata.get("cli", True):
+                continue
+            if n in self.RESOLVED and n not in getattr(self, "_given", ()):
+                continue  # resolved by the spec from None: the command resolves it the same
+            v = getattr(self, n)
+            if f.default is MISSING and f.default_factory is MISSING:
+                out.append(n)
+                continue
+            dflt = f.default if f.default is not MISSING else f.default_factory()
+            if f.metadata.get("envvar") or f.metadata.get("always") or v != dflt \
+                    or type(v) is not type(dflt):
+                out.append(n)
+        return out
+
+    def argv(self) -> list[str]:
         """The command line (without ``popri``): the command, the positional arguments, then
-        every option (:func:`to_argv`; ``only``: just these fields' options)."""
-        return [*self.command.split(), *self.positionals(), *to_argv(self, only=only)]
+        the options of :meth:`given`, in the command's order (:func:`to_argv` renders each).
+        The command parses it back into this instance (tests/test_cli_options.py)."""
+        given = self.given()
+        return [*self.command.split(), *self.positionals(),
+                *(a for n in given for a in to_argv(self, only=[n]))]
+
+    @classmethod
+    def draft(cls, **values: Any):
+        """An instance whose values are not all known yet (``popri run --dry-run`` before the
+        fetch: a placeholder string in a number's place): not validated; shown, never run."""
+        obj = cls.__new__(cls)
+        for f in fields(cls):
+            if f.name in values:
+                v = values[f.name]
+            elif f.default is not MISSING:
+                v = f.default
+            elif f.default_factory is not MISSING:
+                v = f.default_factory()
+            else:
+                raise ConfigError("is required", field=f.name)
+            object.__setattr__(obj, f.name, v)
+        return obj
 
     def settings(self, into: str = "spec"):
         """The settings spec the command's function receives as ``into``."""
         cls = self.into[into]
         mine = {f.name for f in fields(self)}
-        return cls(**{f.name: getattr(self, f.name) for f in fields(cls)
-                      if f.init and f.name in mine})
+        given = getattr(self, "_given", ())
+        # a setting the spec resolved from None goes on as None: the spec resolves it again
+        return cls(**{f.name: None if f.name in self.RESOLVED and f.name not in given
+                      else getattr(self, f.name)
+                      for f in fields(cls) if f.init and f.name in mine})

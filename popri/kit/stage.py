@@ -1,17 +1,21 @@
 """What a method's recipe builds its stages with: the stage, its DP release, the run's paths,
 and a stage's options.
 
-    from popri.kit import DPRelease, Stage, step_argv
-    python -m pytest -q tests/test_layers.py
+    from popri.kit import DPRelease, Stage, settings
+    from popri.specs.commands.gen import GenCall
+    Stage("round1-gen", GenCall(omega="omega.jsonl", prompts=4, out="r1.jsonl"),
+          outputs=["r1.jsonl"], inputs=["omega.jsonl"])
 
 A recipe (``popri/methods/NAME/recipe.py``) yields :class:`Stage` objects -- each one ``popri``
-subcommand with its inputs and outputs -- built, not run; ``popri run``'s driver
+subcommand as a typed call (:mod:`popri.specs.commands`) with its inputs and outputs -- built,
+not run; ``popri run``'s driver
 (:mod:`popri.pipeline.driver`) runs them through its cached runner
 (:mod:`popri.pipeline.stages`).  A stage that releases something under DP declares it
 (:class:`DPRelease`), so the driver's budget guard can check it before it runs.
 
 This package sits below every method and above nothing a method does not already use: it
-imports only ``core`` (the layers of docs/architecture.md).
+imports only ``core`` and the commands' calls in ``specs`` (the layers of
+docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from popri.core.spec import to_argv
+from popri.core.spec import Call
 from popri.core.urls import redact_arg
 from popri.kit.seeds import draw_seed
+from popri.specs.commands.take import TakeCall
 
 #: the dry-run placeholder for a noise multiplier that depends on the fetched client count
 Z_LATER = "<z: set after the fetch>"
@@ -32,8 +37,13 @@ Z_LATER = "<z: set after the fetch>"
 
 @dataclass
 class Stage:
+    """One ``popri`` command of a run: its :class:`~popri.core.spec.Call` (the command and
+    every argument, typed), the paths it reads and writes, and how the runner treats it.  The
+    command line is rendered from the call when the stage runs (and for ``commands.sh`` and the
+    dry-run plan); the cache key is derived from the call's fields and the inputs."""
+
     name: str
-    args: list[str]                       # popri subcommand + options
+    call: Call                            # the command and its arguments
     outputs: list[str]                    # paths (files or dirs) that must exist afterwards
     inputs: list[str] = field(default_factory=list)  # files/dirs this stage reads
     stdout_to: str | None = None          # capture stdout into this file (atomically)
@@ -43,11 +53,30 @@ class Stage:
     # a DP stage declares the ledger entries it will record (the driver's budget guard and
     # plan check compose them with every release already under the run directory)
     release: "DPRelease | None" = None
-    # options that make the command start over in its output directory (dpo / sft:
-    # --no-resume), added when the runner runs it with a key no earlier attempt there had: the
-    # checkpoints of another attempt are stale, and the stage owns its directory.  Not part of
-    # the key or of commands.sh (a replay by hand resumes, as the command does by default)
-    fresh: list[str] = field(default_factory=list)
+    # fields that make the command start over in its output directory (dpo / sft:
+    # {"resume": False}), set when the runner runs it with a key no earlier attempt there had:
+    # the checkpoints of another attempt are stale, and the stage owns its directory.  Not part
+    # of the key or of commands.sh (a replay by hand resumes, as the command does by default)
+    fresh: dict = field(default_factory=dict)
+    # ``popri --quiet CMD``: a client's stage in release mode (its log lines would count the
+    # private samples)
+    quiet: bool = False
+
+    @property
+    def args(self) -> list[str]:
+        """The command line after ``popri`` (rendered from :attr:`call`)."""
+        return (["--quiet"] if self.quiet else []) + self.call.argv()
+
+    def fresh_args(self) -> list[str]:
+        """The command line that starts over (:attr:`fresh` applied to the call)."""
+        return (["--quiet"] if self.quiet else []) + \
+            dataclasses.replace(self.call, **self.fresh).argv()
+
+    def key_fields(self) -> dict:
+        """What the cache key hashes of the stage itself: the command and every field of its
+        call (the inputs' contents are hashed beside it)."""
+        return {"command": self.call.command, "quiet": self.quiet,
+                "call": dataclasses.asdict(self.call)}
 
     def shown(self) -> str:
         """The command line as a user would type it (commands.sh, the dry-run plan, the log),
@@ -95,54 +124,42 @@ class RunPaths:
                    synthetic_pool=run / "synthetic_pool.jsonl", eval=run / "eval")
 
 
-def opt(flag: str, value) -> list[str]:
-    """``[flag, value]``, or nothing when value is None."""
-    return [] if value is None else [flag, str(value)]
-
-
-def step_argv(spec_cls, *sections, only=None, **values) -> list[str]:
-    """A stage's options from config sections: the sections' fields that are fields of the
-    step's spec (same name: the section declared them with ``same(spec_cls, ...)``) plus
-    ``values``, validated as ``spec_cls`` and turned into options by :func:`to_argv` -- the one
-    spec -> argv path of every stage.  ``only``: emit just these fields."""
+def settings(spec_cls, *sections, **values) -> dict:
+    """A stage's settings from config sections: the sections' fields that are fields of the
+    step's spec (same name: the section declared them with ``same(spec_cls, ...)``), then
+    ``values`` -- as keywords of the step's :class:`~popri.core.spec.Call`."""
     names = {f.name for f in dataclasses.fields(spec_cls)}
     vals = {}
     for sec in sections:
         vals.update({f.name: getattr(sec, f.name) for f in dataclasses.fields(sec)
                      if f.name in names})
     vals.update(values)
-    return to_argv(spec_cls(**vals), only=list(only) if only is not None else list(vals))
+    return vals
 
 
-def take_argv(pool: str, ref: str, out: str, tokenizer: str) -> list[str]:
-    """``popri take``'s command line cutting ``pool`` to ``ref``'s tokens, counted with
-    ``tokenizer`` (``final_match_tokens``: the method's final set cut to its T = 0 control's
-    tokens; benchmarks/learning_study.py replays it for its final-set variants)."""
-    return ["take", str(pool), "--tokens-of", str(ref), "--tokenizer", tokenizer, "--out",
-            str(out), "--stats-out", str(Path(out).with_name(Path(out).stem + "_take.json"))]
+def take_call(pool, ref, out, tokenizer: str) -> TakeCall:
+    """``popri take`` cutting ``pool`` to ``ref``'s tokens, counted with ``tokenizer``
+    (``final_match_tokens``: the method's final set cut to its T = 0 control's tokens;
+    benchmarks/learning_study.py replays it for its final-set variants)."""
+    return TakeCall(samples=str(pool), tokens_of=str(ref), tokenizer=tokenizer, out=str(out),
+                    stats_out=str(Path(out).with_name(Path(out).stem + "_take.json")))
 
 
 def take_stage(name: str, pool, ref, out, tokenizer: str) -> Stage:
-    """The stage cutting ``pool`` to ``ref``'s tokens (:func:`take_argv`)."""
-    return Stage(name, take_argv(pool, ref, out, tokenizer), outputs=[str(out)],
+    """The stage cutting ``pool`` to ``ref``'s tokens (:func:`take_call`)."""
+    return Stage(name, take_call(pool, ref, out, tokenizer), outputs=[str(out)],
                  inputs=[str(pool), str(ref)])
 
 
 def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
-    """Draw ``k`` of the set a ``popri gen`` stage writes: the same command with its seed
+    """Draw ``k`` of the set a ``popri gen`` stage writes: the same call with its seed
     replaced by :func:`draw_seed` (seed, k), written to ``out`` (and its stats beside it).
     ``popri run``'s ``draws`` (issue 24)."""
-    args = list(st.args)
-    if not args or args[0] != "gen":
+    call = st.call
+    if call.command != "gen":
         raise ValueError(f"stage {st.name} is not a 'popri gen' stage")
-
-    def put(flag: str, value: str) -> None:
-        i = len(args) - 1 - args[::-1].index(flag)  # the last one: gen_args' seed
-        args[i + 1] = value
-
-    seed = int(args[len(args) - 1 - args[::-1].index("--seed") + 1])
-    put("--seed", str(draw_seed(seed, k)))
-    put("--out", str(out))
-    if "--stats-out" in args:
-        put("--stats-out", str(out.with_name(out.stem + "_stats.json")))
-    return Stage(name, args, outputs=[str(out)], inputs=list(st.inputs))
+    changes = {"seed": draw_seed(call.seed, k), "out": str(out)}
+    if call.stats_out:
+        changes["stats_out"] = str(out.with_name(out.stem + "_stats.json"))
+    return Stage(name, dataclasses.replace(call, **changes), outputs=[str(out)],
+                 inputs=list(st.inputs))

@@ -45,8 +45,8 @@ class RunContext(Protocol):
     Data: ``cfg`` (the run's :class:`~popri.pipeline.config.RunConfig`), ``paths`` (its files,
     ``paths.root`` the run directory), ``release`` (release mode), ``dry_run``, ``select`` (the
     checkpoint selection in effect: private | public | dp | none), ``omega`` /
-    ``omega_inputs`` (the public population's arguments of ``gen`` / ``pe init`` and the files
-    they read) and ``noise`` (the planned :class:`~popri.privacy.plan.Noise` of the DP rounds;
+    ``omega_inputs`` (the public population's path -- a JSONL file or a dataset directory, whose
+    train split every command reads by default -- and the files it is) and ``noise`` (the planned :class:`~popri.privacy.plan.Noise` of the DP rounds;
     None while z waits for the client count).  Seeds: the kit's named rules over
     ``cfg.seed`` (:func:`popri.kit.round_seed`, ...)."""
 
@@ -55,7 +55,7 @@ class RunContext(Protocol):
     release: bool
     dry_run: bool
     select: str
-    omega: list[str]
+    omega: str
     omega_inputs: list[str]
 
     @property
@@ -77,8 +77,10 @@ class RunContext(Protocol):
     def embed_private(self) -> Iterable[Stage]:
         """``embed`` of the private train and validation splits (and Omega when read)."""
 
-    def gen_args(self, *, adapter: str | None, seed: int) -> list[str]:
-        """The generator section as options of ``popri gen``, with the seed and adapter."""
+    def gen_settings(self, *, adapter: str | None, seed: int,
+                     top_p: float | None = None) -> dict:
+        """The generator section as fields of ``popri gen``'s call, with the seed and
+        adapter."""
 
     def score_stage(self, t: int, synthetic: str | Path, out: Path, seed: int, *,
                     mode: str | None = None, threshold: float | str | None = None) -> Stage:

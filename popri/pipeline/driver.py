@@ -40,7 +40,6 @@ from typing import Iterable
 from popri.core import log, outdir
 from popri.core.errors import ConfigError, PopriError
 from popri.core.io import atomic_write, read_json
-from popri.core.spec import to_argv
 from popri.core.version import __version__
 from popri.eval.stats import MIN_DRAWS
 from popri.kit import (
@@ -50,11 +49,10 @@ from popri.kit import (
     Stage,
     draw_seed,
     fmt,
-    opt,
     redrawn,
     released_line,
     selection_note,
-    step_argv,
+    settings,
     take_stage,
 )
 from popri.models import llm
@@ -65,9 +63,19 @@ from popri.pipeline.recipes import METHODS, get_method
 from popri.pipeline.stages import RunLock, StageRunner
 from popri.privacy.ledger import LEDGER_NAME, read_ledger
 from popri.privacy.plan import Noise
+from popri.specs.commands.account import AccountLedgerCall
+from popri.specs.commands.bench import BenchFetchCall
+from popri.specs.commands.embed import EmbedCall
+from popri.specs.commands.eval import (
+    EvalAccuracyCall,
+    EvalDiffCall,
+    EvalFidCall,
+    EvalGapCall,
+)
+from popri.specs.commands.score import ScoreCall
+from popri.specs.commands.train_downstream import TrainDownstreamCall
 from popri.specs.engine import EngineSpec
-from popri.specs.feedback import ScoreSpec
-from popri.specs.training import DownstreamSpec, EvalSpec, GapSpec
+from popri.specs.training import DownstreamSpec, GapSpec
 
 MODE_NOTES = {
     "research": ("research mode: noise is seeded and reproducible from the sidecars; "
@@ -88,7 +96,7 @@ class Run:
     It is the :class:`~popri.methods.base.RunContext` the methods' recipes and hooks get:
     ``cfg``, ``paths``, ``release``, ``dry_run``, ``select``, ``omega`` / ``omega_inputs``,
     ``noise``, :meth:`public_clients`, :meth:`selection_entries` and the shared stage builders
-    (:meth:`score_stage`, :meth:`exact_stage`, :meth:`gen_args` ...); everything else here is
+    (:meth:`score_stage`, :meth:`exact_stage`, :meth:`gen_settings` ...); everything else here is
     the driver's."""
 
     def __init__(self, cfg: RunConfig, *, dry_run: bool = False, rerun: bool = False,
@@ -110,12 +118,11 @@ class Run:
         self.paths = RunPaths.of(self.run, cfg.data.dir)
         self.budget = Budget(cfg, self.method, self.paths, dry_run=dry_run)
         d = cfg.data
-        if d.public_source and is_file_source(d.public_source):
-            self.omega = [d.public_source]
-            self.omega_inputs = [d.public_source]
-        else:
-            self.omega = [str(self.paths.public), "--split", "train"]
-            self.omega_inputs = [str(self.paths.public)]
+        # Omega, the public population: a JSONL file, or the fetched dataset's train split
+        # (the ``--split`` every command reading it defaults to)
+        self.omega = (d.public_source if d.public_source and is_file_source(d.public_source)
+                      else str(self.paths.public))
+        self.omega_inputs = [self.omega]
 
     # ------------------------------------------------------------------ what a recipe reads
     @property
@@ -251,84 +258,76 @@ class Run:
         """``bench fetch`` of the private federated text (unless data.dir) and, with ``public``,
         of Omega (unless it is a file)."""
         c, d = self.cfg, self.cfg.data
-        common = ["--max-tokens", str(d.max_tokens), "--seed", str(c.seed)]
+        common = {"max_tokens": d.max_tokens, "seed": c.seed}
         if not d.dir:
-            yield Stage("fetch-private", [
-                "bench", "fetch", d.source, "--out", str(self.paths.private), "--split", d.split,
-                *common, *opt("--date-from", d.date_from),
-                *opt("--max-samples-per-client", d.max_samples_per_client),
-                *opt("--max-clients", d.max_clients)],
+            yield Stage("fetch-private", BenchFetchCall(
+                name=d.source, out=str(self.paths.private), split=d.split, **common,
+                date_from=d.date_from, max_samples_per_client=d.max_samples_per_client,
+                max_clients=d.max_clients),
                 outputs=[str(self.paths.private)])
         if not d.public_source:
             raise ConfigError("is needed (the initial population Omega)",
                               field="data.public_source")
         if public and not is_file_source(d.public_source):
-            yield Stage("fetch-public", [
-                "bench", "fetch", d.public_source, "--out", str(self.paths.public), *common,
-                *opt("--date-to", d.public_date_to),
-                *opt("--max-samples-per-client", d.public_max_samples_per_client)],
+            yield Stage("fetch-public", BenchFetchCall(
+                name=d.public_source, out=str(self.paths.public), **common,
+                date_to=d.public_date_to,
+                max_samples_per_client=d.public_max_samples_per_client),
                 outputs=[str(self.paths.public)])
 
     def embed_private(self) -> Iterable[Stage]:
         """``embed`` of the private train and validation splits, and of Omega when checkpoint
         selection reads it."""
         c = self.cfg
-        # the clients' own stages: their log lines count the private samples (release: quiet)
-        quiet = ["--quiet"] if self.release else []
         for split, out in (("train", self.paths.emb_private), ("val", self.paths.emb_val)):
-            yield Stage(f"embed-{split}", [
-                *quiet, "embed", str(self.paths.private), "--split", split, "--out", str(out),
-                "--model", c.embedder],
-                outputs=[str(out)], inputs=[str(self.paths.private)])
+            # the clients' own stages: their log lines count the private samples (release: quiet)
+            yield Stage(f"embed-{split}", EmbedCall(
+                input=str(self.paths.private), split=split, out=str(out), model=c.embedder),
+                outputs=[str(out)], inputs=[str(self.paths.private)], quiet=self.release)
         if self.select == "public":
-            yield Stage("embed-public", [
-                "embed", *self.omega, "--out", str(self.paths.emb_public), "--model", c.embedder],
+            yield Stage("embed-public", EmbedCall(
+                input=self.omega, out=str(self.paths.emb_public), model=c.embedder),
                 outputs=[str(self.paths.emb_public)], inputs=self.omega_inputs)
 
     # ------------------------------------------------------------------ shared builders
-    def gen_args(self, *, adapter: str | None, seed: int, top_p: float | None = None) -> list[str]:
+    def gen_settings(self, *, adapter: str | None, seed: int,
+                     top_p: float | None = None) -> dict:
         """The generator section (a :class:`~popri.specs.generation.GeneratorSpec`) as
-        options of ``popri gen`` / ``popri expand``, plus the stage's seed and adapter;
+        fields of ``popri gen``'s / ``popri expand``'s call, plus the stage's seed and adapter;
         ``top_p``: instead of the section's (the final set's ``final_top_p``)."""
         g = self.cfg.generator if top_p is None else self.cfg.generator.replace(top_p=top_p)
-        return [*to_argv(g), "--seed", str(seed), *opt("--adapter", adapter)]
+        return {**g.to_dict(), "seed": seed, "adapter": adapter}
 
-    def score_args(self, z: float | None, seed: int, t: int, *, mode: str | None = None,
-                   threshold: float | str | None = None) -> list[str]:
-        """``popri score``'s options: the score section + privacy.delta + the mode, as a
-        :class:`~popri.specs.feedback.ScoreSpec`.  ``z``: the noise multiplier (None in a dry
-        run before the fetch: a placeholder is shown)."""
+    def score_call(self, t: int, synthetic: str | Path, out: Path, seed: int, *,
+                   mode: str | None = None, threshold: float | str | None = None) -> ScoreCall:
+        """``popri score``'s call: the score section + privacy.delta + the mode, at the planned
+        noise multiplier (a dry run before the fetch shows a placeholder: a draft call)."""
         sc = self.cfg.score
-        mode = mode or sc.mode
+        mode = mode or self.method.score_mode(self.cfg)
         th = sc.threshold if threshold is None else threshold
-        later = isinstance(th, str)
         own = ({"clip": sc.clip, "standardize": sc.standardize} if mode == "cosine" else
-               {"max_samples_per_client": sc.max_samples_per_client,
-                **({} if later else {"threshold": th})})
-        # the engine's settings: none in-process (its command line, so its cache, unchanged)
-        own |= EngineSpec.of(sc).engine_settings()
-        a = step_argv(ScoreSpec, mode=mode, noise_multiplier=z, delta=self.cfg.privacy.delta,
-                      clients_per_round=sc.clients_per_round, sample_rate=sc.sample_rate,
-                      public_clients=sc.public_clients,
-                      convention=self.cfg.privacy.convention, release=self.release, **own)
-        if z is None:
-            a += ["--noise-multiplier", Z_LATER]
-        if later:
-            a += ["--threshold", th]
-        return ["--private", str(self.paths.emb_private), "--seed", str(seed), "--round", str(t),
-                "--model", self.cfg.embedder, *a]
+               {"max_samples_per_client": sc.max_samples_per_client, "threshold": th})
+        values = dict(synthetic=str(synthetic), out=str(out),
+                      private=str(self.paths.emb_private), seed=seed, round_=t,
+                      model=self.cfg.embedder, mode=mode,
+                      noise_multiplier=self.noise.arg if self.noise else Z_LATER,
+                      delta=self.cfg.privacy.delta, clients_per_round=sc.clients_per_round,
+                      sample_rate=sc.sample_rate, public_clients=sc.public_clients,
+                      convention=self.cfg.privacy.convention, release=self.release, **own,
+                      **EngineSpec.of(sc).to_dict())
+        later = values["noise_multiplier"] == Z_LATER or isinstance(values.get("threshold"), str)
+        return ScoreCall.draft(**values) if later else ScoreCall(**values)
 
     def score_stage(self, t: int, synthetic: str | Path, out: Path, seed: int, *,
                     mode: str | None = None, threshold: float | str | None = None) -> Stage:
         """Round t's DP scores: a DP release, recorded in the ledger next to ``out``."""
         ledger = Path(out).parent / "ledger.jsonl"
-        return Stage(f"round{t}-score", [
-            "score", "--synthetic", str(synthetic), "--out", str(out),
-            *self.score_args(self.noise.arg if self.noise else None, seed, t, mode=mode,
-                             threshold=threshold)],
-            outputs=[str(out)], inputs=[str(synthetic), str(self.paths.emb_private)],
-            release=DPRelease(self.budget.score_entries(t), ledger,
-                              lambda e, t=t: e.stage == "score" and e.params.get("round") == t))
+        return Stage(f"round{t}-score",
+                     self.score_call(t, synthetic, out, seed, mode=mode, threshold=threshold),
+                     outputs=[str(out)], inputs=[str(synthetic), str(self.paths.emb_private)],
+                     release=DPRelease(self.budget.score_entries(t), ledger,
+                                       lambda e, t=t: e.stage == "score"
+                                       and e.params.get("round") == t))
 
     def exact_stage(self, t: int, synthetic: str | Path, seed: int) -> Stage | None:
         """The noise-free scores of round t's samples for the recovery rate (POPri Fig. 6):
@@ -338,15 +337,16 @@ class Run:
         if not c.score.recovery_rate or self.release:
             return None
         exact = self.run / "diagnostics" / f"round{t}" / "exact.npy"
-        ex = ["--diagnostic", "--noise-multiplier", "0", "--seed", str(seed), "--model",
-              c.embedder, "--private", str(self.paths.emb_private), "--mode", c.score.mode]
         # no clipping in effect: a client's vector of mean cosines has norm <= sqrt(n_syn),
         # below 1e6 (score's largest --clip) for any n_syn < 1e12
-        ex += (["--no-standardize", "--clip", "1e6"] if c.score.mode == "cosine"
-               else ["--max-samples-per-client", str(c.score.max_samples_per_client)])
-        return Stage(f"round{t}-exact-scores", [
-            "--quiet", "score", "--synthetic", str(synthetic), "--out", str(exact), *ex],
-            outputs=[str(exact)], inputs=[str(synthetic), str(self.paths.emb_private)])
+        own = ({"standardize": False, "clip": 1e6} if c.score.mode == "cosine"
+               else {"max_samples_per_client": c.score.max_samples_per_client})
+        return Stage(f"round{t}-exact-scores", ScoreCall(
+            synthetic=str(synthetic), out=str(exact), diagnostic=True, noise_multiplier=0.0,
+            seed=seed, model=c.embedder, private=str(self.paths.emb_private),
+            mode=c.score.mode, **own),
+            outputs=[str(exact)], inputs=[str(synthetic), str(self.paths.emb_private)],
+            quiet=True)
 
     # ------------------------------------------------------------------ evaluation
     def downstream_stages(self) -> Iterable[Stage]:
@@ -373,79 +373,74 @@ class Run:
         E = self.paths.eval
         model = self.method.model_out(self)
         if model is None:
-            yield Stage("fid-synthetic", [
-                "eval", "fid", syn, str(self.paths.emb_val), "--model", c.embedder, "--json"],
+            yield Stage("fid-synthetic", EvalFidCall(
+                a=syn, b=str(self.paths.emb_val), model=c.embedder, json_out=True),
                 outputs=[str(E / "fid.json")], inputs=[syn, str(self.paths.emb_val)],
                 stdout_to=str(E / "fid.json"))
 
-        def train(name: str, data: list[str], inputs: list[str], max_samples: int | None = None,
-                  seed: int = c.seed):
+        def train(name: str, data: str, inputs: list[str], max_samples: int | None = None,
+                  seed: int = c.seed, **more):
             out = self.run / "downstream" / name
-            st = Stage(f"downstream-{name}", [
-                "train-downstream", *data, "--out", str(out), "--val", priv, "--model", ds.model,
-                *step_argv(DownstreamSpec, ds, only=["epochs", "batch_size", "lr", "max_length",
-                                                     "max_val_samples", "max_samples"],
-                           max_val_samples=ds.eval_max_samples, max_samples=max_samples),
-                ("--lora" if ds.lora else "--full"), "--seed", str(seed), "--force"],
+            st = Stage(f"downstream-{name}", TrainDownstreamCall(
+                train=data, out=str(out), val=priv, **settings(DownstreamSpec, ds, model=ds.model),
+                max_val_samples=ds.eval_max_samples, max_samples=max_samples, seed=seed,
+                force=True, **more),
                 outputs=[str(out)], inputs=[*inputs, priv])
             return st, str(out)
 
-        def evaluate(name: str, model_args: list[str], inputs: list[str]):
+        def evaluate(name: str, model: str, inputs: list[str]):
             per = E / f"{name}.clients.jsonl"
-            st = Stage(f"eval-{name}", [
-                "eval", "accuracy", *model_args, "--data", priv, "--split", "test",
-                *step_argv(EvalSpec, ds, only=["max_length", "bootstrap", "max_samples"],
-                           max_samples=ds.eval_max_samples),
-                "--per-client-out", str(per), "--seed", str(c.seed), "--json"],
+            st = Stage(f"eval-{name}", EvalAccuracyCall(
+                model=model, data=priv, split="test", max_length=ds.max_length,
+                bootstrap=ds.bootstrap, max_samples=ds.eval_max_samples, per_client_out=str(per), seed=c.seed,
+                json_out=True),
                 outputs=[str(E / f"{name}.json"), str(per)], inputs=[*inputs, priv],
                 stdout_to=str(E / f"{name}.json"))
             return st, str(per)
 
         def diff(stage: str, method: str, control: str, out: Path) -> Stage:
             """``eval diff``: the method minus the control, paired over test clients."""
-            return Stage(stage, [
-                "eval", "diff", "--method", method, "--control", control,
-                *step_argv(GapSpec, ds, only=["bootstrap"]), "--seed", str(c.seed), "--json"],
-                outputs=[str(out)], inputs=[method, control], stdout_to=str(out))
+            return Stage(stage, EvalDiffCall(method=method, control=control,
+                                             bootstrap=ds.bootstrap, seed=c.seed, json_out=True),
+                         outputs=[str(out)], inputs=[method, control], stdout_to=str(out))
 
         ctl = self.method.control(self) if c.control else None
         per = {}
         if model is not None:  # DP-FL: the method trained the model itself
             ckpt = str(model)
-            st, per[name] = evaluate(name, ["--model", ckpt], [str(Path(ckpt).parent)])
+            st, per[name] = evaluate(name, ckpt, [str(Path(ckpt).parent)])
             yield st
         else:
-            st, ckpt = train(name, [syn], [syn])
+            st, ckpt = train(name, syn, [syn])
             yield st
-            st, per[name] = evaluate(name, ["--model", ckpt], [ckpt])
+            st, per[name] = evaluate(name, ckpt, [ckpt])
             yield st
         st = ctl
         control = st is not None
         if control:  # the untuned generator's T = 0 row (issue 24): same prompts, N, recipe
             if not c.final_match_tokens:  # else the recipe's: its tokens cut the final set
                 yield st
-            st, ck = train("t0", [st.outputs[0]], [st.outputs[0]])
+            st, ck = train("t0", st.outputs[0], [st.outputs[0]])
             yield st
-            st, per["t0"] = evaluate("t0", ["--model", ck], [ck])
+            st, per["t0"] = evaluate("t0", ck, [ck])
             yield st
             yield diff("control-diff", per[name], per["t0"], E / "control.json")
             if c.draws > 1:
                 yield from self.draw_stages(name, self._synthetic_stage(), train, evaluate, diff)
         if c.baselines:
-            st, per["eps0"] = evaluate("eps0", ["--model", ds.model], [])
+            st, per["eps0"] = evaluate("eps0", ds.model, [])
             yield st
             # eps = inf: the same recipe on the private train split, size-matched to the
             # synthetic set so the comparison is about the data, not its amount
-            st, inf = train("epsinf", [priv, "--train-split", "train"], [],
-                            max_samples=c.num_synthetic)
+            st, inf = train("epsinf", priv, [], max_samples=c.num_synthetic,
+                            train_split="train")
             yield st
-            st, per["epsinf"] = evaluate("epsinf", ["--model", inf], [inf])
+            st, per["epsinf"] = evaluate("epsinf", inf, [inf])
             yield st
-            yield Stage("gap-closed", [
-                "eval", "gap", "--method", per[name], "--eps0", per["eps0"],
-                "--epsinf", per["epsinf"], *step_argv(GapSpec, ds, allow_undefined=True),
-                *(["--control", per["t0"]] if control else []),
-                "--seed", str(c.seed), "--json"],
+            yield Stage("gap-closed", EvalGapCall(
+                method=per[name], eps0=per["eps0"], epsinf=per["epsinf"],
+                **settings(GapSpec, ds), allow_undefined=True,
+                control=per["t0"] if control else None, seed=c.seed, json_out=True),
                 outputs=[str(E / "gap.json")], inputs=list(per.values()),
                 stdout_to=str(E / "gap.json"))
 
@@ -457,10 +452,9 @@ class Run:
         """The run's total: 'popri account ledger RUN' (every ledger.jsonl below RUN), built
         after the other stages ran so that its inputs are the ledgers they wrote."""
         c = self.cfg
-        return self.stage(Stage("account", [
-            "account", "ledger", str(self.run), "--delta", repr(c.privacy.delta),
-            "--accountant", c.privacy.accountant,
-            *opt("--convention", c.privacy.convention), "--json"],
+        return self.stage(Stage("account", AccountLedgerCall(
+            paths=(str(self.run),), delta=c.privacy.delta, accountant=c.privacy.accountant,
+            convention=c.privacy.convention, as_json=True),
             outputs=[str(self.run / "privacy.json")], inputs=self.ledgers(),
             stdout_to=str(self.run / "privacy.json")))
 
@@ -753,10 +747,10 @@ class Run:
                 tag, syn = f"{who}-d{k}", sets[who]
                 if not match or who == name:
                     yield syn
-                tr, ck = train(tag, [syn.outputs[0]], [syn.outputs[0]],
+                tr, ck = train(tag, syn.outputs[0], [syn.outputs[0]],
                                seed=draw_seed(c.seed, k))
                 yield tr
-                ev, per[who] = evaluate(tag, ["--model", ck], [ck])
+                ev, per[who] = evaluate(tag, ck, [ck])
                 yield ev
             yield diff(f"control-diff-d{k}", per[name], per["t0"], E / f"control-d{k}.json")
 

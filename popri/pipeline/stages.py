@@ -280,7 +280,7 @@ class StageRunner:
         another machine.  The count each stage ran with is recorded in its marker (``env``)."""
         h = hashlib.sha256()
         h.update(f"popri {__version__}\n".encode())
-        h.update(json.dumps(stage.args).encode())
+        h.update(json.dumps(stage.key_fields(), sort_keys=True, default=str).encode())
         for k in KEYED_ENV:  # only when set: keys of runs without it stay as they were
             if self.env.get(k):
                 h.update(f"|{k}={self.env[k]}".encode())
@@ -343,13 +343,14 @@ class StageRunner:
             return False
         if stage.before is not None:
             stage.before(key)
-        args = list(stage.args)
+        args = stage.args
         if stage.fresh and self.attempt(stage.name).get("key") != key:
             # another attempt's (or an older run's) checkpoints there are stale: start over
-            args += stage.fresh
+            args = stage.fresh_args()
         cmd = child_argv(args)
         log.info(f"run: {self._where()} {stage.name}: {shown}"
-                 + (f" {' '.join(stage.fresh)}" if len(args) > len(stage.args) else ""))
+                 + (" (starting over: " + ", ".join(f"{k}={v}" for k, v in stage.fresh.items())
+                    + ")" if args != stage.args else ""))
         self._record(shown)
         t0 = time.time()
         before = self._ledger_snapshot(stage)

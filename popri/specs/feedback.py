@@ -19,6 +19,7 @@ they are arguments of :func:`popri.feedback.release.release_scores`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from popri.core.errors import ConfigError
 from popri.core.spec import Spec, param, same
@@ -103,12 +104,15 @@ class ScoreSpec(ThresholdSpec, EngineSpec):
               "$FLWR_HOME/config.toml (docs/flower.md). The private data stay on the "
               "SuperNodes (no --private); each SuperNode is one client; every one of the "
               "--supernodes N takes part (q = 1). Without it: the simulation runtime.")
+    #: the settings whose None the spec resolves to the mode's default (``_given``: those given)
+    RESOLVED: ClassVar[tuple] = ("clip", "standardize", "threshold", "max_samples_per_client")
+
     def __post_init__(self) -> None:
         fill = ({"clip": COSINE_CLIP, "standardize": COSINE_STANDARDIZE}
                 if self.mode == "cosine" else
                 {"max_samples_per_client": HISTOGRAM_MAX_SAMPLES,
                  "threshold": HISTOGRAM_THRESHOLD} if self.mode == "nn-histogram" else {})
-        given = {k for k in ("clip", "standardize", "threshold") if getattr(self, k) is not None}
+        given = {k for k in self.RESOLVED if getattr(self, k) is not None}
         for k, v in fill.items():
             if getattr(self, k) is None:
                 object.__setattr__(self, k, v)

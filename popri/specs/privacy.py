@@ -29,6 +29,7 @@ Pure Python: no numpy / torch import.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from popri.core.errors import ConfigError
 from popri.core.spec import Spec, flag_of, param, same, spec_field
@@ -252,6 +253,8 @@ class FredStatsSpec(ReleaseModeSpec, GaussianCalibrationSpec, FredDesignSpec):
     #: the settings of the private release (an error with --non-private), and their defaults
     PRIVATE = ("epsilon", "delta", "clip", "relation", "level", "max_samples_per_client",
                "calibration", "denoise", "statistics")
+    #: the settings whose None the spec resolves (``_given``: those given)
+    RESOLVED: ClassVar[tuple] = PRIVATE
     DEFAULTS = {"relation": RELATIONS[0], "level": LEVELS[0], "clip": 1.0,
                 "calibration": CALIBRATIONS[0], "denoise": False, "statistics": STATISTICS[0]}
 

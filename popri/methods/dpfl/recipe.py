@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Iterator
 
 from popri.core.errors import ConfigError
-from popri.kit import Z_LATER, DPRelease, Stage, step_argv
+from popri.kit import Z_LATER, DPRelease, Stage
 from popri.methods.base import Method
 from popri.methods.dpfl.rounds import epoch_leaves, epoch_position
 from popri.privacy.plan import Noise
+from popri.specs.commands.fl import FlRoundCall
 from popri.specs.engine import EngineSpec
 from popri.specs.fl import FLSpec
 
@@ -123,7 +124,9 @@ def _participation_args(cfg) -> dict:
     return {"clients_per_round": fl.clients_per_round, "sample_rate": fl.sample_rate}
 
 
-def fl_args(run, z) -> list[str]:
+def fl_settings(run, z) -> dict:
+    """``popri fl round``'s settings (fields of :class:`~popri.specs.fl.FLSpec`) at the
+    noise multiplier ``z`` (None in a dry run before the fetch: a placeholder)."""
     c, fl = run.cfg, run.cfg.fl
     vals = ({k: getattr(fl, k) for k in _FROM_CONFIG if k not in ("clients_per_round",
                                                                   "sample_rate")}
@@ -132,12 +135,9 @@ def fl_args(run, z) -> list[str]:
         vals["convention"] = c.privacy.convention
     if algorithm(c) == "ftrl":
         vals["restart"] = fl.restart
-    a = step_argv(FLSpec, algorithm=algorithm(c), noise_multiplier=z, delta=c.privacy.delta,
-                  release=run.release, **vals)
-    a.append("--lora" if fl.lora else "--full")
-    if z is None:
-        a += ["--noise-multiplier", Z_LATER]
-    return a
+    return {**vals, "algorithm": algorithm(c), "delta": c.privacy.delta,
+            "release": run.release, "lora": fl.lora,
+            "noise_multiplier": Z_LATER if z is None else z}
 
 
 def recipe(run) -> Iterator[Stage]:
@@ -158,10 +158,10 @@ def recipe(run) -> Iterator[Stage]:
     prev = None
     for t in range(1, c.rounds + 1):
         out = round_dir(run, t)
-        yield Stage(f"fl-round{t}", [
-            "fl", "round", "--data", priv, "--round", str(t), "--out", str(out),
-            "--model", model_name(c), "--seed", str(c.seed),
-            *(["--init", str(prev)] if prev else []), *fl_args(run, z)],
+        values = dict(data=priv, round_=t, out=str(out), model=model_name(c), seed=c.seed,
+                      init=str(prev) if prev else None, **fl_settings(run, z))
+        yield Stage(f"fl-round{t}", FlRoundCall.draft(**values) if z is None
+                    else FlRoundCall(**values),
             outputs=[str(out)], inputs=[priv, *([str(prev)] if prev else [])],
             release=DPRelease(round_entries(c, t, noise, clients) if noise else [],
                               out.parent / "ledger.jsonl",

@@ -30,11 +30,22 @@ from typing import Iterator
 
 from popri.core.errors import ConfigError
 from popri.core.io import read_json, write_json
-from popri.kit import DPRelease, Stage, released_line, step_argv
+from popri.kit import DPRelease, Stage, released_line, settings
 from popri.methods.base import Method
 from popri.privacy.entries import gaussian
 from popri.privacy.noise import make_rng
 from popri.privacy.plan import Noise, mode_of
+from popri.specs.commands.audit import AuditExtractCall
+from popri.specs.commands.eval import EvalGapCall, EvalInstructCall
+from popri.specs.commands.fewfedpit import (
+    FewfedpitAggregateCall,
+    FewfedpitInitCall,
+    FewfedpitLocalCall,
+    FewfedpitMixCall,
+    FewfedpitSelfgenCall,
+    FewfedpitTrainCall,
+)
+from popri.specs.commands.instruct import InstructBuildCall
 from popri.specs.fewfedpit import FewFedPITSpec
 from popri.specs.instruct import InstructSpec
 
@@ -138,8 +149,9 @@ def round_samples(run, clients: list[str], k: int) -> dict[int, list[str]]:
     return out
 
 
-def _opts(fields, **extra) -> list[str]:
-    return step_argv(FewFedPITSpec, **extra, only=list(fields))
+def _pick(fields, s: dict) -> dict:
+    """The settings ``fields`` of :func:`spec_of`'s mapping ``s``."""
+    return {k: s[k] for k in fields}
 
 
 def spec_of(cfg) -> dict:
@@ -172,8 +184,8 @@ def recipe(run) -> Iterator[Stage]:
     priv = str(run.paths.private)
     mode = c.method
     r0 = root(run) / "r0"
-    yield Stage("ffp-init", ["fewfedpit", "init", "--model", model_name(c), "--seed", str(c.seed),
-                             "--out", str(r0), *_opts(("lora_r", "lora_alpha"), **s)],
+    yield Stage("ffp-init", FewfedpitInitCall(model=model_name(c), seed=c.seed, out=str(r0),
+                                              **_pick(("lora_r", "lora_alpha"), s)),
                 outputs=[str(r0)])
     clients = train_clients(run)
     n = len(clients) if clients else None
@@ -184,46 +196,40 @@ def recipe(run) -> Iterator[Stage]:
     for t in range(1, c.rounds + 1):
         who = (samples[t] if clients
                else [f"CLIENT{k + 1}" for k in range(f.clients_per_round)])  # dry run, no data
-        base = ["--round", str(t), "--init", str(prev)]
+        base = {"round_": t, "init": str(prev)}
         uploads = []
         for cid in who:
             d = root(run) / f"r{t}" / slug(cid)
             local, syn, pub, mixed = d / "local", d / "syn.jsonl", d / "public", d / "mixed"
-            yield Stage(f"ffp-r{t}-{slug(cid)}-local", [
-                "fewfedpit", "local", "--data", priv, "--client", cid, *base, "--out", str(local),
-                *_opts(_TRAIN, **s), "--rounds", str(c.rounds)],
+            yield Stage(f"ffp-r{t}-{slug(cid)}-local", FewfedpitLocalCall(
+                data=priv, client=cid, **base, out=str(local), **_pick(_TRAIN, s),
+                rounds=c.rounds),
                 outputs=[str(local)], inputs=[priv, str(prev)])
             if mode in ("fewfedpit", "fedmit"):
-                yield Stage(f"ffp-r{t}-{slug(cid)}-selfgen", [
-                    "fewfedpit", "selfgen", "--data", priv, "--client", cid, *base,
-                    "--local", str(local), "--out", str(syn), "--stats-out", str(d / "syn.json"),
-                    *_opts(_GEN, **s)],
+                yield Stage(f"ffp-r{t}-{slug(cid)}-selfgen", FewfedpitSelfgenCall(
+                    data=priv, client=cid, **base, local=str(local), out=str(syn),
+                    stats_out=str(d / "syn.json"), **_pick(_GEN, s)),
                     outputs=[str(syn), str(d / "syn.json")], inputs=[priv, str(prev), str(local)])
-                yield Stage(f"ffp-r{t}-{slug(cid)}-train", [
-                    "fewfedpit", "train", "--synthetic", str(syn), "--client", cid, *base,
-                    "--out", str(pub), "--mode", mode,
-                    *(["--data", priv] if mode == "fedmit" else []),
-                    *_opts(_TRAIN, **s), "--rounds", str(c.rounds)],
+                yield Stage(f"ffp-r{t}-{slug(cid)}-train", FewfedpitTrainCall(
+                    synthetic=str(syn), client=cid, **base, out=str(pub), mode=mode,
+                    data=priv if mode == "fedmit" else None, **_pick(_TRAIN, s),
+                    rounds=c.rounds),
                     outputs=[str(pub)], inputs=[str(syn), str(prev)])
-            mix_in = {"fewfedpit": ["--local", str(local), "--public", str(pub)],
-                      "fedit": ["--local", str(local)],
-                      "fedmit": ["--local", str(local), "--public", str(pub)]}[mode]
-            yield Stage(f"ffp-r{t}-{slug(cid)}-mix", [
-                "fewfedpit", "mix", *mix_in, *base, "--out", str(mixed), "--mode", mode,
-                "--beta", repr(f.beta), *(["--clip", repr(f.clip)] if f.clip is not None else [])],
+            yield Stage(f"ffp-r{t}-{slug(cid)}-mix", FewfedpitMixCall(
+                local=str(local), public=None if mode == "fedit" else str(pub), **base,
+                out=str(mixed), mode=mode, beta=f.beta, clip=f.clip),
                 outputs=[str(mixed)], inputs=[str(prev), str(local)]
                 + ([str(pub)] if mode != "fedit" else []))
             uploads.append(str(mixed))
         out = global_dir(run, t)
         q = (len(who) / n) if n else None
         entries = round_entries(c, t, q, release=run.release)
-        yield Stage(f"ffp-r{t}-aggregate", [
-            "fewfedpit", "aggregate", *uploads, *base, "--out", str(out), "--mode", mode,
-            *(["--clients-total", str(n)] if n else []),
-            *(["--clip", repr(f.clip), "--noise-multiplier", repr(f.noise_multiplier)]
-              if f.noise_multiplier else []),
-            "--delta", repr(c.privacy.delta), *(["--release"] if run.release else []),
-            *_opts(("lora_r", "lora_alpha"), **s)],
+        noisy = {"clip": f.clip, "noise_multiplier": f.noise_multiplier} \
+            if f.noise_multiplier else {}
+        yield Stage(f"ffp-r{t}-aggregate", FewfedpitAggregateCall(
+            uploads=tuple(uploads), **base, out=str(out), mode=mode,
+            clients_total=n or None, **noisy, delta=c.privacy.delta, release=run.release,
+            **_pick(("lora_r", "lora_alpha"), s)),
             outputs=[str(out)], inputs=[*uploads, str(prev)],
             release=DPRelease(entries, out.parent / "ledger.jsonl",
                               lambda e, t=t: e.stage == "fewfedpit" and e.params.get("round") == t)
@@ -236,9 +242,9 @@ def data_stages(run) -> Iterator[Stage]:
     synthetic data is the clients' own self-generation)."""
     c, d = run.cfg, run.cfg.data
     if not d.dir:
-        yield Stage("instruct-private", [
-            "instruct", "build", d.source, "--out", str(run.paths.private),
-            *step_argv(InstructSpec, c.instruct), "--seed", str(c.seed)],
+        yield Stage("instruct-private", InstructBuildCall(
+            name=d.source, out=str(run.paths.private), **settings(InstructSpec, c.instruct),
+            seed=c.seed),
             outputs=[str(run.paths.private)])
 
 
@@ -252,35 +258,32 @@ def evaluation(run) -> Iterator[Stage]:
     models = {c.method: (str(model_out(run)), [str(global_dir(run, c.rounds))])}
     if c.baselines:
         central = root(run) / "centralized"
-        yield Stage("ffp-centralized", [
-            "fewfedpit", "local", "--data", priv, "--all-clients", "--round", "1", "--init",
-            str(root(run) / "r0"), "--out", str(central), "--save-model",
-            *_opts(_TRAIN, **{**s, "local_epochs": f.centralized_epochs}), "--rounds", "1"],
+        yield Stage("ffp-centralized", FewfedpitLocalCall(
+            data=priv, all_clients=True, round_=1, init=str(root(run) / "r0"), out=str(central),
+            save_model=True, **_pick(_TRAIN, {**s, "local_epochs": f.centralized_epochs}),
+            rounds=1),
             outputs=[str(central)], inputs=[priv, str(root(run) / "r0")])
         models["eps0"] = (model_name(c), [])
         models["epsinf"] = (str(central / "model"), [str(central)])
     per = {}
     for name, (m, inputs) in models.items():
         per[name] = str(E / f"{name}.clients.jsonl")
-        yield Stage(f"eval-{name}", [
-            "eval", "instruct", "--model", m, "--data", priv, "--split", "test",
-            *(["--max-samples", str(f.eval_max_samples)] if f.eval_max_samples else []),
-            "--max-new-tokens", str(f.eval_max_new_tokens), "--max-length", str(f.max_length),
-            "--bootstrap", str(c.downstream.bootstrap), "--seed", str(c.seed),
-            *([] if f.bf16 else ["--no-bf16"]), "--per-client-out", per[name], "--json"],
+        yield Stage(f"eval-{name}", EvalInstructCall(
+            model=m, data=priv, split="test", max_samples=f.eval_max_samples or None,
+            max_new_tokens=f.eval_max_new_tokens, max_length=f.max_length,
+            bootstrap=c.downstream.bootstrap, seed=c.seed, bf16=f.bf16,
+            per_client_out=per[name], json_out=True),
             outputs=[str(E / f"{name}.json"), per[name]], inputs=[*inputs, priv],
             stdout_to=str(E / f"{name}.json"))
-        yield Stage(f"extract-{name}", [
-            "audit", "extract", "--model", m, "--data", priv, "--split", "train",
-            "-n", str(f.extract_examples), "--per-client", str(f.extract_examples),
-            "--seed", str(c.seed),
-            *([] if f.bf16 else ["--no-bf16"]), "--json"],
+        yield Stage(f"extract-{name}", AuditExtractCall(
+            model=m, data=priv, split="train", num_examples=f.extract_examples,
+            per_client=f.extract_examples, seed=c.seed, bf16=f.bf16, as_json=True),
             outputs=[str(E / f"{name}.extract.json")], inputs=[*inputs, priv],
             stdout_to=str(E / f"{name}.extract.json"))
     if c.baselines:
-        yield Stage("gap-closed", [
-            "eval", "gap", "--method", per[c.method], "--eps0", per["eps0"], "--epsinf",
-            per["epsinf"], "--allow-undefined", "--seed", str(c.seed), "--json"],
+        yield Stage("gap-closed", EvalGapCall(
+            method=per[c.method], eps0=per["eps0"], epsinf=per["epsinf"],
+            allow_undefined=True, seed=c.seed, json_out=True),
             outputs=[str(E / "gap.json")], inputs=list(per.values()),
             stdout_to=str(E / "gap.json"))
 

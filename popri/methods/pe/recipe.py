@@ -12,14 +12,17 @@ from P_t, and ``vary`` them into the next population; ``pe seeds`` unions the su
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterator
 
-from popri.kit import Stage, final_seed, fmt, round_seed, step_argv
+from popri.kit import Stage, final_seed, fmt, round_seed
 from popri.methods.base import Method
 from popri.methods.pe.draw import default_threshold
 from popri.privacy.plan import Noise
-from popri.specs.generation import EXPAND_BATCH, ExpandSpec, GeneratorSpec, VarySpec, sampling_of
+from popri.specs.commands.embed import EmbedCall
+from popri.specs.commands.expand import ExpandCall
+from popri.specs.commands.pe import PeDrawCall, PeInitCall, PeSeedsCall
+from popri.specs.commands.vary import VaryCall
+from popri.specs.generation import EXPAND_BATCH, sampling_of
 
 
 def threshold(run, noise: Noise | None) -> float | str:
@@ -38,27 +41,26 @@ def threshold(run, noise: Noise | None) -> float | str:
     return default_threshold(noise.arg, noise.sensitivity)
 
 
-def vary_args(run) -> list[str]:
-    """``popri vary``'s options: the pe section's variation settings and the generator's
-    sampling settings, as a :class:`~popri.specs.generation.VarySpec`."""
+def vary_settings(run) -> dict:
+    """``popri vary``'s settings: the pe section's variation settings and the generator's
+    sampling settings (fields of :class:`~popri.specs.generation.VarySpec`)."""
     pe, g = run.cfg.pe, run.cfg.generator
     model = pe.variation_model or (None if pe.variation == "mask-fill" else g.model)
     vals = {**sampling_of(g), "method": pe.variation, "model": model,
             "mask_ratio": pe.mask_ratio, "steps": pe.mask_steps, "fallback": pe.fallback,
             **({"fallback_model": g.model} if pe.fallback else {})}
-    return step_argv(VarySpec, only=[k for k in vals if vals[k] is not None], **vals)
+    return {k: v for k, v in vals.items() if v is not None}
 
 
-def expand_args(run, seed: int) -> list[str]:
-    """``popri expand``'s generator options: the generator section as an
-    :class:`~popri.specs.generation.ExpandSpec`, whose batch is ``pe.expand_batch_size`` or, unset,
-    the backend's (:data:`popri.specs.generation.EXPAND_BATCH`) -- not the generator's sampling
-    batch.  The value in effect is passed, so the plan shows it and a stage's key does not move
-    when only the table's default would."""
+def expand_settings(run, seed: int) -> dict:
+    """``popri expand``'s generator settings: the generator section (fields of
+    :class:`~popri.specs.generation.ExpandSpec`), whose batch is ``pe.expand_batch_size`` or,
+    unset, the backend's (:data:`popri.specs.generation.EXPAND_BATCH`) -- not the generator's
+    sampling batch.  The value in effect is passed, so the plan shows it and a stage's key does
+    not move when only the table's default would."""
     g = run.cfg.generator
-    own = [f.name for f in dataclasses.fields(GeneratorSpec)]
     batch = run.cfg.pe.expand_batch_size or EXPAND_BATCH[g.backend]
-    return [*step_argv(ExpandSpec, g, batch_size=batch, only=own), "--seed", str(seed)]
+    return {**g.to_dict(), "batch_size": batch, "seed": seed}
 
 
 def recipe(run) -> Iterator[Stage]:
@@ -68,47 +70,45 @@ def recipe(run) -> Iterator[Stage]:
     c, pe = run.cfg, run.cfg.pe
     H = threshold(run, run.noise)
     pop = run.paths.root / "round1" / "population.jsonl"
-    yield Stage("pe-init", [
-        "pe", "init", *run.omega, "--num", str(pe.num_syn), "--seed", str(c.seed),
-        "--out", str(pop)], outputs=[str(pop)], inputs=run.omega_inputs)
+    yield Stage("pe-init", PeInitCall(public=run.omega, num=pe.num_syn, seed=c.seed,
+                                      out=str(pop)),
+                outputs=[str(pop)], inputs=run.omega_inputs)
     survivors = []
     for t in range(1, c.rounds + 1):
         R = run.paths.root / f"round{t}"
         seed = round_seed(c.seed, t)
         if pe.lookahead > 0:
             syn = R / "lookahead.npy"
-            yield Stage(f"round{t}-lookahead", [
-                "vary", str(pop), *vary_args(run), "--lookahead", str(pe.lookahead),
-                "--lookahead-out", str(syn), "--embedder", c.embedder, "--round", str(t),
-                "--seed", str(seed), "--out", str(R / "lookahead_variations.jsonl")],
+            yield Stage(f"round{t}-lookahead", VaryCall(
+                input=str(pop), **vary_settings(run), lookahead=pe.lookahead,
+                lookahead_out=str(syn), embedder=c.embedder, round_=t, seed=seed,
+                out=str(R / "lookahead_variations.jsonl")),
                 outputs=[str(syn)], inputs=[str(pop)])
         else:
             syn = R / "population_emb.npy"
-            yield Stage(f"round{t}-embed", [
-                "embed", str(pop), "--out", str(syn), "--model", c.embedder],
-                outputs=[str(syn)], inputs=[str(pop)])
+            yield Stage(f"round{t}-embed", EmbedCall(input=str(pop), out=str(syn),
+                                                     model=c.embedder),
+                        outputs=[str(syn)], inputs=[str(pop)])
         hist = R / "hist.npy"
-        yield run.score_stage(t, syn, hist, seed, mode="nn-histogram", threshold=H)
+        yield run.score_stage(t, syn, hist, seed, threshold=H)
         surv = R / "survivors.jsonl"
-        yield Stage(f"round{t}-draw", [
-            "pe", "draw", "--population", str(pop), "--scores", str(hist), "--num",
-            str(pe.num_syn), "--round", str(t), "--seed", str(seed), "--out", str(surv),
-            "--stats-out", str(R / "draw_stats.json"), *(["--release"] if run.release else [])],
+        yield Stage(f"round{t}-draw", PeDrawCall(
+            population=str(pop), scores=str(hist), num=pe.num_syn, round_=t, seed=seed,
+            out=str(surv), stats_out=str(R / "draw_stats.json"), release=run.release),
             outputs=[str(surv)], inputs=[str(pop), str(hist)])
         survivors.append(str(surv))
         if t < c.rounds:  # S_{T+1} is never voted on: no variation after the last round
             nxt = run.paths.root / f"round{t + 1}" / "population.jsonl"
-            yield Stage(f"round{t}-vary", [
-                "vary", str(surv), *vary_args(run), "--round", str(t + 1), "--seed",
-                str(seed), "--out", str(nxt)], outputs=[str(nxt)], inputs=[str(surv)])
+            yield Stage(f"round{t}-vary", VaryCall(
+                input=str(surv), **vary_settings(run), round_=t + 1, seed=seed, out=str(nxt)),
+                outputs=[str(nxt)], inputs=[str(surv)])
             pop = nxt
     seeds = run.paths.root / "pe_seeds.jsonl"
-    yield Stage("pe-seeds", ["pe", "seeds", *survivors, "--out", str(seeds)],
+    yield Stage("pe-seeds", PeSeedsCall(survivors=tuple(survivors), out=str(seeds)),
                 outputs=[str(seeds)], inputs=survivors)
-    yield Stage("expand", [
-        "expand", str(seeds), "--num-samples", str(c.num_synthetic), "--out",
-        str(run.paths.root / "expand"), "--merged-out", str(run.paths.synthetic),
-        *expand_args(run, final_seed(c.seed))],
+    yield Stage("expand", ExpandCall(
+        seeds=str(seeds), num_samples=c.num_synthetic, out=str(run.paths.root / "expand"),
+        merged_out=str(run.paths.synthetic), **expand_settings(run, final_seed(c.seed))),
         outputs=[str(run.paths.synthetic)], inputs=[str(seeds)])
 
 

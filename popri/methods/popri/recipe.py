@@ -22,16 +22,21 @@ from popri.kit import (
     DPRelease,
     Stage,
     final_seed,
-    opt,
     pair_fields,
     round_seed,
     selection_note,
-    step_argv,
+    settings,
     take_stage,
 )
 from popri.methods.base import Method
+from popri.specs.commands.dpo import DpoCall
+from popri.specs.commands.eval import EvalFluencyCall, EvalProbeCall
+from popri.specs.commands.fred import FredStatsCall
+from popri.specs.commands.gen import GenCall
+from popri.specs.commands.prefs import PrefsBuildCall, PrefsGateCall, PrefsPoolCall
+from popri.specs.commands.sft import SftCall
 from popri.specs.generation import GenSpec
-from popri.specs.training import DPOSpec, GateSpec, PrefsSpec, SelectSpec, SFTSpec
+from popri.specs.training import DPOSpec, PrefsSpec, SelectSpec, SFTSpec
 
 #: examples per prompt of every gen stage of a run (GenSpec's default: popri run does not set it)
 SHOTS = GenSpec.__dataclass_fields__["shots"].default
@@ -43,37 +48,33 @@ def select_stats_stage(run) -> Stage:
     score releases, so one accountant totals them)."""
     c, dp = run.cfg, run.cfg.dpo
     out = run.paths.select_stats
-    return Stage("select-stats", [
-        "fred", "stats", "--private", str(run.paths.emb_val), "--out", str(out),
-        "--epsilon", repr(dp.select_epsilon), "--delta", repr(c.selection_delta),
-        "--level", "user", "--relation", "add-remove", "--calibration", "analytic",
-        "--statistics", "both" if dp.select_by == "fid" else "mean",
-        "--seed", str(c.seed), *(["--release"] if run.release else [])],
+    return Stage("select-stats", FredStatsCall(
+        private=str(run.paths.emb_val), out=str(out), epsilon=dp.select_epsilon,
+        delta=c.selection_delta, level="user", relation="add-remove", calibration="analytic",
+        statistics="both" if dp.select_by == "fid" else "mean", seed=c.seed,
+        release=run.release),
         outputs=[str(out)], inputs=[str(run.paths.emb_val)],
         release=DPRelease(run.selection_entries(), out.parent / "ledger.jsonl",
                           lambda e: e.stage == "fred"))
 
 
-def select_args(run) -> tuple[list[str], list[str]]:
-    """dpo's checkpoint-selection options and inputs for dpo.select_on."""
-    target = {"private": run.paths.emb_val, "public": run.paths.emb_public,
-              "dp": run.paths.select_stats}.get(run.select)
-    if target is None:
-        return [], []
-    return ["--select-on", str(target)], [str(target)]
+def select_target(run) -> Path | None:
+    """What dpo's checkpoint selection compares with, for dpo.select_on (None: no selection)."""
+    return {"private": run.paths.emb_val, "public": run.paths.emb_public,
+            "dp": run.paths.select_stats}.get(run.select)
 
 
 def gen_stage(run, t: int, adapter: str | None, omega: tuple | None = None) -> Stage:
-    """Round t's K x J samples; ``omega``: (arguments, inputs) of the population its few-shot
+    """Round t's K x J samples; ``omega``: (path, inputs) of the population its few-shot
     examples come from (default Omega; an evolving pool: round t-1's pool file)."""
     c, R = run.cfg, run.paths.root / f"round{t}"
     samples = R / "samples.jsonl"
-    o_args, o_inputs = omega or (run.omega, run.omega_inputs)
-    return Stage(f"round{t}-gen", [
-        "gen", *o_args, "--prompts", str(c.prompts), "--samples-per-prompt",
-        str(c.samples_per_prompt), "--round", str(t), "--out", str(samples),
-        "--prompts-out", str(R / "prompts.jsonl"), "--stats-out", str(R / "gen_stats.json"),
-        *run.gen_args(adapter=adapter, seed=round_seed(c.seed, t))],
+    o_path, o_inputs = omega or (run.omega, run.omega_inputs)
+    return Stage(f"round{t}-gen", GenCall(
+        omega=o_path, prompts=c.prompts, samples_per_prompt=c.samples_per_prompt, round_=t,
+        out=str(samples), prompts_out=str(R / "prompts.jsonl"),
+        stats_out=str(R / "gen_stats.json"),
+        **run.gen_settings(adapter=adapter, seed=round_seed(c.seed, t))),
         outputs=[str(samples), str(R / "prompts.jsonl")],
         inputs=[*o_inputs, *([adapter] if adapter else [])])
 
@@ -89,17 +90,16 @@ def fluency_stages(run, t: int) -> Iterator[Stage]:
         return
     R = run.paths.root / f"round{t}"
     flu = R / "fluency.jsonl"
-    yield Stage(f"round{t}-fluency", [
-        "eval", "fluency", str(R / "samples.jsonl"), "--model", c.generator.model,
-        "--bf16" if c.generator.bf16 else "--no-bf16", "--out", str(flu), "--json"],
+    yield Stage(f"round{t}-fluency", EvalFluencyCall(
+        samples=str(R / "samples.jsonl"), model=c.generator.model, bf16=c.generator.bf16,
+        out=str(flu), json_out=True),
         outputs=[str(flu), str(R / "fluency.json")], inputs=[str(R / "samples.jsonl")],
         stdout_to=str(R / "fluency.json"))
     if dp.fluency_gate:
         out = R / "samples_gated.jsonl"
-        yield Stage(f"round{t}-gate", [
-            "prefs", "gate", "--samples", str(R / "samples.jsonl"), "--fluency", str(flu),
-            *step_argv(GateSpec, drop=dp.fluency_gate, min_per_prompt=dp.rejected_rank),
-            "--out", str(out)],
+        yield Stage(f"round{t}-gate", PrefsGateCall(
+            samples=str(R / "samples.jsonl"), fluency=str(flu), drop=dp.fluency_gate,
+            min_per_prompt=dp.rejected_rank, out=str(out)),
             outputs=[str(out)], inputs=[str(R / "samples.jsonl"), str(flu)])
 
 
@@ -114,12 +114,11 @@ def pool_stage(run, t: int, omega: tuple) -> Stage:
     the previous population plus round t's top-scored sample per prompt under the released
     scores (post-processing: no ledger entry)."""
     R = run.paths.root / f"round{t}"
-    o_args, o_inputs = omega
+    o_path, o_inputs = omega
     out = R / "pool.jsonl"
-    return Stage(f"round{t}-pool", [
-        "prefs", "pool", "--samples", str(scored_samples(run, t)), "--scores",
-        str(R / "scores.npy"), "--base", *o_args, "--round", str(t), "--pool", run.cfg.pool,
-        "--min-size", str(SHOTS), "--out", str(out)],
+    return Stage(f"round{t}-pool", PrefsPoolCall(
+        samples=str(scored_samples(run, t)), scores=str(R / "scores.npy"), base=o_path,
+        round_=t, pool=run.cfg.pool, min_size=SHOTS, out=str(out)),
         outputs=[str(out)], inputs=[str(scored_samples(run, t)), str(R / "scores.npy"),
                                     *o_inputs])
 
@@ -128,36 +127,36 @@ def dpo_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
     c, dp = run.cfg, run.cfg.dpo
     R, seed = run.paths.root / f"round{t}", round_seed(c.seed, t)
     samples, scores = scored_samples(run, t), R / "scores.npy"
-    prefs_extra, prefs_inputs = [], [str(samples), str(scores)]
+    prefs = {}
+    prefs_inputs = [str(samples), str(scores)]
     if dp.pair_rule == "fluent":
-        prefs_extra += ["--fluency", str(R / "fluency.jsonl")]
+        prefs["fluency"] = str(R / "fluency.jsonl")
         prefs_inputs.append(str(R / "fluency.jsonl"))
     exact = run.exact_stage(t, samples, seed)
     if exact is not None:
         yield exact
-        prefs_extra += ["--true-scores", exact.outputs[0]]
+        prefs["true_scores"] = exact.outputs[0]
         prefs_inputs.append(exact.outputs[0])
-    yield Stage(f"round{t}-prefs", [
-        "prefs", "build", "--samples", str(samples), "--scores", str(scores),
+    yield Stage(f"round{t}-prefs", PrefsBuildCall(
+        samples=str(samples), scores=str(scores),
         # pair_rule 'score' is POPri's rule, as unset: the same command (and cache)
-        *step_argv(PrefsSpec, dp, pair_rule=dp.pair_rule if dp.pair_rule == "fluent" else None),
-        "--out", str(R / "prefs.jsonl"),
-        "--report-out", str(R / "prefs_report.json"), *prefs_extra],
+        **settings(PrefsSpec, dp, pair_rule=dp.pair_rule if dp.pair_rule == "fluent" else None),
+        out=str(R / "prefs.jsonl"), report_out=str(R / "prefs_report.json"), **prefs),
         outputs=[str(R / "prefs.jsonl")], inputs=prefs_inputs)
     dpo_dir = R / "dpo"
-    args = ["dpo", "--pairs", str(R / "prefs.jsonl"), "--model", c.generator.model,
-            "--out", str(dpo_dir), *step_argv(DPOSpec, dp, bf16=c.generator.bf16),
-            "--seed", str(seed), *opt("--adapter", adapter)]
     inputs = [str(R / "prefs.jsonl"), *([adapter] if adapter else [])]
-    sel, sel_inputs = select_args(run)
-    if sel:
-        args += [*sel, "--select-prompts", str(R / "prompts.jsonl"),
-                 *step_argv(SelectSpec, dp), "--embed-model", c.embedder]
-        inputs += [*sel_inputs, str(R / "prompts.jsonl")]
+    target = select_target(run)
+    sel = {}
+    if target is not None:
+        sel = {"select_on": str(target), "select_prompts": str(R / "prompts.jsonl"),
+               **settings(SelectSpec, dp), "embed_model": c.embedder}
+        inputs += [str(target), str(R / "prompts.jsonl")]
     # a rerun with other pairs or settings starts over in its directory (the checkpoints of
     # another attempt there are stale); a stopped attempt with the same key resumes
-    yield Stage(f"round{t}-dpo", args, outputs=[str(dpo_dir / "adapter")], inputs=inputs,
-                fresh=["--no-resume"])
+    yield Stage(f"round{t}-dpo", DpoCall(
+        pairs=str(R / "prefs.jsonl"), model=c.generator.model, out=str(dpo_dir),
+        **settings(DPOSpec, dp, bf16=c.generator.bf16), seed=seed, adapter=adapter, **sel),
+        outputs=[str(dpo_dir / "adapter")], inputs=inputs, fresh={"resume": False})
 
 
 def sft_stage(run, t: int, adapter: str | None) -> Stage:
@@ -166,13 +165,13 @@ def sft_stage(run, t: int, adapter: str | None) -> Stage:
     c, dp = run.cfg, run.cfg.dpo
     R = run.paths.root / f"round{t}"
     samples, scores, out = scored_samples(run, t), R / "scores.npy", R / "sft"
-    return Stage(f"round{t}-sft", [
-        "sft", "--samples", str(samples), "--scores", str(scores), "--model", c.generator.model,
-        "--out", str(out), *step_argv(SFTSpec, dp, bf16=c.generator.bf16),
-        "--seed", str(round_seed(c.seed, t)), *opt("--adapter", adapter)],
+    return Stage(f"round{t}-sft", SftCall(
+        samples=str(samples), scores=str(scores), model=c.generator.model, out=str(out),
+        **settings(SFTSpec, dp, bf16=c.generator.bf16), seed=round_seed(c.seed, t),
+        adapter=adapter),
         outputs=[str(out / "adapter")],
         inputs=[str(samples), str(scores), *([adapter] if adapter else [])],
-        fresh=["--no-resume"])
+        fresh={"resume": False})
 
 
 def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
@@ -185,14 +184,14 @@ def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
     if out is None and c.final_match_tokens:  # a pool, cut to the control's tokens (driver)
         out, n = run.paths.synthetic_pool, MATCH_POOL * c.num_synthetic
     out = out or run.paths.synthetic
-    o_args, o_inputs = omega or (run.omega, run.omega_inputs)
-    return Stage(name, [
-        "gen", *o_args, "--num-samples", str(n), "--samples-per-prompt",
-        str(c.samples_per_prompt), "--round", str(c.rounds + 1), "--out",
-        str(out), "--stats-out", str(Path(out).with_name(Path(out).stem + "_stats.json")
-                                         if name != "synthetic" or c.final_match_tokens
-                                         else run.paths.root / "synthetic_stats.json"),
-        *run.gen_args(adapter=adapter, seed=final_seed(c.seed), top_p=c.final_top_p)],
+    o_path, o_inputs = omega or (run.omega, run.omega_inputs)
+    return Stage(name, GenCall(
+        omega=o_path, num_samples=n, samples_per_prompt=c.samples_per_prompt,
+        round_=c.rounds + 1, out=str(out),
+        stats_out=str(Path(out).with_name(Path(out).stem + "_stats.json")
+                      if name != "synthetic" or c.final_match_tokens
+                      else run.paths.root / "synthetic_stats.json"),
+        **run.gen_settings(adapter=adapter, seed=final_seed(c.seed), top_p=c.final_top_p)),
         outputs=[str(out)], inputs=[*o_inputs, *([adapter] if adapter else [])])
 
 
@@ -222,15 +221,14 @@ def probe_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
         return
     P = run.paths.root / "probe"
     samples = P / f"round{t}.jsonl"
-    yield Stage(f"probe{t}-gen", [
-        "gen", *run.omega, "--prompts", str(pr.prompts), "--samples-per-prompt",
-        str(pr.samples_per_prompt), "--round", str(t), "--out", str(samples),
-        *run.gen_args(adapter=adapter, seed=probe_seed(c.seed))],
+    yield Stage(f"probe{t}-gen", GenCall(
+        omega=run.omega, prompts=pr.prompts, samples_per_prompt=pr.samples_per_prompt,
+        round_=t, out=str(samples), **run.gen_settings(adapter=adapter, seed=probe_seed(c.seed))),
         outputs=[str(samples)], inputs=[*run.omega_inputs, *([adapter] if adapter else [])])
-    yield Stage(f"probe{t}", [
-        "eval", "probe", str(samples), "--target", str(run.paths.emb_val), "--embed-model",
-        c.embedder, *(["--model", c.generator.model] if pr.perplexity else []),
-        "--bf16" if c.generator.bf16 else "--no-bf16", "--seed", str(c.seed), "--json"],
+    yield Stage(f"probe{t}", EvalProbeCall(
+        samples=str(samples), target=str(run.paths.emb_val), embed_model=c.embedder,
+        model=c.generator.model if pr.perplexity else None, bf16=c.generator.bf16,
+        seed=c.seed, json_out=True),
         outputs=[str(P / f"round{t}.json")], inputs=[str(samples), str(run.paths.emb_val)],
         stdout_to=str(P / f"round{t}.json"))
 
@@ -252,7 +250,7 @@ def _rounds(run, tune) -> Iterator[Stage]:
         if c.pool != "static":  # the next round draws its shots from the evolved pool
             st = pool_stage(run, t, omega)
             yield st
-            omega = ([st.outputs[0]], [st.outputs[0]])
+            omega = (st.outputs[0], [st.outputs[0]])
         yield from probe_stages(run, t, adapter)
     yield synthetic_stage(run, adapter, omega=omega)
     if c.final_match_tokens:  # the control's set (public: the untuned generator's) sizes it

@@ -1,0 +1,92 @@
+"""Issue 46: a stage of ``popri run`` is a typed Call, and its command line means what it meant
+when stages were argv lists.
+
+    python -m pytest -q tests/test_typed_stages.py
+
+tests/fixtures/stages_before_typed.json.gz holds every stage of 13 shipped configs and three
+variants (release mode, PE in release mode, the learning study's remedies: 786 stages) as built
+at bfccefe, before the change: its argv, inputs, outputs, stdout file, whether it is a DP
+release, and its restart flags.  Each stage built now must parse (the command's own parser,
+``popri.cli.options.parse_call``) into the same Call as the old argv did, with the same files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import typer
+
+from popri.cli.app import app
+from popri.cli.options import parse_call
+from popri.kit import Z_LATER, Stage, redrawn
+from popri.pipeline.config import load
+from popri.pipeline.driver import Run
+from popri.specs.commands.gen import GenCall
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = ROOT / "tests" / "fixtures" / "stages_before_typed.json.gz"
+VARIANTS = {"learning-gate": ("learning", ["dpo.fluency_gate=0.25", "dpo.pair_rule=fluent",
+                                           "draws=3", "final_match_tokens=true",
+                                           "final_top_p=0.9"]),
+            "release": (None, ["release=true"]), "pe-release": ("pe", ["release=true"])}
+
+
+def _stages(name: str) -> list[Stage]:
+    if name in VARIANTS:
+        cfg, sets = VARIANTS[name]
+    else:
+        cfg, sets = (None if name == "default-embedded" else name), []
+    path = str(ROOT / "examples" / f"{cfg}.yaml") if cfg else None
+    r = Run(load(path, sets), dry_run=True, inputs=[path] if path else [])
+    r._set_noise()
+    return r.all_stages()
+
+
+def _parse(root, argv):
+    return parse_call(root, ["0.123456789" if a == Z_LATER else a for a in argv])
+
+
+def test_every_stage_means_what_its_argv_meant(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the plans' run directories are relative, as recorded
+    monkeypatch.setenv("POPRI_ZYGOTE", "0")
+    before = json.loads(gzip.decompress(BEFORE.read_bytes()))
+    root = typer.main.get_command(app)
+    n = 0
+    for name, old in before.items():
+        now = {st.name: st for st in _stages(name)}
+        assert set(now) == set(old), name
+        for sname, o in old.items():
+            st = now[sname]
+            assert _parse(root, st.args) == _parse(root, o["args"]), (name, sname)
+            assert (st.inputs, st.outputs, st.stdout_to, st.release is not None) == \
+                (o["inputs"], o["outputs"], o["stdout_to"], o["release"]), (name, sname)
+            assert (st.fresh == {"resume": False}) == (o["fresh"] == ["--no-resume"])
+            n += 1
+    assert n == 786
+
+
+def test_a_redraw_replaces_fields_and_renders_them():
+    st = Stage("synthetic", GenCall(omega="o.jsonl", num_samples=8, out="syn.jsonl", seed=999,
+                                    stats_out="syn_stats.json"), outputs=["syn.jsonl"],
+               inputs=["o.jsonl"])
+    d = redrawn(st, 2, Path("d2/syn.jsonl"), "synthetic-d2")
+    assert d.call == dataclasses.replace(st.call, seed=d.call.seed, out="d2/syn.jsonl",
+                                         stats_out="d2/syn_stats.json")
+    assert d.call.seed != 999 and d.args[d.args.index("--seed") + 1] == str(d.call.seed)
+    assert d.inputs == st.inputs and d.outputs == ["d2/syn.jsonl"]
+
+
+def test_the_cache_key_follows_the_calls_fields_not_its_rendering(tmp_path):
+    """Two calls that render alike but differ in a field (a default written or not) key
+    alike only when the fields are equal: the key hashes the call, not the text."""
+    from popri.pipeline.stages import StageRunner
+
+    a = Stage("g", GenCall(omega="o", out="x"), outputs=[])
+    b = Stage("g", GenCall(omega="o", out="x", temperature=1.0), outputs=[])
+    c = Stage("g", GenCall(omega="o", out="x", temperature=0.7), outputs=[])
+    r = StageRunner(tmp_path)
+    assert a.args == b.args and r.key(a) == r.key(b)
+    assert r.key(c) != r.key(a)
