@@ -359,3 +359,16 @@ def test_the_local_import_check_sees_one(tmp_path):
         "    return io, torch\n")
     assert local_popri_imports(tmp_path / "popri") == [
         "popri/m.py:5: from popri.core import io (in f)"]
+
+
+def test_no_function_in_popri_is_over_120_lines():
+    """Issue 46: a function a reader can hold (the longest were split: ``release_scores``,
+    ``train_downstream``, PE's ``expand``, DDG's ``plan``, DP-FL's ``run_round``)."""
+    long = []
+    for p in sorted((ROOT / "popri").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 120:
+                    long.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert long == []

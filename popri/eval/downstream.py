@@ -360,6 +360,54 @@ def _better(m: dict, best: dict | None, select_by: str) -> bool:
     return (m["val_accuracy"], -m["val_loss"]) > (best["val_accuracy"], -best["val_loss"])
 
 
+def _epoch(m, opt, seqs: list, perm, spec: DownstreamSpec, *, pad: int, device: str, step: int,
+           title: str) -> tuple[float, int, int]:
+    """One epoch of AdamW steps over ``seqs`` in the order ``perm`` (batches of
+    ``spec.batch_size``, gradients accumulated over micro-batches, the loss the mean over the
+    batch's target tokens), stopping at ``spec.max_steps`` (``step``: those taken before):
+    (summed token loss, target tokens, steps)."""
+    m.train()
+    ep_loss, ep_tok, ep_steps = 0.0, 0, 0
+    with log.progress() as prog:
+        task = prog.add_task(title, total=math.ceil(len(seqs) / spec.batch_size))
+        for s in range(0, len(perm), spec.batch_size):
+            if spec.max_steps is not None and step + ep_steps >= spec.max_steps:
+                break
+            chunk = [seqs[i] for i in perm[s:s + spec.batch_size]]
+            n_tgt = count_targets(chunk, spec.count_eos)
+            opt.zero_grad(set_to_none=True)
+            for u in range(0, len(chunk), spec.micro_batch_size):
+                micro = chunk[u:u + spec.micro_batch_size]
+                if count_targets(micro, spec.count_eos) == 0:
+                    continue
+                _, _, ce, loss_sum = token_stats(m, *make_batch(micro, pad, spec.count_eos),
+                                                 bf16=spec.bf16, device=device)
+                (loss_sum / max(n_tgt, 1)).backward()
+                ep_loss += float(ce.sum())
+            if n_tgt:
+                opt.step()
+            ep_tok += n_tgt
+            ep_steps += 1
+            prog.advance(task)
+    return ep_loss, ep_tok, ep_steps
+
+
+def _save(m, tok, metrics: dict, out) -> None:
+    """The model (or adapter), its tokenizer and ``metrics.json`` into ``out``, atomically."""
+    tmp = outdir.staging_dir(out)
+    try:
+        # a full disk: safetensors raises its own error, not an OSError -- one line naming out
+        with writing(out):
+            m.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False)
+                                              + "\n", encoding="utf-8")
+        outdir.replace(tmp, out, kind="downstream-model", legacy=_legacy_model)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model: str,
                      out_dir: str, val_records=None, seed: int = 0, train_split: str = "train",
                      force: bool = False, device: str | None = None, **overrides) -> dict:
@@ -431,31 +479,11 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     for epoch in range(1, epochs + 1):
         if spec.max_steps is not None and step >= spec.max_steps:
             break
-        m.train()
-        perm = rng.permutation(len(seqs))
-        t0, ep_loss, ep_tok, ep_steps = time.perf_counter(), 0.0, 0, 0
-        with log.progress() as prog:
-            task = prog.add_task(f"epoch {epoch}", total=steps_per_epoch)
-            for s in range(0, len(perm), batch_size):
-                if spec.max_steps is not None and step >= spec.max_steps:
-                    break
-                chunk = [seqs[i] for i in perm[s:s + batch_size]]
-                n_tgt = count_targets(chunk, count_eos)
-                opt.zero_grad(set_to_none=True)
-                for u in range(0, len(chunk), spec.micro_batch_size):
-                    micro = chunk[u:u + spec.micro_batch_size]
-                    if count_targets(micro, count_eos) == 0:
-                        continue
-                    _, _, ce, loss_sum = token_stats(m, *make_batch(micro, pad, count_eos), bf16=bf16,
-                                                     device=device)
-                    (loss_sum / max(n_tgt, 1)).backward()
-                    ep_loss += float(ce.sum())
-                if n_tgt:
-                    opt.step()
-                ep_tok += n_tgt
-                ep_steps += 1
-                step += 1
-                prog.advance(task)
+        t0 = time.perf_counter()
+        ep_loss, ep_tok, ep_steps = _epoch(m, opt, seqs, rng.permutation(len(seqs)), spec,
+                                           pad=pad, device=device, step=step,
+                                           title=f"epoch {epoch}")
+        step += ep_steps
         seconds = time.perf_counter() - t0  # logged, not stored: metrics.json stays reproducible
         row = {"epoch": epoch, "steps": ep_steps, "train_loss": ep_loss / ep_tok if ep_tok else None,
                "train_tokens": ep_tok}
@@ -487,18 +515,7 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     if not lora:  # no adapter: its settings did not apply
         metrics.update(lora_r=None, lora_alpha=None, target_modules=None)
 
-    tmp = outdir.staging_dir(out)
-    try:
-        # a full disk: safetensors raises its own error, not an OSError -- one line naming out
-        with writing(out):
-            m.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, allow_nan=False)
-                                              + "\n", encoding="utf-8")
-        outdir.replace(tmp, out, kind="downstream-model", legacy=_legacy_model)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    _save(m, tok, metrics, out)
     log.info(f"train-downstream: best epoch {best['epoch']} saved to {out}")
     return {"checkpoint": str(out), "best_epoch": best["epoch"], "metrics": history,
             "initial": initial, "lora": bool(lora)}

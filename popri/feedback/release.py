@@ -154,6 +154,87 @@ def _flower_release(priv, syn, codes, clients, part, keep, spec: ScoreSpec, *, m
     return flower, params, noise_params, ddg_params
 
 
+def _clients(spec: ScoreSpec, private: str, syn, *, model: str | None, split: str):
+    """(the private set, each row's client code, the client ids); on a Flower deployment the
+    private data stay on the SuperNodes, one client each: (None, None, their names)."""
+    if spec.federation is not None:
+        return None, None, [f"supernode-{i}" for i in range(int(spec.supernodes))]
+    priv = load_set(private, model=model, split=split, what="private", private=True)
+    check_compatible(priv, syn)
+    codes, clients = participation.factorize(priv.client_ids())
+    return priv, codes, clients
+
+
+def _warn(spec: ScoreSpec, part, L: int, N: int) -> None:
+    """Warnings before the round: no noise (and not a diagnostic); an empty Poisson sample
+    (research mode only: release mode says nothing about the realised sample)."""
+    if spec.noise_multiplier == 0 and not spec.diagnostic:
+        log.warn("--noise-multiplier 0: NO PRIVACY. The exact aggregate is released "
+                 "(recorded in the ledger with noise_multiplier 0).")
+    if L == 0 and not spec.release:
+        log.warn(f"Poisson sampling at q={part.sample_rate} drew no client from {N}: the "
+                 "output is pure noise, added by the server.")
+
+
+def _per_client_sidecar(path, side: dict) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(side, ensure_ascii=False, indent=2, allow_nan=False) + "\n")
+
+
+def _params(spec: ScoreSpec, part, noise: Noise, *, round_: int, L: int, N: int, seed: int,
+            reduce: str, denom, model: str | None) -> dict:
+    """The release's parameters, as its sidecar and ledger entry record them (release mode
+    shows only the public ones: :func:`_public`)."""
+    cosine_mode = spec.mode == "cosine"
+    return {
+        "mode": spec.mode, "round": round_, "noise_multiplier": spec.noise_multiplier,
+        "clip": spec.clip if cosine_mode else None,
+        "standardize": spec.standardize if cosine_mode else None,
+        "sample_rate": part.sample_rate, "clients_per_round": spec.clients_per_round,
+        "sampling": part.sampling, "neighbouring": noise.relation,
+        "sensitivity": noise.sensitivity,
+        **({"convention": spec.convention} if spec.convention else {}),
+        "participating_clients": L, "total_clients": N,
+        "max_samples_per_client": spec.max_samples_per_client, "threshold": spec.threshold,
+        "seed": seed, "release": spec.release, "delta": spec.delta, "reduce": reduce,
+        "denominator": denom, "public_clients": spec.public_clients, "embedding_model": model,
+    }
+
+
+def _log_release(spec: ScoreSpec, rel: Release, flower, part, entry, *, reduce: str, L: int,
+                 N: int, n: int, out: str | None, z_eff: float) -> None:
+    """The release's log lines (stderr): how a cosine sum is read, the Flower round, who took
+    part (in release mode neither N nor the realised L: private under add/remove), and the
+    release's own epsilon."""
+    mode, noise_multiplier, delta = spec.mode, spec.noise_multiplier, spec.delta
+    diagnostic, secure, q = spec.diagnostic, spec.release, part.sample_rate
+    if mode == "cosine" and reduce == "sum":
+        log.info("score: cosine scores are the noisy SUM over clients: a mean would divide by "
+                 "the client count, which is private under add/remove-one-client neighbours. "
+                 "Give --clients-per-round L, or --public-clients N if the enrolled count is "
+                 "public, for a mean; rankings are the same either way")
+    if flower is not None and not secure:
+        log.info(f"score: Flower SecAgg+ ({spec.secagg_mechanism}): {flower.survivors} of "
+                 f"{flower.nodes} SuperNodes, {flower.seconds:.1f} s (round "
+                 f"{flower.round_seconds:.1f} s), quantisation bound "
+                 f"{flower.quantisation_bound:.3g} per score")
+    # release mode: neither N nor the realised L (private under add/remove-one-client)
+    who = f"{L} of {N} clients" if not secure else (
+        f"{spec.clients_per_round} clients per round" if part.sampling == "fixed" else
+        f"Poisson sample at q={q:g}" if part.sampling == "poisson" else "every client")
+    log.info(f"score: {mode}, {who}, {n} synthetic samples, z={noise_multiplier}, "
+             f"q={q:g}, {rel.mode} mode" + (f" -> {out}" if out and out != io.STDIO else "")
+             + (" (DIAGNOSTIC: not private, no ledger entry)" if diagnostic else ""))
+    if entry is not None and z_eff > 0:
+        try:
+            c = compose([entry], delta, "rdp", convention=spec.convention)
+        except ParameterError as e:  # e.g. an unproven pair: the total will say so too
+            log.warn(f"score: this release cannot be accounted: {e.message}")
+        else:
+            log.info(f"score: this release alone is ({c.epsilon:.4g}, {delta:g}) (rdp; "
+                     f"{c.label}); 'popri account ledger' totals every round")
+
+
 def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, *,
                    out: str | None = None, per_client_out: str | None = None,
                    ledger_dir: str | None = None, seed: int = 0, round_: int = 0,
@@ -168,10 +249,7 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
 
     Returns ``{"scores", "ids", "entry" (a LedgerEntry or None), "participating", "clients"}``.
     Printing ``--out -`` is the caller's (``popri score``)."""
-    if spec is None:
-        spec = ScoreSpec(**settings)
-    elif settings:
-        spec = spec.replace(**settings)
+    spec = ScoreSpec(**settings) if spec is None else spec.replace(**settings) if settings else spec
     if spec.noise_multiplier is None:
         raise InputError("required: the noise multiplier Z", field="--noise-multiplier")
     mode, noise_multiplier, delta = spec.mode, spec.noise_multiplier, spec.delta
@@ -187,14 +265,7 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
 
     syn = load_set(synthetic, model=model, split=split, what="synthetic", private=False)
     deployed = spec.federation is not None
-    if deployed:
-        # a Flower deployment: the private data stay on the SuperNodes, one client each
-        priv = codes = None
-        clients = [f"supernode-{i}" for i in range(int(spec.supernodes))]
-    else:
-        priv = load_set(private, model=model, split=split, what="private", private=True)
-        check_compatible(priv, syn)
-        codes, clients = participation.factorize(priv.client_ids())
+    priv, codes, clients = _clients(spec, private, syn, model=model, split=split)
     N = len(clients)
     if spec.clients_per_round is not None and spec.clients_per_round > N:
         raise InputError(f"--clients-per-round {spec.clients_per_round} exceeds the {N} clients",
@@ -208,33 +279,17 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     # -- the round's Noise, as the budget of popri run plans it (popri.privacy.plan)
     noise = Noise.of_round(noise_multiplier, sample_rate=part.sample_rate,
                            sampling=part.sampling, spec=spec, mode=rel.mode)
-    relation, sens = noise.relation, noise.sensitivity
-    if noise_multiplier == 0 and not diagnostic:
-        log.warn("--noise-multiplier 0: NO PRIVACY. The exact aggregate is released "
-                 "(recorded in the ledger with noise_multiplier 0).")
-    if L == 0 and not secure:  # release mode says nothing about the realised sample
-        log.warn(f"Poisson sampling at q={part.sample_rate} drew no client from {N}: the "
-                 "output is pure noise, added by the server.")
+    sens = noise.sensitivity
+    _warn(spec, part, L, N)
 
     q = part.sample_rate
     reduce, denom = public_denominator(mode, part.sampling, q, L, spec.public_clients)
     z_eff = noise_multiplier
     if secure:
         z_eff = effective_multiplier(noise_multiplier, sens, n)
-    params = {
-        "mode": mode, "round": round_, "noise_multiplier": noise_multiplier,
-        "clip": clip if mode == "cosine" else None,
-        "standardize": standardize if mode == "cosine" else None,
-        "sample_rate": q, "clients_per_round": spec.clients_per_round,
-        "sampling": part.sampling, "neighbouring": relation, "sensitivity": sens,
-        **({"convention": spec.convention} if spec.convention else {}),
-        "participating_clients": L, "total_clients": N,
-        "max_samples_per_client": M, "threshold": threshold, "seed": seed, "release": secure,
-        "delta": delta, "reduce": reduce, "denominator": denom,
-        "public_clients": spec.public_clients,
-        "embedding_model": syn.meta.get("model") or (priv.meta.get("model") if priv else None)
-        or model,
-    }
+    params = _params(spec, part, noise, round_=round_, L=L, N=N, seed=seed, reduce=reduce,
+                     denom=denom, model=syn.meta.get("model")
+                     or (priv.meta.get("model") if priv else None) or model)
     layout = {"per_client_rows": bool(per_client_out), "block_size": spec.block_size}
     noise_params = ({"noise": "discrete-gaussian", "nominal_noise_multiplier": noise_multiplier}
                     if secure else {"noise": "gaussian"})
@@ -287,42 +342,16 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
         led = [entry.to_dict()] if entry else []
         if rows_out is not None:
             rows_out.flush()
-            side = {**head, "kind": "per-client",
-                    "clients": [clients[i] for i in part.members],
-                    "server_noise_rows": int(L == 0),
-                    "noise_std_per_row": noise_multiplier * sens / np.sqrt(max(L, 1)),
-                    "ledger": led}
-            side_path = staged.path(artifacts.json_sidecar(per_client_out))
-            with open(side_path, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps(side, ensure_ascii=False, indent=2, allow_nan=False) + "\n")
+            _per_client_sidecar(staged.path(artifacts.json_sidecar(per_client_out)), {
+                **head, "kind": "per-client", "clients": [clients[i] for i in part.members],
+                "server_noise_rows": int(L == 0),
+                "noise_std_per_row": noise_multiplier * sens / np.sqrt(max(L, 1)),
+                "ledger": led})
         if out and out != io.STDIO:
             io.save_scores(out, scores, {**head, "ledger": led}, out=staged)
         rel.commit([entry] if entry else [])
-    if mode == "cosine" and reduce == "sum":
-        log.info("score: cosine scores are the noisy SUM over clients: a mean would divide by "
-                 "the client count, which is private under add/remove-one-client neighbours. "
-                 "Give --clients-per-round L, or --public-clients N if the enrolled count is "
-                 "public, for a mean; rankings are the same either way")
-    if flower is not None and not secure:
-        log.info(f"score: Flower SecAgg+ ({spec.secagg_mechanism}): {flower.survivors} of "
-                 f"{flower.nodes} SuperNodes, {flower.seconds:.1f} s (round "
-                 f"{flower.round_seconds:.1f} s), quantisation bound "
-                 f"{flower.quantisation_bound:.3g} per score")
-    # release mode: neither N nor the realised L (private under add/remove-one-client)
-    who = f"{L} of {N} clients" if not secure else (
-        f"{spec.clients_per_round} clients per round" if part.sampling == "fixed" else
-        f"Poisson sample at q={q:g}" if part.sampling == "poisson" else "every client")
-    log.info(f"score: {mode}, {who}, {n} synthetic samples, z={noise_multiplier}, "
-             f"q={q:g}, {rel.mode} mode" + (f" -> {out}" if out and out != io.STDIO else "")
-             + (" (DIAGNOSTIC: not private, no ledger entry)" if diagnostic else ""))
-    if entry is not None and z_eff > 0:
-        try:
-            c = compose([entry], delta, "rdp", convention=spec.convention)
-        except ParameterError as e:  # e.g. an unproven pair: the total will say so too
-            log.warn(f"score: this release cannot be accounted: {e.message}")
-        else:
-            log.info(f"score: this release alone is ({c.epsilon:.4g}, {delta:g}) (rdp; "
-                     f"{c.label}); 'popri account ledger' totals every round")
+    _log_release(spec, rel, flower, part, entry, reduce=reduce, L=L, N=N, n=n, out=out,
+                 z_eff=z_eff)
     return {"scores": scores, "ids": syn.ids, "entry": entry, "participating": L, "clients": N}
 
 

@@ -261,6 +261,34 @@ def _totals(manifest: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- driver
+def _resumed(out: Path, cfg: dict, quotas: list[int], num_samples: int, seen: HashSet, *,
+             force: bool) -> list[dict] | None:
+    """The finished shards of an earlier expansion in ``out`` with the same ``cfg`` and
+    ``num_samples``' quotas (their texts added to ``seen``), or None: a fresh start (no
+    manifest, or ``force``).  A manifest of another format, config or size is refused."""
+    mpath = out / MANIFEST
+    if mpath.exists() and not force:
+        old = read_json(mpath)
+        if not isinstance(old, dict) or old.get("format") != FORMAT:
+            raise InputError(f"not a {FORMAT} manifest; --force starts over", path=str(mpath))
+        _check_identity(old.get("config", {}), cfg, str(mpath))
+        for k, e in enumerate(old.get("shards", [])):
+            if k >= len(quotas):
+                raise InputError(
+                    f"was {old.get('num_samples')}, now {num_samples}: the directory already "
+                    f"holds {k + 1} or more shards; --force starts over",
+                    path=str(mpath), field="num_samples")
+            if e.get("quota") != quotas[k]:
+                raise InputError(
+                    f"was {old.get('num_samples')}, now {num_samples}: shard {k} was cut to "
+                    f"{e.get('quota')} rows for the old value; --force starts over",
+                    path=str(mpath), field="num_samples")
+        return _read_done(out, old, seen)
+    if out.is_dir() and not force and any(SHARD_RE.fullmatch(f.name) for f in out.iterdir()):
+        raise InputError(f"has shard files but no {MANIFEST}; --force starts over", path=str(out))
+    return None
+
+
 def expand(records: Sequence[dict], spec: ExpandSpec | None = None, *, num_samples: int,
            out_dir: str, adapter: str | None = None, seed: int = 0, template: str | None = None,
            device: str | None = None, force: bool = False, source: str = "", engine=None,
@@ -302,28 +330,9 @@ def expand(records: Sequence[dict], spec: ExpandSpec | None = None, *, num_sampl
     mpath = out / MANIFEST
     quotas = plan(num_samples, shard_size)
     seen = HashSet()
-    done: list[dict] = []
-    fresh = True
-    if mpath.exists() and not force:
-        old = read_json(mpath)
-        if not isinstance(old, dict) or old.get("format") != FORMAT:
-            raise InputError(f"not a {FORMAT} manifest; --force starts over", path=str(mpath))
-        _check_identity(old.get("config", {}), cfg, str(mpath))
-        for k, e in enumerate(old.get("shards", [])):
-            if k >= len(quotas):
-                raise InputError(
-                    f"was {old.get('num_samples')}, now {num_samples}: the directory already "
-                    f"holds {k + 1} or more shards; --force starts over",
-                    path=str(mpath), field="num_samples")
-            if e.get("quota") != quotas[k]:
-                raise InputError(
-                    f"was {old.get('num_samples')}, now {num_samples}: shard {k} was cut to "
-                    f"{e.get('quota')} rows for the old value; --force starts over",
-                    path=str(mpath), field="num_samples")
-        done = _read_done(out, old, seen)
-        fresh = False
-    elif out.is_dir() and not force and any(SHARD_RE.fullmatch(f.name) for f in out.iterdir()):
-        raise InputError(f"has shard files but no {MANIFEST}; --force starts over", path=str(out))
+    done = _resumed(out, cfg, quotas, num_samples, seen, force=force)
+    fresh = done is None
+    done = done or []
 
     manifest = {"format": FORMAT, "status": "running", "num_samples": int(num_samples),
                 "config": cfg,

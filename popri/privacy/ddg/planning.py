@@ -192,6 +192,23 @@ def rounded_l2_bound(c_int: float, beta: float, dim: int) -> float:
     return min(b1, b2)
 
 
+def _modulus_bits(bits: int | None, uploaders: int, max_bits: int) -> int:
+    """The modulus' bits: ``bits`` checked against the largest that fits ``uploaders`` (SecAgg+:
+    uploaders * 2**bits <= 2**(max_bits - 1)), or that largest (ValueError when none does)."""
+    top = max_bits_for(uploaders, max_bits)
+    if top < 1:
+        raise ValueError(f"no modulus fits: uploaders * 2**bits <= 2**{max_bits - 1} has no "
+                         f"bits >= 1 for {uploaders} uploaders; use fewer SuperNodes (at most "
+                         f"{1 << (max_bits - 2)})")
+    if bits is None:
+        return top
+    bits = _check_pos_int("bits", bits)
+    if bits > top:
+        raise ValueError(f"bits = {bits} too large for {uploaders} uploaders: uploaders * "
+                         f"2**bits must be <= 2**{max_bits - 1} (at most {top} bits)")
+    return bits
+
+
 def plan(*, clip: float, noise_multiplier: float, dim: int, clients: int, min_noisy: int,
          bits: int | None = None, gamma: float | None = None, integer_inputs: bool = False,
          beta: float = math.exp(-0.5), max_bits: int = 32, k_stddevs: float = 4.0,
@@ -249,18 +266,7 @@ def plan(*, clip: float, noise_multiplier: float, dim: int, clients: int, min_no
         raise ValueError("integer inputs (vote counts) are not rotated")
     seed = _check_pos_int("rotation_seed", rotation_seed, lo=0) if rot else -1
     D = next_pow2(d) if rot else d
-    top = max_bits_for(U, max_bits)
-    if top < 1:
-        raise ValueError(f"no modulus fits: uploaders * 2**bits <= 2**{max_bits - 1} has no "
-                         f"bits >= 1 for {U} uploaders; use fewer SuperNodes (at most "
-                         f"{1 << (max_bits - 2)})")
-    if bits is None:
-        bits = top
-    else:
-        bits = _check_pos_int("bits", bits)
-        if bits > top:
-            raise ValueError(f"bits = {bits} too large for {U} uploaders: uploaders * 2**bits "
-                             f"must be <= 2**{max_bits - 1} (at most {top} bits)")
+    bits = _modulus_bits(bits, U, max_bits)
     m = 1 << bits
     room = m / 2.0 - 1.0  # |sum| <= m/2 - 1 decodes without wrapping
     extra = {"uploaders": U if uploaders is not None else 0, "padded_dim": D if rot else 0,
