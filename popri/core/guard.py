@@ -70,7 +70,7 @@ def _read_files(path: str) -> list[str]:
     files = [path, *(f for f in companion_files(path) if os.path.lexists(f))]
     p = Path(path)
     if p.is_dir():
-        names = set(DATASET_FILES)
+        names: set[str] = set(DATASET_FILES)
         try:
             names.update(f.name for f in p.iterdir() if f.is_file())
         except OSError:

@@ -151,10 +151,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """Open a temp file next to ``path``; rename it over ``path`` only on success.  A device or
     pipe (``/dev/null``, ``/dev/full``, a FIFO) is written in place instead."""
     dest = Path(path)
-    enc = {"encoding": "utf-8"} if "b" not in mode else {}
+    enc = None if "b" in mode else "utf-8"
     if is_special_file(dest):
         try:
-            with open(dest, mode, **enc) as fh:
+            with open(dest, mode, encoding=enc) as fh:
                 yield fh
                 fh.flush()
         except OSError as e:
@@ -163,7 +163,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         return
     tmp = _tmp_in(dest)
     try:
-        with open(tmp, mode, **enc) as fh:
+        with open(tmp, mode, encoding=enc) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())

@@ -284,8 +284,16 @@ def spec_field(spec_cls, name: str) -> dataclasses.Field:
 
 def default(spec_cls, name: str) -> Any:
     """A field's default (for the few places outside a spec that need the value)."""
-    f = spec_field(spec_cls, name)
-    return f.default_factory() if f.default is MISSING else f.default
+    return field_default(spec_field(spec_cls, name))
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default value (its factory's value); :data:`REQUIRED` when it has none."""
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return REQUIRED
 
 
 def to_argv(spec: Spec, *, only: typing.Iterable[str] | None = None,
@@ -411,10 +419,10 @@ class Call(Spec):
             if n in self.RESOLVED and n not in getattr(self, "_given", ()):
                 continue  # resolved by the spec from None: the command resolves it the same
             v = getattr(self, n)
-            if f.default is MISSING and f.default_factory is MISSING:
+            dflt = field_default(f)
+            if dflt is REQUIRED:
                 out.append(n)
                 continue
-            dflt = f.default if f.default is not MISSING else f.default_factory()
             if f.metadata.get("envvar") or f.metadata.get("always") or v != dflt \
                     or type(v) is not type(dflt):
                 out.append(n)

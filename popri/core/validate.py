@@ -51,11 +51,12 @@ def finite(value, option: str, lo: float | None = None, hi: float | None = None,
     exclude the ends); else :class:`InputError` naming ``option``."""
     if lo is None and hi is None:
         want = "a finite number"
-    elif hi is None:
+    elif hi is None and lo is not None:
         want = f"a finite number {'>' if lo_open else '>='} {_fmt(lo)}"
-    elif lo is None:
+    elif lo is None and hi is not None:
         want = f"a finite number {'<' if hi_open else '<='} {_fmt(hi)}"
     else:
+        assert lo is not None and hi is not None
         want = (f"a finite number in {'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}"
                 f"{')' if hi_open else ']'}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):

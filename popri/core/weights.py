@@ -37,8 +37,9 @@ def materialise_tiny() -> str:
     try:  # sentence-transformers >= 6 (its old name `models` warns there)
         from sentence_transformers.sentence_transformer import modules as st_models
     except ImportError:
-        from sentence_transformers import models as st_models
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+        from sentence_transformers import models as st_models  # pyright: ignore
+    # (its type stubs differ between the versions popri admits: checked by the tests instead)
+    from transformers import BertConfig, BertModel, BertTokenizerFast  # pyright: ignore
 
     src = Path(resolve_model("all-MiniLM-L6-v2"))
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
@@ -55,7 +56,7 @@ def materialise_tiny() -> str:
     BertTokenizerFast.from_pretrained(hf).save_pretrained(hf)
     word = st_models.Transformer(str(hf), max_seq_length=64)
     dim = (word.get_embedding_dimension() if hasattr(word, "get_embedding_dimension")
-           else word.get_word_embedding_dimension())
+           else word.get_word_embedding_dimension())  # pyright: ignore[reportCallIssue]
     SentenceTransformer(modules=[word, st_models.Pooling(dim, pooling_mode="mean")],
                         device="cpu").save(str(tmp / "model"))
     dest.parent.mkdir(parents=True, exist_ok=True)

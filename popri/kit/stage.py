@@ -24,11 +24,12 @@ import dataclasses
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from popri.core.spec import Call
 from popri.core.urls import redact_arg
 from popri.kit.seeds import draw_seed
+from popri.specs.commands.gen import GenCall
 from popri.specs.commands.take import TakeCall
 
 #: the dry-run placeholder for a noise multiplier that depends on the fetched client count
@@ -91,7 +92,7 @@ class DPRelease:
     appends to, and ``match(entry)``: is a recorded entry one of this stage's releases."""
     entries: list
     ledger: Path
-    match: Callable[[object], bool]
+    match: Callable[[Any], bool]
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:
     replaced by :func:`draw_seed` (seed, k), written to ``out`` (and its stats beside it).
     ``popri run``'s ``draws`` (issue 24)."""
     call = st.call
-    if call.command != "gen":
+    if not isinstance(call, GenCall):
         raise ValueError(f"stage {st.name} is not a 'popri gen' stage")
     changes = {"seed": draw_seed(call.seed, k), "out": str(out)}
     if call.stats_out:

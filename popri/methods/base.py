@@ -30,19 +30,20 @@ from __future__ import annotations
 
 import abc
 from pathlib import Path
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import Iterable, Protocol, runtime_checkable
 
 from popri.kit import RunPaths, Stage
 from popri.privacy.plan import Noise
 from popri.specs.engine import EngineSpec
 from popri.specs.feedback import ScoreSpec
+from popri.specs.run import RunConfig
 
 
 @runtime_checkable
 class RunContext(Protocol):
     """What a method's recipe and hooks may ask of the run (the driver's ``Run`` implements it).
 
-    Data: ``cfg`` (the run's :class:`~popri.pipeline.config.RunConfig`), ``paths`` (its files,
+    Data: ``cfg`` (the run's :class:`~popri.specs.run.RunConfig`), ``paths`` (its files,
     ``paths.root`` the run directory), ``release`` (release mode), ``dry_run``, ``select`` (the
     checkpoint selection in effect: private | public | dp | none), ``omega`` /
     ``omega_inputs`` (the public population's path -- a JSONL file or a dataset directory, whose
@@ -50,7 +51,7 @@ class RunContext(Protocol):
     None while z waits for the client count).  Seeds: the kit's named rules over
     ``cfg.seed`` (:func:`popri.kit.round_seed`, ...)."""
 
-    cfg: Any
+    cfg: RunConfig
     paths: RunPaths
     release: bool
     dry_run: bool
@@ -66,31 +67,39 @@ class RunContext(Protocol):
         as public (a fixed L of N clients a round: q = L/N is in its ledger; DP-FTRL's blocks:
         floor(N / L) leaves); None where it is private (Poisson sampling, everyone) or not
         fetched yet."""
+        ...
 
     def selection_entries(self) -> list:
         """The prospective ledger entries of the DP checkpoint selection (dpo.select_on: dp)."""
+        ...
 
     # ------------------------------------------------------------------ stage builders
     def fetch_text(self, *, public: bool = True) -> Iterable[Stage]:
         """``bench fetch`` of the private federated text and, with ``public``, of Omega."""
+        ...
 
     def embed_private(self) -> Iterable[Stage]:
         """``embed`` of the private train and validation splits (and Omega when read)."""
+        ...
 
     def gen_settings(self, *, adapter: str | None, seed: int,
                      top_p: float | None = None) -> dict:
         """The generator section as fields of ``popri gen``'s call, with the seed and
         adapter."""
+        ...
 
     def score_stage(self, t: int, synthetic: str | Path, out: Path, seed: int, *,
                     mode: str | None = None, threshold: float | str | None = None) -> Stage:
         """Round t's DP scores (``popri score``) at the planned noise, its release declared."""
+        ...
 
     def exact_stage(self, t: int, synthetic: str | Path, seed: int) -> Stage | None:
         """Round t's noise-free diagnostic scores (research mode), or None."""
+        ...
 
     def downstream_evaluation(self) -> Iterable[Stage]:
         """The synthetic set's evaluation next to eps = 0 / eps = inf and the control row."""
+        ...
 
 
 class Method(abc.ABC):

@@ -35,7 +35,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from popri.core import log, outdir
 from popri.core.errors import ConfigError, PopriError
@@ -258,7 +258,7 @@ class Run:
         """``bench fetch`` of the private federated text (unless data.dir) and, with ``public``,
         of Omega (unless it is a file)."""
         c, d = self.cfg, self.cfg.data
-        common = {"max_tokens": d.max_tokens, "seed": c.seed}
+        common: dict[str, Any] = {"max_tokens": d.max_tokens, "seed": c.seed}
         if not d.dir:
             yield Stage("fetch-private", BenchFetchCall(
                 name=d.source, out=str(self.paths.private), split=d.split, **common,
@@ -307,7 +307,7 @@ class Run:
         th = sc.threshold if threshold is None else threshold
         own = ({"clip": sc.clip, "standardize": sc.standardize} if mode == "cosine" else
                {"max_samples_per_client": sc.max_samples_per_client, "threshold": th})
-        values = dict(synthetic=str(synthetic), out=str(out),
+        values: dict[str, Any] = dict(synthetic=str(synthetic), out=str(out),
                       private=str(self.paths.emb_private), seed=seed, round_=t,
                       model=self.cfg.embedder, mode=mode,
                       noise_multiplier=self.noise.arg if self.noise else Z_LATER,
@@ -339,7 +339,7 @@ class Run:
         exact = self.run / "diagnostics" / f"round{t}" / "exact.npy"
         # no clipping in effect: a client's vector of mean cosines has norm <= sqrt(n_syn),
         # below 1e6 (score's largest --clip) for any n_syn < 1e12
-        own = ({"standardize": False, "clip": 1e6} if c.score.mode == "cosine"
+        own: dict[str, Any] = ({"standardize": False, "clip": 1e6} if c.score.mode == "cosine"
                else {"max_samples_per_client": c.score.max_samples_per_client})
         return Stage(f"round{t}-exact-scores", ScoreCall(
             synthetic=str(synthetic), out=str(exact), diagnostic=True, noise_multiplier=0.0,
@@ -476,11 +476,12 @@ class Run:
     def survey(self) -> tuple[list[str], list[tuple[str, str]]]:
         """(cached stage names, [(stage to run, why)]) for the current noise: what the run will
         reuse and what it will run (:meth:`StageRunner.survey`), computed once per noise."""
-        if getattr(self, "_survey", None) is None:
-            self._survey = self.runner.survey(self.all_stages())
-            self.runner.total = len(self._survey[0]) + len(self._survey[1]) + 1  # + account
-            self.runner.planned_to_run = len(self._survey[1]) + 1
-        return self._survey
+        survey = getattr(self, "_survey", None)
+        if survey is None:
+            survey = self._survey = self.runner.survey(self.all_stages())
+            self.runner.total = len(survey[0]) + len(survey[1]) + 1  # + account
+            self.runner.planned_to_run = len(survey[1]) + 1
+        return survey
 
     def reuse_line(self) -> str:
         """``N cached, M to run: STAGE (why), ...`` -- said before anything runs."""
@@ -731,6 +732,8 @@ class Run:
         builders are :meth:`downstream_evaluation`'s."""
         c, E = self.cfg, self.paths.eval
         control = self.method.control(self)
+        if control is None:  # draws redraw a method's set against its control
+            return
         for k in range(1, c.draws):
             D = self.run / "draws" / f"d{k}"
             per = {}
@@ -1029,7 +1032,7 @@ def results_table(r: dict) -> str:
                      f"({b['accountant']}), every ledger.jsonl under the run directory")
     mode = r.get("mode")
     if mode:
-        lines.append(r.get("mode_note") or MODE_NOTES.get(mode, mode))
+        lines.append(str(r.get("mode_note") or MODE_NOTES.get(mode, mode)))
     sel = r.get("checkpoint_selection")
     if sel:
         lines.append(sel.get("note") or selection_note(sel.get("on", "private")))

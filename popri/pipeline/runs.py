@@ -316,7 +316,7 @@ def _se(key: str, fa: dict, fb: dict) -> float | None:
     for f in (fa, fb):
         k = se_key(key, f)
         v = f.get(k) if k else None
-        if finite(v) and v > 0:
+        if v is not None and finite(v) and v > 0:
             ses.append(float(v))
     return min(ses) if ses else None
 

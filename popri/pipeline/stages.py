@@ -43,7 +43,7 @@ from popri.core.errors import InputError, PopriError
 from popri.core.io import _annotate_write_error, atomic_write
 from popri.core.runtime import fault_point
 from popri.core.version import __version__
-from popri.kit import Stage
+from popri.kit import DPRelease, Stage
 from popri.pipeline import zygote as Z
 from popri.privacy.entries import conformance
 from popri.privacy.ledger import LockedLedgers, read_ledger
@@ -213,6 +213,13 @@ COMMANDS_HEADER = ("#!/bin/sh\n"
                    "set -e\n")
 
 
+def _release(stage: Stage) -> DPRelease:
+    """The DP release a DP stage declares (the runner's ledger checks run for those only)."""
+    if stage.release is None:
+        raise ValueError(f"stage {stage.name} declares no DP release")
+    return stage.release
+
+
 class StageRunner:
     """Runs stages with caching.  ``dry_run``: nothing runs and nothing is written (no marker,
     no commands.sh, no directory); ``commands`` collects the plan, each command with
@@ -235,7 +242,7 @@ class StageRunner:
         self.skipped: list[str] = []
         self.log_path = self.run_dir / "commands.sh"
         self.accountant = "rdp"            # the run's accountant (the plan-vs-record check)
-        self.convention = None             # and its privacy.convention (None, or "papers")
+        self.convention: str | None = None  # and its privacy.convention (None, or "papers")
         self.lock_fd: int | None = None    # the run directory's lock, inherited by stages
         self._log_error: OSError | None = None  # a stage log that could not be kept
         self.stage_error: str | None = None     # the last stage's own one-line error
@@ -441,17 +448,17 @@ class StageRunner:
                     if any(old.get(o) != now[o] for o in stage.outputs):
                         return self._ledger_rerun(stage, [e for e in mine
                                                           if e.release_id in outs], now)
-                    return {"planned": len(stage.release.entries), "recorded": 0,
+                    return {"planned": len(_release(stage).entries), "recorded": 0,
                             "agree": True, "note": "reran and reproduced its earlier release "
                             "bit for bit (hash-checked): the same release"}
-                return {"planned": len(stage.release.entries), "recorded": 0, "agree": True,
+                return {"planned": len(_release(stage).entries), "recorded": 0, "agree": True,
                         "note": "no new release: the ledger already held its release ids"}
         return self._check(stage, new)
 
     def _check(self, stage: Stage, recorded: list) -> dict:
         """The plan-vs-record check of a DP stage's new entries (a PopriError when they
         differ: the budget guard was computed on the wrong entries)."""
-        planned = list(stage.release.entries)
+        planned = list(_release(stage).entries)
         problems = conformance(planned, recorded, accountant=self.accountant,
                                convention=self.convention)
         if problems:
@@ -474,7 +481,7 @@ class StageRunner:
                               params={**e.params, "rerun_of": e.release_id})
                    for e in {e.release_id: e for e in old}.values()]
         check = self._check(stage, entries)
-        with LockedLedgers([Path(stage.release.ledger)]) as lk:
+        with LockedLedgers([Path(_release(stage).ledger)]) as lk:
             lk.append(entries)
         log.warn(f"run: [{stage.name}] reran its finished release, which wrote other bytes than "
                  "before under the same release id: ledgered as a new release")
@@ -505,14 +512,16 @@ class StageRunner:
         return self.marker_dir / f"{name}.attempt.json"
 
     def _mine(self, stage: Stage) -> list:
-        led = Path(stage.release.ledger)
-        return [e for e in read_ledger(led) if stage.release.match(e)] if led.is_file() else []
+        rel = _release(stage)
+        led = Path(rel.ledger)
+        return [e for e in read_ledger(led) if rel.match(e)] if led.is_file() else []
 
     def _others(self, stage: Stage) -> set[str]:
         """The release ids of the other stages' lines in this stage's ledger."""
-        led = Path(stage.release.ledger)
+        rel = _release(stage)
+        led = Path(rel.ledger)
         return ({e.release_id for e in read_ledger(led)
-                 if e.release_id and not stage.release.match(e)} if led.is_file() else set())
+                 if e.release_id and not rel.match(e)} if led.is_file() else set())
 
     def attempt(self, name: str) -> dict:
         """``{"key", "before", "env"}`` of stage ``name``'s first unfinished attempt with its
@@ -656,9 +665,11 @@ class StageRunner:
         try:
             p = self._start(cmd, env, out if out is not None else sys.stderr.fileno(), fds)
 
+            err_fd = p.stderr.fileno()  # type: ignore[union-attr]  (stderr=PIPE)
+
             def pump():
                 buf = b""
-                while chunk := p.stderr.read1(65536):
+                while chunk := os.read(err_fd, 65536):
                     buf += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
                     *lines, buf = buf.split(b"\n")
                     for ln in lines:

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Mapping
 import time
 
 from popri.core.runtime import PARENT_ENV, die_with_parent
@@ -102,7 +103,7 @@ def preloaded() -> bool:
     return S.PRELOADED is not None
 
 
-def enabled(env: dict) -> bool:
+def enabled(env: Mapping[str, str]) -> bool:
     v = str(env.get(ENV, "1")).strip().lower()
     return sys.platform.startswith("linux") and v not in ("0", "false", "no", "off")
 
@@ -221,9 +222,9 @@ class Zygote:
             while sel.get_map():
                 left = None if end is None else end - time.monotonic()
                 if left is not None and left <= 0:
-                    raise subprocess.TimeoutExpired(["popri", *map(str, args)], timeout)
+                    raise subprocess.TimeoutExpired(["popri", *map(str, args)], timeout or 0.0)
                 for key, _ in sel.select(left):
-                    if key.fd == in_w:
+                    if in_w is not None and key.fd == in_w:
                         try:
                             sent += os.write(in_w, view[sent:sent + select.PIPE_BUF])
                         except BrokenPipeError:
@@ -309,11 +310,11 @@ class _Child:
 
     def wait(self, timeout: float | None = None) -> int:
         end = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (rc := self.poll()) is None:
             if end is not None and time.monotonic() > end:
-                raise subprocess.TimeoutExpired("popri zygote", timeout)
+                raise subprocess.TimeoutExpired("popri zygote", timeout or 0.0)
             time.sleep(0.01)
-        return self.returncode
+        return rc
 
     def terminate(self) -> None:
         self._signal(signal.SIGTERM)
@@ -346,7 +347,7 @@ class Forked:
             try:
                 ans = self.zygote._recv(left)
             except TimeoutError:
-                raise subprocess.TimeoutExpired("popri (zygote stage)", timeout) from None
+                raise subprocess.TimeoutExpired("popri (zygote stage)", timeout or 0.0) from None
             if ans is None:  # the zygote died: the stage died with it (PR_SET_PDEATHSIG)
                 self.zygote.busy = False
                 self.returncode = -signal.SIGTERM

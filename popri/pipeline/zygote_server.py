@@ -144,10 +144,10 @@ def serve(sock: socket.socket, *, given: dict | None = None) -> int:
     # background thread (pyarrow), each with pthread_atfork handlers that make fork safe
     # what the imports themselves set (torch: KMP_DUPLICATE_LIB_OK, TORCHINDUCTOR_CACHE_DIR, ...):
     # a caller that imported them too has these in its environment (zygote.compatible)
-    if not preloaded:
+    if given is not None:  # not preloaded
         added = {k: v for k, v in os.environ.items() if given.get(k) != v}
         PRELOADED = {"env": dict(given), "added": added}  # inherited by every fork
-    _send(sock, {"ready": True, "pid": os.getpid(), **PRELOADED})
+    _send(sock, {"ready": True, "pid": os.getpid(), **(PRELOADED or {})})
     while True:
         try:
             msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_MSG, 16)

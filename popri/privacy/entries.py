@@ -96,7 +96,7 @@ def round_release(engine: Any, stage: str, *, noise_multiplier: float, sample_ra
     single Gaussian release that takes no amplification by sampling, so it is accounted at
     q = 1."""
     mech = engine.mechanism(tree=tree)
-    common = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
+    common: dict[str, Any] = dict(noise_multiplier=noise_multiplier, sample_rate=sample_rate,
                   sensitivity=sensitivity, sampling=sampling, delta=delta, mode=mode,
                   neighbouring=neighbouring, params=params, release_id=release_id)
     if tree and mech != "tree_aggregation":

@@ -187,7 +187,7 @@ class LedgerEntry:
             raise InputError(f"refused ledger entry: {why}", path=path, line=line,
                              field="neighbouring")
         #: where it was read ("path:line"), for the totals' messages (not a field: never written)
-        entry.where = f"{path}:{line}" if path and line is not None else (path or None)
+        setattr(entry, "where", f"{path}:{line}" if path and line is not None else (path or None))
         return entry
 
     def refusal(self) -> str | None:
@@ -216,7 +216,8 @@ class LedgerEntry:
         totalled together (:func:`dedupe`)."""
         p = self.params
         leaf, lid = p.get("leaf"), p.get("leaf_release_id")
-        if self.release_id and _number(leaf) and isinstance(lid, str) and lid:
+        if self.release_id and leaf is not None and _number(leaf) and isinstance(lid, str) \
+                and lid:
             return self.release_id, int(leaf), lid
         return None
 
@@ -510,11 +511,12 @@ def dedupe(entries: Iterable[LedgerEntry]) -> list[LedgerEntry]:
         if e.release_id:
             if e.release_id in seen:
                 _check_same(seen[e.release_id], e)
-                ids = leaves.setdefault(lf[:2], set()) if lf else None
-                if ids is not None and lf[2] not in ids:
-                    if ids:  # this leaf, released again: one more tree
-                        out.append(e)
-                    ids.add(lf[2])
+                if lf is not None:
+                    ids = leaves.setdefault(lf[:2], set())
+                    if lf[2] not in ids:
+                        if ids:  # this leaf, released again: one more tree
+                            out.append(e)
+                        ids.add(lf[2])
                 continue
             seen[e.release_id] = e
             if lf:

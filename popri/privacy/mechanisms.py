@@ -123,9 +123,10 @@ def _rdp_lib():
         path = Path(spec.origin).parent / "accountants" / "analysis" / "rdp.py"
         if path.is_file():
             s = importlib.util.spec_from_file_location("popri.privacy._opacus_rdp", path)
-            mod = importlib.util.module_from_spec(s)
-            s.loader.exec_module(mod)
-            return mod
+            if s is not None and s.loader is not None:
+                mod = importlib.util.module_from_spec(s)
+                s.loader.exec_module(mod)
+                return mod
     from opacus.accountants.analysis import rdp
 
     return rdp

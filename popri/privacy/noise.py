@@ -54,7 +54,7 @@ class SecureRandom:
     def permutation(self, n: int) -> np.ndarray:
         # Fisher-Yates driven by secure uniforms
         a = np.arange(n)
-        u = self.random(max(n - 1, 1))
+        u = np.asarray(self.random(max(n - 1, 1)))
         for i in range(n - 1, 0, -1):
             j = int(u[i - 1] * (i + 1))
             a[i], a[j] = a[j], a[i]
@@ -66,7 +66,7 @@ class SecureRandom:
             cdf /= cdf[-1]
             return np.minimum(np.searchsorted(cdf, self.random(size), side="right"), n - 1)
         if replace:
-            return np.minimum((self.random(size) * n).astype(np.int64), n - 1)
+            return np.minimum((np.asarray(self.random(size)) * n).astype(np.int64), n - 1)
         return self.permutation(n)[:size]
 
 

@@ -121,7 +121,8 @@ class Noise:
         :class:`~popri.specs.engine.EngineSpec`): :func:`popri.privacy.entries.round_release`,
         the one entry function of the plan and the record (``kw``: its ``tree``, ``leaves``,
         ``ddg``, ``release_id``)."""
-        if not self.planned:
+        if not self.planned or self.z is None or self.sample_rate is None \
+                or self.sampling is None or self.sensitivity is None or self.relation is None:
             raise ValueError(f"the noise is not planned yet (z={self.z}, q={self.sample_rate})")
         return round_release(engine, stage, noise_multiplier=float(self.z),
                              sample_rate=float(self.sample_rate), sensitivity=self.sensitivity,

@@ -180,7 +180,15 @@ class TreeNoise:
         return depth(self.leaves_per_tree)
 
     # ------------------------------------------------------------------ nodes
+    def _grid(self) -> float:
+        """Release mode's grid (a secure tree has one)."""
+        if self.grid is None:
+            raise ValueError("a secure tree's noise is on a grid: this tree has none")
+        return self.grid
+
     def _rng(self, tree: int, level: int, index: int) -> np.random.Generator:
+        if self.seed is None:
+            raise ValueError("a seeded tree's node keys need its seed (release mode: none)")
         return np.random.Generator(np.random.PCG64(np.random.SeedSequence(
             [self.seed, tree, level, index, TREE_STREAM])))
 
@@ -219,7 +227,7 @@ class TreeNoise:
             rng = SecureRandom()
             for a in range(0, self.dim, CHUNK):
                 b = min(a + CHUNK, self.dim)
-                out[a:b] = discrete_gaussian(self.std / self.grid, b - a, rng)
+                out[a:b] = discrete_gaussian(self.std / self._grid(), b - a, rng)
         return out
 
     def _secure_units(self, round_: int) -> np.ndarray:
@@ -280,7 +288,7 @@ class TreeNoise:
                              f"{round_ - 1}, the last round drawn (last drawn: {self.round})")
         before = sum((self._nodes[k] for k in prefix_nodes(s - 1)),
                      np.zeros(self.dim, dtype=np.int64))
-        return (self._secure_units(round_) - before) * self.grid
+        return (self._secure_units(round_) - before) * self._grid()
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, np.ndarray]:

@@ -10,6 +10,7 @@ Pure maths: numpy and the standard library only.
 from __future__ import annotations
 
 import math
+from typing import Any
 from dataclasses import MISSING, asdict, dataclass, fields, replace
 
 import numpy as np
@@ -399,7 +400,7 @@ def _plan_round(*, clip: float, noise_multiplier: float, dim: int, clients: int,
     """:func:`plan_round` at noise multiplier z relative to Delta_2 (sens_factor 1)."""
     z = _check_num("noise_multiplier", noise_multiplier)
     tol = _check_num("tolerance", tolerance, lo_open=True)
-    kw = dict(clip=clip, noise_multiplier=z, dim=dim, clients=clients, uploaders=uploaders,
+    kw: dict[str, Any] = dict(clip=clip, noise_multiplier=z, dim=dim, clients=clients, uploaders=uploaders,
               min_noisy=min_noisy, beta=beta, max_bits=max_bits, k_stddevs=k_stddevs)
     c = float(clip)
     if integer_inputs:
@@ -475,7 +476,7 @@ def integer_gamma(*, clip: float, noise_multiplier: float, clients: int, min_noi
     votes multiplied by 2**j stay exact, and the noise share s grows by 2**j at the same z
     (which keeps tau, hence epsilon, near the Gaussian's).  ValueError when even gamma = 1
     does not fit."""
-    kw = dict(clip=clip, noise_multiplier=noise_multiplier, dim=1, clients=clients,
+    kw: dict[str, Any] = dict(clip=clip, noise_multiplier=noise_multiplier, dim=1, clients=clients,
               min_noisy=min_noisy, bits=bits, integer_inputs=True, max_bits=max_bits,
               k_stddevs=k_stddevs, uploaders=uploaders)
 
