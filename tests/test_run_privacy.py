@@ -24,6 +24,7 @@ from popri.core.errors import ConfigError
 from popri.core.io import save_embedding_set
 from popri.privacy.ledger import LedgerEntry, read_ledger
 from popri.pipeline.driver import BudgetError, Run, results_table
+from popri.pipeline.results import collect
 from popri.privacy import accounting as A
 from popri.privacy import calibration
 from popri.kit import DPRelease, Stage
@@ -224,7 +225,8 @@ def test_commands_sh_is_rewritten_by_each_run_not_appended(tmp_path):
     again = (tmp_path / "commands.sh").read_text().splitlines()
     assert len(again) == len(first)
     assert [c for c in again if c.startswith("popri ")] == [
-        "popri account epsilon -z 3.0 -q 1 -T 1 --json > " + shlex.quote(str(out))]
+        "popri account epsilon --noise-multiplier 3.0 --sample-rate 1.0 --steps 1 --json > "
+        + shlex.quote(str(out))]
     dry = StageRunner(tmp_path / "dry", dry_run=True)
     dry.run(stage("4.0"))
     assert dry.commands and not (tmp_path / "dry").exists()
@@ -360,7 +362,7 @@ def test_results_state_the_mode_and_what_checkpoint_selection_reads(tmp_path, re
                         f"dpo.select_on={select}"])
     (run / "eval").mkdir()  # an evaluation left by an earlier research run in the directory
     (run / "eval" / "popri.json").write_text(json.dumps({"accuracy": 0.3, "clients": 13}))
-    res = Run(cfg).results(Noise(z=3.0, arg=3.0, sample_rate=0.5))
+    res = collect(Run(cfg), Noise(z=3.0, arg=3.0, sample_rate=0.5))
     assert res["mode"] == ("release" if release else "research")
     assert res["methods"] == ({} if release else {"popri": {
         "accuracy": 0.3, "accuracy_se": None, "loss": None, "tokens": None, "clients": 13}})

@@ -90,3 +90,39 @@ def test_the_cache_key_follows_the_calls_fields_not_its_rendering(tmp_path):
     r = StageRunner(tmp_path)
     assert a.args == b.args and r.key(a) == r.key(b)
     assert r.key(c) != r.key(a)
+
+
+def test_a_new_setting_of_a_stage_is_one_field_of_its_spec(tmp_path):
+    """Issue 46's newcomer test: a new generator setting written as one field of
+    ``GeneratorSpec`` (a copy of popri with that one line added, nothing else) is at once an
+    option of ``popri gen`` and ``popri expand``, a key of ``popri run``'s ``generator:``
+    section, and an option of the plan's generation lines."""
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "popri", copy / "popri",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    spec = copy / "popri" / "specs" / "generation.py"
+    src = spec.read_text(encoding="utf-8")
+    anchor = "class GeneratorSpec(SamplingSpec):\n"
+    i = src.index('"""', src.index('"""', src.index(anchor)) + 3) + 3  # after its docstring
+    src = (src[:i] + '\n\n    new_knob: int = param(3, "A new setting (test).", lo=1)'
+           + src[i:])
+    spec.write_text(src, encoding="utf-8")
+    env = {"PYTHONPATH": str(copy), "POPRI_ZYGOTE": "0", "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path), "COLUMNS": "200"}
+
+    def popri(*args):
+        p = subprocess.run([sys.executable, "-m", "popri.cli.app", *args], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout
+
+    assert "--new-knob" in popri("gen", "--help") and "--new-knob" in popri("expand", "--help")
+    assert "new_knob: 3" in popri("run", "--show-config")
+    plan = popri("run", "--dry-run", "--set", "generator.new_knob=5").splitlines()
+    gens = [x for x in plan if x.startswith("popri gen")]
+    assert gens and all("--new-knob 5" in x for x in gens)
+    assert not any("--new-knob" in x for x in popri("run", "--dry-run").splitlines())

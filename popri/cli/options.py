@@ -27,7 +27,7 @@ from typing import Any, Optional
 import typer
 
 from popri.core.errors import ConfigError, InputError
-from popri.core.spec import flag_of, help_of, spec_field
+from popri.core.spec import field_default, flag_of, help_of, spec_field
 
 
 def option(spec_cls, name: str, *decls: str, **overrides: Any) -> Any:
@@ -141,6 +141,8 @@ def command(call_cls):
             for n, v in list(kw.items()):
                 if isinstance(v, list):
                     kw[n] = tuple(v)
+                elif v is None and isinstance(field_default(by[n]), tuple):
+                    kw[n] = field_default(by[n])  # no values given: the empty tuple
             call = build(call_cls, **kw)
             args = {n: (list(getattr(call, n)) if isinstance(getattr(call, n), tuple)
                         and not by[n].metadata.get("sep") else getattr(call, n))

@@ -40,26 +40,31 @@ from typing import Any, Iterable
 from popri.core import log, outdir
 from popri.core.errors import ConfigError, PopriError
 from popri.core.io import atomic_write, read_json
-from popri.core.version import __version__
-from popri.eval.stats import MIN_DRAWS
 from popri.kit import (
     Z_LATER,
     DPRelease,
     RunPaths,
     Stage,
     draw_seed,
-    fmt,
     redrawn,
-    released_line,
-    selection_note,
     settings,
     take_stage,
 )
-from popri.models import llm
 from popri.pipeline import config as C
 from popri.pipeline.budget import Budget, BudgetError
 from popri.pipeline.config import RunConfig, to_dict
-from popri.pipeline.recipes import METHODS, get_method
+from popri.pipeline import results as R
+from popri.pipeline.results import (  # noqa: F401  (re-exported: the API before issue 46)
+    MODE_NOTES,
+    draws_summary,
+    draws_verdict,
+    epsilon_words,
+    git_commit,
+    results_table,
+    run_precision,
+    strings_of,
+)
+from popri.pipeline.recipes import get_method
 from popri.pipeline.stages import RunLock, StageRunner
 from popri.privacy.ledger import LEDGER_NAME, read_ledger
 from popri.privacy.plan import Noise
@@ -77,12 +82,6 @@ from popri.specs.commands.train_downstream import TrainDownstreamCall
 from popri.specs.engine import EngineSpec
 from popri.specs.training import DownstreamSpec, GapSpec
 
-MODE_NOTES = {
-    "research": ("research mode: noise is seeded and reproducible from the sidecars; "
-                 "not for release"),
-    "release": ("release mode: OS CSPRNG, discretised Gaussian; the run stops at its release "
-                "(no evaluation on the private splits: that is research mode's)"),
-}
 
 
 def is_file_source(src: str) -> bool:
@@ -553,7 +552,7 @@ class Run:
             if files and all(f == LEDGER_NAME for f in files):
                 return True
         here = entry.resolve()
-        for v in [*self.inputs, *_strings(to_dict(self.cfg))]:
+        for v in [*self.inputs, *strings_of(to_dict(self.cfg))]:
             try:
                 p = Path(v).resolve() if os.path.lexists(v) else None
             except (OSError, RuntimeError, ValueError):
@@ -622,8 +621,8 @@ class Run:
         if rows is not None:
             with atomic_write(self.run / "metrics.jsonl") as fh:
                 fh.write("".join(json.dumps(r) + "\n" for r in rows))
-        results = self.results(self.noise)
-        results["run"] = self.identity()
+        results = R.collect(self, self.noise)
+        results["run"] = R.identity(self)
         # every DP stage's recorded ledger entries against the ones its budget guard composed
         checks = self.runner.ledger_checks(self.all_stages())
         results["ledger_check"] = {"stages": checks,
@@ -770,278 +769,6 @@ class Run:
         lines.append(f"# {self.reuse_line()}")
         lines += [f"# {n}" for n in self.notes]
         return "\n".join(lines + self.runner.commands)
-
-    def results(self, noise: Noise | None) -> dict:
-        """RUN/results.json (schema: docs/formats.md): the budget and what was spent, the
-        method's own fields, accuracy per method, gap closed, FID, recovery rates, timings."""
-        c = self.cfg
-        priv = read_json(self.run / "privacy.json")
-        out = {"run_dir": str(self.run), "epsilon": priv.get("epsilon"), "delta": priv.get("delta"),
-               "accountant": priv.get("accountant"),
-               # the relation the total holds under, and whether it is a DP guarantee at all
-               # (False only under privacy.convention: papers)
-               "neighbouring": priv.get("neighbouring"),
-               "dp_guarantee": priv.get("dp_guarantee", True),
-               "guarantee": priv.get("guarantee"),
-               "noise_multiplier": noise.z if noise else None,
-               "sample_rate": noise.sample_rate if noise else None, "rounds": c.rounds,
-               "prompts": c.prompts,
-               "samples_per_prompt": c.samples_per_prompt, "num_synthetic": c.num_synthetic,
-               "generator": c.generator.model, "downstream": c.downstream.model,
-               # the numeric path of the stages: fp32 on every CPU unless POPRI_CPU_BF16=1
-               "precision": run_precision(),
-               "method": c.method, "seed": c.seed, "methods": {},
-               "budget": {"epsilon": c.privacy.epsilon, "delta": c.privacy.delta,
-                          "accountant": c.privacy.accountant,
-                          "convention": c.privacy.convention},
-               "mode": "release" if self.release else "research",
-               "mode_note": MODE_NOTES["release" if self.release else "research"]}
-        out.update(self.method.results(self, noise))
-        take = self.paths.root / "synthetic_take.json"
-        if c.final_match_tokens and take.is_file():  # the final set's size in tokens and samples
-            out["final_match_tokens"] = read_json(take)
-        if self.release:  # what the run releases; no evaluation (downstream_stages), and
-            # none read back from an earlier research run in the same directory
-            model = self.method.model_out(self)
-            out["released"] = str(model if model is not None else self.paths.synthetic)
-        else:
-            self._evaluation_results(out)
-            out["research_reads"] = self.research_reads()
-        out["stage_seconds"] = self.runner.stage_seconds()
-        return out
-
-    def research_reads(self) -> list[str]:
-        """What a research-mode run read of the private splits OUTSIDE the ledger (exact
-        statistics, not covered by epsilon; release mode plans none of them): results.json's
-        ``research_reads``, one line of the results table and the report."""
-        E, reads = self.paths.eval, []
-        if (E / f"{self.cfg.method}.json").exists():
-            extra = [what for f, what in (("epsinf.json", "the eps = 0 / eps = inf rows"),
-                                          ("control.json", "the T = 0 control"))
-                     if (E / f).exists()]
-            draws = len(list(E.glob("control-d*.json")))
-            if draws:
-                extra.append(f"{draws} more draws of both sets")
-            reads.append("the evaluation on the private test split (accuracy per test client"
-                         + "".join(f", {x}" for x in extra) + ")")
-        if (E / "fid.json").exists():
-            reads.append("the FID to the private validation split")
-        if (self.run / "probe").is_dir() and any((self.run / "probe").glob("round*.json")):
-            reads.append("the per-round probe (the private validation split)")
-        if self.select == "private":
-            reads.append("checkpoint selection on the exact private validation split "
-                         "(POPri B.1)")
-        return reads
-
-    def _evaluation_results(self, out: dict) -> None:
-        """results.json's evaluation (research mode): the control and its draws, accuracy per
-        model, the gap closed and FID, read from RUN/eval."""
-        c, E = self.cfg, self.paths.eval
-        if (E / "control.json").exists():
-            out["control"] = read_json(E / "control.json")
-            draws = [out["control"]] + [read_json(E / f"control-d{k}.json")
-                                        for k in range(1, c.draws)
-                                        if (E / f"control-d{k}.json").exists()]
-            if len(draws) > 1:
-                out["control"]["draws"] = draws_summary(draws)
-        for name in (c.method, "t0", "eps0", "epsinf"):
-            f = E / f"{name}.json"
-            if f.exists():
-                r = read_json(f)
-                out["methods"][name] = {k: r.get(k) for k in ("accuracy", "accuracy_se", "loss",
-                                                                "tokens", "clients")}
-        if (E / "gap.json").exists():
-            out["gap_closed"] = read_json(E / "gap.json")
-        if (E / "fid.json").exists():
-            out["fid_to_val"] = read_json(E / "fid.json").get("fid")
-
-    def identity(self) -> dict:
-        """results.json's ``run``: which popri, which code, which command, which settings, and
-        when (docs/formats.md); every invocation is also a line of RUN/logs/invocations.jsonl."""
-        import hashlib
-        import sys
-
-        cfg = json.dumps(to_dict(self.cfg), sort_keys=True)
-        ident = {"popri_version": __version__, "git_commit": git_commit(),
-                 "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
-                 "config_hash": hashlib.sha256(cfg.encode()).hexdigest()[:16],
-                 "started": _iso(getattr(self, "started", time.time())), "ended": _iso(time.time()),
-                 "stages_ran": len(self.runner.ran), "stages_cached": len(self.runner.skipped)}
-        log_dir = self.run / "logs"
-        log_dir.mkdir(exist_ok=True)
-        with open(log_dir / "invocations.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(ident) + "\n")
-        ident["invocations"] = sum(1 for _ in open(log_dir / "invocations.jsonl",
-                                                   encoding="utf-8"))
-        return ident
-
-
-def draws_summary(draws: list[dict]) -> dict:
-    """``results.json``'s ``control.draws``: the method minus its control per draw of both
-    synthetic sets (draw 0 first), their mean and its SE between draws (the sampling noise of
-    the synthetic sets and of the downstream training seed; issue 24)."""
-    import statistics
-
-    d = [float(x["acc_minus_control"]) for x in draws]
-    return {"n": len(d), "acc_minus_control": d,
-            "acc": [x.get("acc") for x in draws], "acc_control": [x.get("acc_control")
-                                                                 for x in draws],
-            "mean": statistics.fmean(d),
-            "se_between": statistics.stdev(d) / len(d) ** 0.5,
-            "se_within": (sum(float(x.get("acc_minus_control_se") or 0) ** 2 for x in draws)
-                          ** 0.5 / len(d))}
-
-
-def _iso(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t))
-
-
-def git_commit() -> str | None:
-    """The commit of the popri source checkout (with ``+dirty`` when it has uncommitted
-    changes), or None for an installed package outside a git checkout."""
-    import subprocess
-
-    root = Path(__file__).resolve().parents[2]
-    if not (root / ".git").exists():
-        return None
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("+dirty" if dirty else "")) or None
-
-
-def epsilon_words(r: dict) -> str:
-    """What a run's total epsilon is: its relation, or NOT A DP GUARANTEE (results.json's
-    ``guarantee``; runs before 0.4 recorded none: add/remove as they claimed)."""
-    if r.get("dp_guarantee") is False:
-        return r.get("guarantee") or "NOT A DP GUARANTEE"
-    return f"under {r.get('neighbouring') or 'add/remove one client'}"
-
-
-def _strings(x) -> Iterable[str]:
-    """Every non-empty string in a nested mapping / list (a config's values)."""
-    if isinstance(x, dict):
-        for v in x.values():
-            yield from _strings(v)
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            yield from _strings(v)
-    elif isinstance(x, str) and x:
-        yield x
-
-
-def draws_verdict(label: str, dr: dict) -> str:
-    """The learning line's verdict over draws: from >= MIN_DRAWS, whether the 95% t interval
-    between draws excludes 0 (popri.report.verdict's rule); from fewer, that there is none."""
-    n, mean, se = dr.get("n"), dr.get("mean"), dr.get("se_between")
-    if not isinstance(n, int) or n < MIN_DRAWS or mean is None or se is None:
-        return f"{n} draws are too few for a verdict (draws >= {MIN_DRAWS})"
-    from scipy import stats
-
-    t = float(stats.t.ppf(0.975, n - 1))
-    lo, hi = mean - t * se, mean + t * se
-    word = ("beat" if lo > 0 else "did not beat, it scored lower than" if hi < 0
-            else "did not beat")
-    return (f"verdict over {n} draws: {label} {word} its untuned generator (95% t interval "
-            f"[{lo:+.4f}, {hi:+.4f}], t({n - 1}) = {t:.3f})")
-
-
-def run_precision() -> str:
-    """'cpu fp32' (every CPU by default), 'cpu bf16' (POPRI_CPU_BF16=1 on a CPU with native
-    bf16) or 'cuda bf16' / 'cuda fp32': :func:`popri.models.llm.precision` on this machine,
-    where the run's stages ran."""
-    device = llm.default_device()
-    return f"{device} {llm.precision(device)}"
-
-
-def results_table(r: dict) -> str:
-    """The markdown results table of one run (stdout and RUN/results.md)."""
-    eps = r.get("epsilon")
-    method = r.get("method", "popri")
-    m = METHODS.get(method)
-    own = m.table(r) if m is not None else None
-    if own is not None:
-        return own
-    label = m.label if m else method
-    shape = m.shape(r) if m else f"{method} on {r['run_dir']}"
-    prec = f", precision {r['precision']}" if isinstance(r.get("precision"), str) else ""
-    lines = [f"{shape}, generator {r['generator']}, downstream {r['downstream']}{prec}", "",
-             "| method | epsilon | delta | next-token accuracy | SE (clients) | loss | FID to val |",
-             "|---|---|---|---|---|---|---|"]
-    if r.get("released") and not r["methods"]:
-        lines[1:] = ["", released_line(r["released"])]
-    eps_cell = fmt(eps, 3) + ("" if r.get("dp_guarantee") is not False else " (NOT DP)")
-    labels = {method: (label, eps_cell),
-              "t0": (f"{label}, T = 0 (untuned generator)", eps_cell),
-              "eps0": ("eps=0 (public model)", "0"), "epsinf": ("eps=inf (private data)", "inf")}
-    for k, (lab, e) in labels.items():
-        mm = r["methods"].get(k)
-        if mm:
-            fid = fmt(r.get("fid_to_val"), 3) if k == method else "-"
-            lines.append(f"| {lab} | {e} | {r.get('delta') if k == method else '-'} | "
-                         f"{fmt(mm.get('accuracy'))} | {fmt(mm.get('accuracy_se'))} | "
-                         f"{fmt(mm.get('loss'))} | {fid} |")
-    ctl = r.get("control")
-    if ctl and ctl.get("acc_minus_control") is not None:
-        se, dr = ctl.get("acc_minus_control_se"), ctl.get("draws")
-        head = (f"learning: {label} minus its T = 0 row (the untuned generator, same prompts, N "
-                f"and recipe)")
-        if dr:
-            per_draw = ", ".join(f"{x:+.4f}" for x in dr["acc_minus_control"])
-            lines += ["", f"{head}, over {dr['n']} draws of both synthetic sets: "
-                          f"{dr['mean']:+.4f} +- {dr['se_between']:.4f} accuracy (SE between "
-                          f"draws; per draw {per_draw}; SE over test clients "
-                          f"{dr['se_within']:.4f})", draws_verdict(label, dr)]
-        else:
-            lines += ["", f"{head}: {ctl['acc_minus_control']:+.4f}"
-                          + (f" +- {se:.4f}" if se is not None else "")
-                          + " accuracy (one draw, paired over test clients)",
-                      "one draw is no verdict: its SE over test clients leaves out the randomness "
-                      "of generation and training (a second draw, or another machine, can land "
-                      f"outside it); --set draws={MIN_DRAWS} gives one (the t interval between "
-                      "draws)"]
-    pr = r.get("probe")
-    if pr and pr.get("delta_mean_cosine") is not None:
-        lines.append(f"distance to the private validation split (fixed-prompt probe, a private "
-                     f"diagnostic): mean-embedding cosine {pr['first_mean_cosine']:.4f} at round "
-                     f"0 -> {pr['last_mean_cosine']:.4f} at round {pr['last_round']} "
-                     f"({pr['delta_mean_cosine']:+.4f} +- {pr['delta_mean_cosine_se']:.4f}); "
-                     f"distinct-2 {pr['first_distinct_2']:.3f} -> {pr['last_distinct_2']:.3f}")
-    g = r.get("gap_closed")
-    if g and g.get("gap_closed") is None:
-        lines += ["", f"gap closed: undefined ({g.get('undefined', 'eps=0 = eps=inf')})"]
-    elif g:
-        lines += ["", f"gap closed (acc - acc_eps0) / (acc_epsinf - acc_eps0): "
-                      f"{fmt(g.get('gap_closed'), 3)} +- {fmt(g.get('gap_closed_se'), 3)} "
-                      f"(paired bootstrap over test clients)"]
-    rr = [x for x in r.get("recovery_rate_per_round", []) if x is not None]
-    if rr:
-        lines.append("recovery rate of preference pairs per round (POPri Fig. 6): "
-                     + ", ".join(f"{x:.2f}" for x in rr))
-    lines.append(f"noise multiplier z={r['noise_multiplier']:.4f}, q={r['sample_rate']:.4g}; "
-                 f"total epsilon from the ledger ({r.get('accountant')}): {fmt(eps, 4)} "
-                 f"({epsilon_words(r)})")
-    b = r.get("budget") or {}
-    if b.get("epsilon") is not None:
-        lines.append(f"budget: epsilon={b['epsilon']:g} at delta={b['delta']:g} "
-                     f"({b['accountant']}), every ledger.jsonl under the run directory")
-    mode = r.get("mode")
-    if mode:
-        lines.append(str(r.get("mode_note") or MODE_NOTES.get(mode, mode)))
-    sel = r.get("checkpoint_selection")
-    if sel:
-        lines.append(sel.get("note") or selection_note(sel.get("on", "private")))
-    if r.get("research_reads"):
-        lines.append("NOT covered by epsilon (research reads of the private splits, outside the "
-                     "ledger): " + "; ".join(r["research_reads"]))
-    if r.get("recovery_rate_note"):
-        lines.append(f"recovery rate: {r['recovery_rate_note']}")
-    return "\n".join(lines)
 
 
 __all__ = ["Run", "BudgetError", "results_table", "draws_summary", "PopriError"]

@@ -66,7 +66,7 @@ from popri.core.io import writing
 from popri.core import runtime
 from popri.models.embed import cache_key
 from popri.models.embed import embed_spec
-from popri.pipeline.driver import results_table
+from popri.pipeline.results import results_table
 
 #: a directory holding one of these is a run directory (config.resolved.json: a run in progress)
 RUN_FILES = ("results.json", "metrics.jsonl", "config.resolved.json")

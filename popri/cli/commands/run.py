@@ -15,7 +15,8 @@ from popri.core.errors import ConfigError
 from popri.core.guard import check_outputs
 from popri.pipeline import config as C
 from popri.pipeline.config import _control_char
-from popri.pipeline.driver import Run, results_table
+from popri.pipeline.driver import Run
+from popri.pipeline.results import results_table
 from popri.pipeline.recipes import METHODS
 from popri.cli.options import command
 from popri.specs.commands.run import RunCall

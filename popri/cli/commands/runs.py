@@ -19,7 +19,7 @@ from popri.core import log
 from popri.core.errors import InputError
 from popri.core.io import dumps
 from popri.pipeline import runs as R
-from popri.pipeline.driver import results_table
+from popri.pipeline.results import results_table
 from popri.report.samples import samples
 from popri.cli.options import command
 from popri.specs.commands.runs import RunsDiffCall, RunsListCall, RunsShowCall
