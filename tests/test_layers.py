@@ -372,3 +372,18 @@ def test_no_function_in_popri_is_over_120_lines():
                 if n > 120:
                     long.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert long == []
+
+
+def test_the_report_names_no_method():
+    """Issue 46: the report knows each method through the registry (its label, colour,
+    variants, whether it writes N synthetic samples), never by name: no string in
+    popri/report is a method's key."""
+    from popri.pipeline.recipes import METHODS
+
+    keys = set(METHODS) | {k for m in METHODS.values() for k in m.variants}
+    hits = []
+    for p in sorted((ROOT / "popri" / "report").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in keys:
+                hits.append(f"{p.name}:{node.lineno} {node.value!r}")
+    assert hits == []

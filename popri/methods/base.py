@@ -124,6 +124,16 @@ class Method(abc.ABC):
     releases: str = "text"
     #: how the clients' data reach the released text, for the report's samples page
     feedback: str = "the DP releases recorded in its ledger"
+    #: its colour in every figure of the report (fixed: a method keeps it across reports; ""
+    #: a stable colour from its name)
+    colour: str = ""
+    #: its name in the report's figures and tables ("": :attr:`label`)
+    figure_label: str = ""
+    #: the report's name for a run directory of a variant of this method: {key: (label,
+    #: colour)} (e.g. POPri with the nearest-neighbour histogram)
+    variants: dict = {}
+    #: it writes ``num_synthetic`` samples (the report's method cell says N)
+    writes_synthetic: bool = True
 
     # ------------------------------------------------------------------ the method's stages
     @abc.abstractmethod

@@ -18,21 +18,15 @@ import re
 from typing import Iterator
 from popri.pipeline.recipes import METHODS
 
-#: one colour per method key, fixed (results.json's ``method`` and ``methods`` keys).  Green and
-#: magenta are kept for chosen / rejected, so no method is drawn in them.
+#: one colour per key, fixed (results.json's ``method`` and ``methods`` keys): the rows every
+#: run has, then each method's own (``Method.colour`` and its ``variants``, from the registry).
+#: Green and magenta are kept for chosen / rejected, so no method is drawn in them.
 PALETTE: dict[str, str] = {
-    "popri": "#1f77b4",      # blue
-    "popri-nn": "#6baed6",   # light blue
     "t0": "#ff7f0e",         # orange: the untuned generator (T = 0)
     "eps0": "#7f7f7f",       # grey: the public model (eps = 0)
     "epsinf": "#222222",     # near black: the private data (eps = inf)
-    "pe": "#d62728",         # red
-    "pe-sft": "#9467bd",     # purple
-    "dp-fedavg": "#8c564b",  # brown
-    "dp-ftrl": "#bcbd22",    # olive
-    "fewfedpit": "#17becf",  # cyan
-    "fedit": "#393b79",      # navy
-    "fedmit": "#e7ba52",     # sand
+    **{k: m.colour for k, m in METHODS.items() if m.colour},
+    **{k: c for m in METHODS.values() for k, (_, c) in m.variants.items()},
 }
 #: the colours a method without a fixed colour is given (by a hash of its name: stable)
 _EXTRA = ["#637939", "#843c39", "#7b4173", "#5254a3", "#8ca252", "#bd9e39", "#ad494a",
@@ -43,10 +37,10 @@ ROLES: dict[str, str] = {"chosen": "#2ca02c", "rejected": "#c51b7d", "reference"
 
 #: human labels (no internal keys in a figure)
 LABELS: dict[str, str] = {
-    "popri": "POPri", "popri-nn": "POPri-NN", "t0": "untuned generator (T = 0)",
-    "eps0": "public model (eps = 0)", "epsinf": "private data (eps = inf)",
-    "pe": "PE (PrE-Text)", "pe-sft": "PE+SFT", "dp-fedavg": "DP-FedAvg", "dp-ftrl": "DP-FTRL",
-    "fewfedpit": "FewFedPIT", "fedit": "FedIT", "fedmit": "FedMIT",
+    "t0": "untuned generator (T = 0)", "eps0": "public model (eps = 0)",
+    "epsinf": "private data (eps = inf)",
+    **{k: m.figure_label or m.label for k, m in METHODS.items()},
+    **{k: lab for m in METHODS.values() for k, (lab, _) in m.variants.items()},
 }
 #: methods that release a model, not a synthetic set (their report shows no text samples)
 def _model_methods() -> frozenset[str]:

@@ -36,6 +36,7 @@ from typing import Any
 
 from popri.eval.stats import MIN_DRAWS
 from popri.report.read import as_dict, num
+from popri.pipeline.recipes import METHODS
 from popri.report.style import colour, h, md_text, method_label, role
 from popri.eval.stats import paired_bootstrap
 from popri.eval.stats import read_per_client
@@ -360,8 +361,8 @@ def _method_cell(r: dict, name: str) -> str:
         bits.append(f"seed {r['seed']}")
     if isinstance(r.get("rounds"), int):
         bits.append(f"{r['rounds']} round{'s' if r['rounds'] != 1 else ''}")
-    if isinstance(r.get("num_synthetic"), int) and r.get("method") not in ("dp-fedavg",
-                                                                             "dp-ftrl"):
+    m = METHODS.get(r.get("method"))
+    if isinstance(r.get("num_synthetic"), int) and (m is None or m.writes_synthetic):
         bits.append(f"N = {r['num_synthetic']} synthetic samples")
     return ", ".join(bits)
 

@@ -228,6 +228,9 @@ class DPFL(Method):
     """DP-FedAvg (POPri C.1) or DP-FTRL (POPri C.2): the method trains the downstream model
     itself on the private texts (no Omega, no embeddings, no synthetic set)."""
     releases = "model"
+    writes_synthetic = False
+    #: brown, olive
+    COLOURS = {"fedavg": "#8c564b", "ftrl": "#bcbd22"}
 
     SUMMARIES = {
         "fedavg": ("DP-FedAvg", "DP-FedAvg (POPri C.1): T rounds of clipped client updates of "
@@ -238,6 +241,7 @@ class DPFL(Method):
     def __init__(self, algorithm: str):
         self.name = f"dp-{algorithm}"
         self.label, self.summary = self.SUMMARIES[algorithm]
+        self.colour = self.COLOURS[algorithm]
 
     def recipe(self, run) -> Iterator[Stage]:
         return recipe(run)

@@ -368,6 +368,9 @@ class FewFedPIT(Method):
     (the popri extension adds clipped, noised uploads)."""
     dp = False
     releases = "model"
+    #: cyan, navy, sand
+    COLOURS = {"fewfedpit": "#17becf", "fedit": "#393b79", "fedmit": "#e7ba52"}
+    FIGURE_LABELS = {"fewfedpit": "FewFedPIT", "fedit": "FedIT", "fedmit": "FedMIT"}
     SUMMARIES = {
         "fewfedpit": "FewFedPIT (arXiv:2403.06131): T rounds of private training, "
                      "self-generation + IFS, synthetic training, beta mixing; no DP",
@@ -377,6 +380,7 @@ class FewFedPIT(Method):
 
     def __init__(self, mode: str):
         self.name, self.label, self.summary = mode, LABELS[mode], self.SUMMARIES[mode]
+        self.colour, self.figure_label = self.COLOURS[mode], self.FIGURE_LABELS[mode]
 
     def recipe(self, run) -> Iterator[Stage]:
         return recipe(run)

@@ -136,6 +136,7 @@ class PE(Method):
     """PrE-Text (arXiv:2406.02958, Algorithm 1): Private Evolution with DP nearest-neighbour
     votes, then Expand."""
     name, label = "pe", "PE (PrE-Text)"
+    colour = "#d62728"  # red
     feedback = "the DP-released votes"
     summary = "PrE-Text: T rounds of DP nearest-neighbour votes, draws, variations; then Expand"
 

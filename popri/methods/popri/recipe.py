@@ -383,6 +383,8 @@ def plan_notes(run) -> list[str]:
 class POPri(Method):
     """POPri (arXiv:2504.16438, Algorithm 1)."""
     name, label, pairs, selects = "popri", "POPri", True, True
+    colour = "#1f77b4"  # blue
+    variants = {"popri-nn": ("POPri-NN", "#6baed6")}  # light blue: examples/popri-nn-histogram
     feedback = "the DP-released scores"
     summary = "POPri: T rounds of gen, DP scores, preference pairs, DPO; then N samples"
 
@@ -405,6 +407,7 @@ class POPri(Method):
 class PESFT(POPri):
     """POPri's PE+SFT baseline (section 5, baseline (2)): SFT on each prompt's top sample."""
     name, label, selects = "pe-sft", "PE+SFT", False
+    colour, variants = "#9467bd", {}  # purple
     summary = "POPri's PE+SFT baseline: SFT on each prompt's top-scored sample"
 
     def recipe(self, run) -> Iterator[Stage]:
