@@ -95,7 +95,7 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
 
         def plan_notes(self, run):
             return [f"toy: {'release' if run.release else 'research'} mode, "
-                    f"z passed as {run.noise.arg:.4f}"]
+                    f"z passed as {run.noise.z:.4f}"]
 
     monkeypatch.setitem(recipes.METHODS, "toy", Toy())
     cfg = C.load(None, [f"run_dir={tmp_path / 'r'}", "method=toy", "rounds=1"])
@@ -107,7 +107,7 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
     assert "popri account ledger" in cmds[-1]
     # a RunContext, with the planned noise (Poisson q = 0.5: N stays private)
     assert seen["context"] and seen["noise"] is r.noise and seen["clients"] is None
-    assert f"--noise-multiplier {r.noise.arg!r}" in next(c for c in cmds if "toy/scores" in c)
+    assert f"--noise-multiplier {r.noise.z!r}" in next(c for c in cmds if "toy/scores" in c)
     assert "toy: research mode" in r.plan_text()
     # and the toy's code reads nothing of the run but RunContext's members
     tree = ast.parse(textwrap.dedent(inspect.getsource(Toy)))

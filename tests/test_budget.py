@@ -32,7 +32,6 @@ from popri.privacy import entries as E
 from popri.privacy import relations as REL
 from popri.privacy.ledger import read_ledger
 from popri.privacy.plan import Noise
-from popri.privacy.snap import SNAP_SHARE, snap_factor
 
 
 def budget(tmp_path, *sets: str, data: bool = False, clients: int = 10,
@@ -65,7 +64,7 @@ def test_plan_calibrates_one_noise_to_the_budget(tmp_path):
     # the default: Poisson q = 0.5 under add/remove, cosine clip C = 1 the sensitivity
     assert (n.sample_rate, n.sampling, n.relation, n.sensitivity, n.mode) == (
         0.5, "poisson", REL.ADD_REMOVE, 1.0, "research")
-    assert n.arg == n.z > 0 and n.planned
+    assert n.z > 0 and n.planned
     # T score rounds + the DP selection's mean compose to the budget (from below, to 1e-4 in z)
     total = A.compose(planned_entries(b), b.cfg.privacy.delta, b.cfg.privacy.accountant)
     assert 1.99 <= total.epsilon <= 2.0 + 1e-6
@@ -85,7 +84,7 @@ def test_a_fixed_count_waits_for_the_client_count_then_plans_with_it(tmp_path):
     # given z: only q waits
     given = budget(tmp_path, *sets, "privacy.noise_multiplier=2", "privacy.epsilon=null",
                    dry_run=True).plan()
-    assert (given.z, given.arg, given.sample_rate, given.planned) == (2.0, 2.0, None, False)
+    assert (given.z, given.sample_rate, given.planned) == (2.0, None, False)
     # the driver fetches, the manifest says N = 10: q = L/N, replace one client at 2C
     b = budget(tmp_path, *sets, data=True, clients=10)
     n = b.plan()
@@ -97,18 +96,19 @@ def test_a_fixed_count_waits_for_the_client_count_then_plans_with_it(tmp_path):
         budget(tmp_path / "x", *sets, data=True, clients=4).plan()
 
 
-def test_release_mode_passes_z_times_the_snap_factor(tmp_path):
+def test_release_mode_passes_the_z_it_records(tmp_path):
+    """No factor on the way: release mode's mechanism covers its snapped sensitivity itself
+    (popri.privacy.noise.discrete_gaussian_release), so the plan passes the calibrated or given
+    z unchanged, in both modes, and the stage records it."""
     sets = ("release=true", "dpo.select_on=public", "probe.enabled=false")
     b = budget(tmp_path, *sets)
     n = b.plan()
-    assert n.mode == "release" and n.arg == n.z * (1.0 + SNAP_SHARE)
-    assert f"passed as {n.arg!r}" in b.noise_line()
+    r = budget(tmp_path / "r", "dpo.select_on=public", "probe.enabled=false").plan()
+    assert n.mode == "release" and r.mode == "research" and n.z == r.z
+    assert "passed as" not in b.noise_line()
     g = budget(tmp_path, *sets, "privacy.noise_multiplier=3", "privacy.epsilon=null").plan()
-    assert g.arg == 3.0 and g.z == 3.0 / snap_factor(True) and g.z < g.arg
-    assert snap_factor(False) == 1.0
-    # research mode: what is passed is what is recorded
-    r = budget(tmp_path, "privacy.noise_multiplier=3", "privacy.epsilon=null").plan()
-    assert r.arg == r.z == 3.0
+    assert g.z == 3.0
+    assert not hasattr(g, "arg")
 
 
 def test_the_guard_and_the_plan_check_count_the_ledgers(tmp_path):
@@ -172,14 +172,14 @@ def test_planned_and_recorded_entries_are_built_from_the_same_noise(tmp_path):
                        rows=[{"id": f"s{i}"} for i in range(6)])
     (tmp_path / "r1").mkdir()
     popri.score(str(priv), str(syn), out=str(tmp_path / "r1" / "scores.npy"), seed=1, round=1,
-                noise_multiplier=noise.arg, clients_per_round=5, delta=b.cfg.privacy.delta)
+                noise_multiplier=noise.z, clients_per_round=5, delta=b.cfg.privacy.delta)
     (recorded,) = read_ledger(tmp_path / "r1" / "ledger.jsonl")
     assert E.conformance([planned], [recorded]) == []
     assert recorded.noise_multiplier == noise.z
     for f in E.ACCOUNTED:
         assert getattr(recorded, f) == getattr(planned, f), f
     # and the record's Noise is the plan's, on the sampling the stage drew
-    again = Noise.of_round(noise.arg, sample_rate=recorded.sample_rate,
+    again = Noise.of_round(noise.z, sample_rate=recorded.sample_rate,
                            sampling=recorded.sampling, spec=spec)
     assert (again.z, again.sample_rate, again.sampling, again.relation, again.sensitivity) == (
         noise.z, noise.sample_rate, noise.sampling, noise.relation, noise.sensitivity)

@@ -60,16 +60,16 @@ def test_noise_has_std_z_c_and_research_noise_is_reproducible(algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "ftrl"])
-def test_release_mode_noise_sits_on_a_grid_and_records_a_slightly_lower_z(algorithm):
-    from popri.privacy.noise import snap_grid
+def test_release_mode_noise_sits_on_a_grid_and_keeps_z(algorithm):
+    from popri.privacy.noise import snapped_sensitivity
 
     spec = FLSpec(algorithm=algorithm, clip=0.5)
     total = np.random.default_rng(0).normal(size=5000)
     a, z_eff = R.add_noise(total, spec, 2.0, 1, _Rel(secure=True), seed=0)
-    g = snap_grid(0.5, 5000)
+    g, snapped = snapped_sensitivity(0.5, 5000)
     assert np.allclose(a / g, np.rint(a / g), atol=1e-6)
-    assert 2.0 / (1 + 1.1e-4) <= z_eff < 2.0
-    assert np.std(a - total) == pytest.approx(1.0, rel=0.05)
+    assert z_eff == 2.0 and 0.5 < snapped <= 0.5 * (1 + 1e-4)  # std z (C + g sqrt(d))
+    assert np.std(a - total) == pytest.approx(2.0 * snapped, rel=0.05)
 
 
 def test_zero_noise_is_the_exact_sum():

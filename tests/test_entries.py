@@ -221,7 +221,8 @@ def test_a_plan_with_fewer_entries_than_the_record_stops_the_run(tmp_path):
 @pytest.mark.parametrize("extra", [[], ["--release"]])
 def test_the_score_command_records_what_the_budget_plans(tmp_path, extra):
     """The driver's plan (Budget.score_entries) for score.clients_per_round L and the entry
-    `popri score` records, in research and release mode (snapping adds noise: z >= planned)."""
+    `popri score` records, in research and release mode (the same z: release mode's noise
+    covers its snapping)."""
     from popri.pipeline import config as C
     from popri.pipeline.driver import Run
 
@@ -232,7 +233,7 @@ def test_the_score_command_records_what_the_budget_plans(tmp_path, extra):
                         *(["release=true", "dpo.select_on=public"] if extra else [])])
     run = Run(cfg)
     b = run.budget
-    b.noise = b.noise_at(Noise.given(1.5, release=b.release), 0.5)  # q = L/N = 5/10
+    b.noise = b.noise_at(Noise.of(1.5, release=b.release), 0.5)  # q = L/N = 5/10
     planned = b.score_entries(1)
     p = _run(["score", "--private", priv, "--synthetic", syn, "--out", tmp_path / "s.npy",
               "-z", "1.5", "--clients-per-round", "5", "--seed", "0", "--round", "1",
@@ -240,6 +241,8 @@ def test_the_score_command_records_what_the_budget_plans(tmp_path, extra):
     assert p.returncode == 0, p.stderr
     rec = read_ledger(tmp_path / "ledger.jsonl")
     assert E.conformance(planned, rec) == []
+    for f in (*E.ACCOUNTED, "noise_multiplier"):  # equal field by field (z in release mode too)
+        assert [getattr(e, f) for e in rec] == [getattr(e, f) for e in planned], f
     assert json.loads(json.dumps(rec[0].to_dict()))["mechanism"] == "subsampled_gaussian"
 
 
@@ -266,3 +269,31 @@ def test_popri_run_dry_run_plans_with_the_engine_entry(tmp_path):
         call = parse_call(typer.main.get_command(app), line[1:])[1]
         assert call.engine == "flower" and call.secagg_mechanism == "ddg"
         assert call.to_dict()["supernodes"] == 3
+
+
+@pytest.mark.parametrize("sets", [[], ["score.clients_per_round=5", "score.sample_rate=null"],
+                                  ["method=pe"], ["release=true", "dpo.select_on=public"]])
+def test_a_score_stage_is_planned_from_its_own_call(tmp_path, sets):
+    """One builder (Method.score_settings) makes the calibration's round spec and every score
+    stage's call, and the stage's ledger entry is planned from that call instance."""
+    import dataclasses
+
+    from popri.pipeline import config as C
+    from popri.pipeline.driver import Run
+    from popri.specs.feedback import ScoreSpec
+
+    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "privacy.epsilon=null",
+                        "privacy.noise_multiplier=1.5", *sets])
+    run = Run(cfg, dry_run=True)
+    run.budget.noise = run.budget.noise_at(Noise.of(1.5, release=run.release), 0.5)
+    st = run.score_stage(2, tmp_path / "syn.npy", tmp_path / "r2" / "scores.npy", seed=3)
+    spec = run.method.round_spec(cfg)
+    for f in dataclasses.fields(ScoreSpec):
+        if f.name not in ("noise_multiplier", "threshold"):
+            assert getattr(st.call, f.name) == getattr(spec, f.name), f.name
+    assert st.call.noise_multiplier == 1.5
+    (e,) = st.release.entries
+    fixed = "score.clients_per_round=5" in sets  # replace one client: the cosine sum's 2C
+    assert (e.noise_multiplier, e.sampling, e.sensitivity, e.params["round"]) == (
+        1.5, "fixed" if fixed else "poisson", spec.sensitivity * (2.0 if fixed else 1.0), 2)
+    assert e.mode == ("release" if run.release else "research")

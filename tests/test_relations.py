@@ -83,9 +83,9 @@ def test_a_fewfedpit_dp_round_plans_replace_one_at_twice_the_clip(tmp_path):
                         "fewfedpit.clients_per_round=2", "fewfedpit.noise_multiplier=2",
                         "fewfedpit.clip=0.5", "privacy.epsilon=null"])
     run = Run(cfg)
-    (e,) = run.method.round_entries(cfg, 1, Noise(None, None, sample_rate=0.2), None)
+    (e,) = run.method.round_entries(cfg, 1, Noise(None, sample_rate=0.2), None)
     assert (e.sampling, e.neighbouring, e.sensitivity) == ("fixed", REL.REPLACE, 1.0)
-    (full,) = run.method.round_entries(cfg, 1, Noise(None, None, sample_rate=1.0), None)
+    (full,) = run.method.round_entries(cfg, 1, Noise(None, sample_rate=1.0), None)
     # L = N is still L drawn of N (an added-to neighbour has N + 1): replace one at q = 1
     assert (full.sampling, full.neighbouring, full.sensitivity) == ("fixed", REL.REPLACE, 1.0)
 

@@ -79,8 +79,8 @@ def _score_side(extra_params=frozenset()) -> set[str]:
     return ({"ids", "mode", "round", "privacy_mode", "params", "ledger"}
             | {f"params.{k}" for k in p}
             | {f"ledger[].{k}" for k in _ledger_keys(
-                p | {"noise", "nominal_noise_multiplier"} | (DDG_LEDGER | {"secagg"}
-                                                             if extra_params else set()))})
+                p | {"noise"} | (DDG_LEDGER | {"secagg", "nominal_noise_multiplier"}
+                                 if extra_params else set()))})
 
 
 FL_SPEC = {"lora_r", "lora_alpha", "target_modules", "bf16", "max_length", "count_eos",
@@ -109,15 +109,13 @@ MARKER = {"format", "kind", "popri_version"}
 #: relative path (glob) -> allowed JSON keys (None: not JSON, allowed as a whole)
 ALLOW = {
     "score": {"s/scores.npy": None, "s/scores.json": _score_side(),
-              "s/ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise",
-                                                             "nominal_noise_multiplier"})},
+              "s/ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise"})},
     "fl": {"R/ledger.jsonl": _ledger_keys({"round", "algorithm", "dim", "leaves"}),
            "R/r1/.popri-output": MARKER, "R/r1/theta.npy": None, "R/r1/server.npz": None,
            "R/r1/round.json": FL_ROUND, "R/r1/model/metrics.json": FL_MODEL_METRICS,
            **{f"R/r1/model/{f}": None for f in MODEL_FILES}},
     "fred": {"f/stats.npz": None, "f/ledger.jsonl": _ledger_keys(
-        {"release", "epsilon", "delta", "calibration", "noise_std_on_sum", "claim", "noise",
-         "nominal_noise_multiplier"}),
+        {"release", "epsilon", "delta", "calibration", "noise_std_on_sum", "claim", "noise"}),
         "f/stats.json": {"kind", "private", "dim", "privacy_mode", "n", "n_public",
                          "embedding_model", "normalize", "source", "split", "neighbouring",
                          "statistics", "params", "ledger"} | {f"params.{k}" for k in (
@@ -126,13 +124,10 @@ ALLOW = {
                              "noise_multiplier", "mean_sensitivity", "cov_sensitivity",
                              "noise_std_sum1", "noise_std_sum2", "tau1", "tau2",
                              "count_public", "count_weight", "count_noise_std", "count_clamped",
-                             "covariance", "noise_edge", "noise", "effective_noise_multiplier",
-                             "statistics",
-                             "effective_noise_multiplier.mean",
-                             "effective_noise_multiplier.covariance")}
+                             "covariance", "noise_edge", "noise", "statistics")}
         | {f"ledger[].{k}" for k in _ledger_keys(
-            {"release", "epsilon", "delta", "calibration", "noise_std_on_sum", "claim", "noise",
-             "nominal_noise_multiplier"})}},
+            {"release", "epsilon", "delta", "calibration", "noise_std_on_sum", "claim",
+             "noise"})}},
     "ffp": {"G/ledger.jsonl": _ledger_keys({"round", "method"}),
             "G/r1/.popri-output": MARKER, "G/r1/theta.npy": None, "G/r1/state.json":
             WEIGHTS_STATE, "G/r1/round.json": FFP_ROUND,
@@ -414,7 +409,7 @@ PRIVACY = {"accountant", "delta", "entries", "epsilon", "groups", "groups[].entr
            "dp_guarantee", "guarantee", "groups[].neighbouring", "groups[].proof"}
 #: the DP stages' own outputs, by file name: the released vector, its sidecar and the ledger
 DP_OUTPUTS = {"scores.npy": None, "scores.json": _score_side(), "hist.npy": None, "hist.json": _score_side(),
-              "ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise", "nominal_noise_multiplier"}),
+              "ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise"}),
               "stats.npz": None, "stats.json": ALLOW["fred"]["f/stats.json"]}
 DP_OUTPUTS["ledger.jsonl"] |= ALLOW["fred"]["f/ledger.jsonl"] | ALLOW["fl"]["R/ledger.jsonl"]
 # a DP-FL round (fl round): the noised model, its server state and sidecars

@@ -362,7 +362,7 @@ def test_results_state_the_mode_and_what_checkpoint_selection_reads(tmp_path, re
                         f"dpo.select_on={select}"])
     (run / "eval").mkdir()  # an evaluation left by an earlier research run in the directory
     (run / "eval" / "popri.json").write_text(json.dumps({"accuracy": 0.3, "clients": 13}))
-    res = collect(Run(cfg), Noise(z=3.0, arg=3.0, sample_rate=0.5))
+    res = collect(Run(cfg), Noise(z=3.0, sample_rate=0.5))
     assert res["mode"] == ("release" if release else "research")
     assert res["methods"] == ({} if release else {"popri": {
         "accuracy": 0.3, "accuracy_se": None, "loss": None, "tokens": None, "clients": 13}})

@@ -71,18 +71,17 @@ def _sets(tmp: Path, n_clients: int, dim: int = 6, n_syn: int = 5):
 def score_release(tmp: Path, monkeypatch, n_clients: int, **settings):
     """Run the real ``popri score`` release once: (the ledger entry it recorded, the noise std
     it added to the sum: spied on the library's noisy sum, whatever the entry says)."""
-    from popri.feedback import cosine, histogram
+    from popri.federated import aggregation
     from popri.feedback.release import release_scores
 
     seen = []
-    for mod in (cosine, histogram):
-        real = mod.noisy_sum
+    real = aggregation.noisy_sum
 
-        def spy(*a, _real=real, **kw):
-            seen.append(float(kw["std_sum"]))
-            return _real(*a, **kw)
+    def spy(*a, **kw):
+        seen.append(float(kw["noise_multiplier"]) * float(kw["sensitivity"]))
+        return real(*a, **kw)
 
-        monkeypatch.setattr(mod, "noisy_sum", spy)
+    monkeypatch.setattr(aggregation, "noisy_sum", spy)
     priv, syn = _sets(tmp, n_clients)
     out = tmp / f"s{len(list(tmp.glob('s*.npy')))}.npy"
     r = release_scores(priv, syn, out=str(out), seed=1, round_=1, **settings)
@@ -264,7 +263,7 @@ def test_every_shipped_config_promises_add_remove_and_keeps_it(tmp_path, monkeyp
     req = ({"sample_rate": sc.sample_rate} if sc.sample_rate else
            {"clients_per_round": sc.clients_per_round} if sc.clients_per_round else {})
     mode = run.method.score_mode(cfg)
-    entry, std = score_release(tmp_path, monkeypatch, 100, noise_multiplier=noise.arg,
+    entry, std = score_release(tmp_path, monkeypatch, 100, noise_multiplier=noise.z,
                                mode=mode, **req)
     plan = [e for t in range(1, cfg.rounds + 1) for e in run.budget.score_entries(t)]
     plan += run.selection_entries()

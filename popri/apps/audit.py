@@ -627,7 +627,7 @@ def _fixed_worlds(s: Setup):
         return cosine.cosine_round(np.asarray(e, dtype=np.float32), codes, part, syn,
                                    noise_multiplier=z, clip=C, standardize=True,
                                    noise_rng=make_rng(int(seed), stream="noise"),
-                                   factor=sens / C, clip_to=clip_to(s.brk, FLOAT_MAX))
+                                   sensitivity=sens, clip_to=clip_to(s.brk, FLOAT_MAX))
 
     u = _client_vectors(syn[:1], ["x"], syn, C)[0]
     outs = [np.stack([np.asarray(release(w, t), dtype=np.float64).reshape(-1)

@@ -25,8 +25,9 @@ spends no privacy: the output carries the same ledger entries (same release id, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,9 +56,24 @@ def block_clients(n_syn: int, block: int | None = None) -> int:
     return int(block) if block else max(1, BLOCK_BYTES // (4 * max(n_syn, 1)))
 
 
-def noisy_sum(n: int, L: int, *, exact, rows, std_sum: float, noise_rng, rows_out=None,
-              block: int | None = None, sensitivity: float | None = None) -> np.ndarray:
-    """The sum of the L clients' clipped rows plus noise of std ``std_sum`` on the sum, float64 [n].
+@dataclass(frozen=True)
+class Contributions:
+    """One round's clipped client vectors before the noise: ``n`` coordinates, ``L``
+    participants, their sum (``exact()``, computed without forming the rows) and the rows of
+    clients c0..c1 (``rows(c0, c1)``, float32 [c1 - c0, n]).  Built by the feedback
+    (:func:`popri.feedback.cosine.contributions`, :func:`popri.feedback.histogram.contributions`),
+    which bounds each row's norm; noised here (:func:`noisy_sum`)."""
+
+    n: int
+    L: int
+    exact: Callable[[], np.ndarray]
+    rows: Callable[[int, int], np.ndarray]
+
+
+def noisy_sum(c: Contributions, *, noise_multiplier: float, sensitivity: float, noise_rng,
+              rows_out=None, block: int | None = None) -> np.ndarray:
+    """The sum of the L clients' clipped rows ``c`` plus noise of multiplier z
+    (``noise_multiplier``) for the sum's L2 ``sensitivity`` D, float64 [n]: std_sum = z D.
 
     Without ``rows_out``: ``exact()`` (the sum, computed without forming the rows) plus one draw
     of N(0, std_sum^2).  With ``rows_out`` ([L, n]): each client's row ``rows(c0, c1)`` plus its own
@@ -65,18 +81,18 @@ def noisy_sum(n: int, L: int, *, exact, rows, std_sum: float, noise_rng, rows_ou
     ``rows_out`` is [1, n] and holds the server's N(0, std_sum^2).
 
     Release mode (``noise_rng`` is a :class:`popri.privacy.noise.SecureRandom`): the sum is
-    snapped to a grid and gets discrete Gaussian noise
-    (:func:`popri.privacy.noise.discrete_gaussian_release`, safe in floating point); its
-    effective noise multiplier is :func:`popri.privacy.noise.effective_multiplier`.
+    snapped to a grid and gets discrete Gaussian noise at the same z for the snapped
+    sensitivity (:func:`popri.privacy.noise.discrete_gaussian_release`, safe in floating point).
     Per-client rows are refused there: the sum of per-client discrete noise shares is not a
     discrete Gaussian (the distributed discrete Gaussian needs its own accounting).
     """
+    n, L, exact, rows = c.n, c.L, c.exact, c.rows
     secure = bool(getattr(noise_rng, "secure", False))
+    std_sum = noise_multiplier * sensitivity
     if secure and std_sum > 0:
         if rows_out is not None:
             raise ValueError("per-client noisy rows are not available in release mode")
-
-        return discrete_gaussian_release(exact(), std_sum, float(sensitivity), noise_rng)[0]
+        return discrete_gaussian_release(exact(), noise_multiplier, sensitivity, noise_rng)[0]
     if rows_out is None:
         total = exact()
         return total + std_sum * noise_rng.standard_normal(n) if std_sum > 0 else total

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from popri.federated.aggregation import noisy_sum
+from popri.federated.aggregation import Contributions, noisy_sum
 from popri.federated.participation import Participation, cap_rows, participating_rows
 
 
@@ -107,21 +107,31 @@ def client_vector(emb: np.ndarray, syn: np.ndarray, *, clip: float, standardize:
     return a[0] * (Y @ means[0]) - b[0]
 
 
-def cosine_round(emb, codes, part: Participation, syn, *, noise_multiplier: float, clip: float,
-                 standardize: bool, noise_rng, keep=None, rows_out=None, block: int | None = None,
-                 source: str = "", factor: float = 1.0,
-                 clip_to: float | None = None) -> np.ndarray:
-    """Noisy sum over the participants ``part`` of clipped (standardised) mean-cosine vectors,
-    float64 [n]: the sum of their :func:`client_vector` plus the noise of
-    :func:`~popri.federated.aggregation.noisy_sum`, of std z ``factor`` C: ``factor`` is the
-    sum's sensitivity under the round's relation over C (2 under replace one client;
-    :func:`popri.privacy.relations.round_relation`).  ``clip_to``: the L2 norm the vectors are
-    clipped to, when not C (the privacy audit's broken variant ``no-clip`` passes the largest
-    float: the noise is still that of C, and the audit must flag the release)."""
+def contributions(emb, codes, part: Participation, syn, *, clip: float, standardize: bool,
+                  keep=None, source: str = "", clip_to: float | None = None) -> Contributions:
+    """The participants' clipped (standardised) mean-cosine vectors (:func:`client_vector`
+    each, L2 norm <= C), before the noise: :func:`~popri.federated.aggregation.noisy_sum` adds
+    it.  ``clip_to``: the L2 norm the vectors are clipped to, when not C (the privacy audit's
+    broken variant ``no-clip`` passes the largest float: the noise is still that of C, and the
+    audit must flag the release)."""
     Y = normalize_rows(syn)
     means = client_means(emb, codes, part, keep, source)
     a, b = cosine_coefficients(means, Y, clip if clip_to is None else clip_to, standardize)
-    return noisy_sum(len(Y), len(means), exact=lambda: Y @ (a @ means) - b.sum(),
-                     rows=lambda c0, c1: cosine_rows(means[c0:c1], Y, a[c0:c1], b[c0:c1]),
-                     std_sum=noise_multiplier * clip * factor, noise_rng=noise_rng,
-                     rows_out=rows_out, block=block, sensitivity=clip * factor)
+    return Contributions(len(Y), len(means), exact=lambda: Y @ (a @ means) - b.sum(),
+                         rows=lambda c0, c1: cosine_rows(means[c0:c1], Y, a[c0:c1], b[c0:c1]))
+
+
+def cosine_round(emb, codes, part: Participation, syn, *, noise_multiplier: float, clip: float,
+                 standardize: bool, noise_rng, keep=None, rows_out=None, block: int | None = None,
+                 source: str = "", sensitivity: float | None = None,
+                 clip_to: float | None = None) -> np.ndarray:
+    """Noisy sum over the participants ``part`` of their :func:`contributions`, float64 [n], of
+    noise std z D: ``sensitivity`` D is the sum's sensitivity under the round's relation
+    (default C; 2C under replace one client: :func:`popri.privacy.relations.round_relation`).
+    ``popri score`` calls the two steps itself (:func:`popri.feedback.release.release_scores`);
+    this is the one-call form of the audit and the tests."""
+    return noisy_sum(contributions(emb, codes, part, syn, clip=clip, standardize=standardize,
+                                   keep=keep, source=source, clip_to=clip_to),
+                     noise_multiplier=noise_multiplier, noise_rng=noise_rng,
+                     sensitivity=clip if sensitivity is None else sensitivity,
+                     rows_out=rows_out, block=block)

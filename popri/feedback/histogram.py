@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from popri.federated.aggregation import noisy_sum
+from popri.federated.aggregation import Contributions, noisy_sum
 from popri.federated.participation import Participation, cap_rows, participating_rows
 
 
@@ -77,18 +77,28 @@ def client_vector(emb: np.ndarray, syn: np.ndarray, *, max_per_client: int | Non
     return np.bincount(labels, minlength=n).astype(np.float64)
 
 
+def contributions(emb, codes, part: Participation, syn, *, keep, source: str = ""
+                  ) -> Contributions:
+    """The participants' nearest-neighbour vote histograms (:func:`client_vector` each, at most
+    M votes, L2 norm <= M), before the noise: :func:`~popri.federated.aggregation.noisy_sum`
+    adds it."""
+    n = len(syn)
+    who, labels = nearest_votes(emb, codes, part, syn, keep, source)
+    return Contributions(n, len(part.members),
+                         exact=lambda: np.bincount(labels, minlength=n).astype(np.float64),
+                         rows=lambda c0, c1: histogram_rows(who, labels, c0, c1, n))
+
+
 def histogram_round(emb, codes, part: Participation, syn, *, noise_multiplier: float,
                     max_per_client: int, keep, noise_rng, rows_out=None,
                     block: int | None = None, source: str = "",
-                    factor: float = 1.0) -> np.ndarray:
-    """Noisy sum over the participants ``part`` of nearest-neighbour vote histograms, float64
-    [n]: the sum of their :func:`client_vector` plus the noise of
-    :func:`~popri.federated.aggregation.noisy_sum`, of std z ``factor`` M (``factor``: sqrt 2
-    under replace one client, :func:`popri.privacy.relations.round_relation`)."""
-    n = len(syn)
-    who, labels = nearest_votes(emb, codes, part, syn, keep, source)
-    return noisy_sum(n, len(part.members),
-                     exact=lambda: np.bincount(labels, minlength=n).astype(np.float64),
-                     rows=lambda c0, c1: histogram_rows(who, labels, c0, c1, n),
-                     std_sum=noise_multiplier * max_per_client * factor, noise_rng=noise_rng,
-                     rows_out=rows_out, block=block, sensitivity=float(max_per_client) * factor)
+                    sensitivity: float | None = None) -> np.ndarray:
+    """Noisy sum over the participants ``part`` of their :func:`contributions`, float64 [n], of
+    noise std z D: ``sensitivity`` D is the sum's sensitivity under the round's relation
+    (default M; sqrt 2 M under replace one client:
+    :func:`popri.privacy.relations.round_relation`).  ``popri score`` calls the two steps
+    itself; this is the one-call form of the audit and the tests."""
+    return noisy_sum(contributions(emb, codes, part, syn, keep=keep, source=source),
+                     noise_multiplier=noise_multiplier, noise_rng=noise_rng,
+                     sensitivity=float(max_per_client if sensitivity is None else sensitivity),
+                     rows_out=rows_out, block=block)

@@ -47,7 +47,6 @@ from popri.feedback import cosine, histogram
 from popri.models.embed import as_embedding_set, check_compatible
 from popri.privacy import ddg
 from popri.privacy.accounting import ParameterError, compose
-from popri.privacy.noise import effective_multiplier
 from popri.privacy.plan import Noise
 from popri.privacy.release import Release
 from popri.specs.feedback import ScoreSpec
@@ -284,15 +283,12 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
 
     q = part.sample_rate
     reduce, denom = public_denominator(mode, part.sampling, q, L, spec.public_clients)
-    z_eff = noise_multiplier
-    if secure:
-        z_eff = effective_multiplier(noise_multiplier, sens, n)
+    z_eff = noise_multiplier  # release mode's discrete Gaussian keeps z (popri.privacy.noise)
     params = _params(spec, part, noise, round_=round_, L=L, N=N, seed=seed, reduce=reduce,
                      denom=denom, model=syn.meta.get("model")
                      or (priv.meta.get("model") if priv else None) or model)
     layout = {"per_client_rows": bool(per_client_out), "block_size": spec.block_size}
-    noise_params = ({"noise": "discrete-gaussian", "nominal_noise_multiplier": noise_multiplier}
-                    if secure else {"noise": "gaussian"})
+    noise_params = {"noise": "discrete-gaussian" if secure else "gaussian"}
     flower = ddg_params = None
     if spec.flower:
         flower, params, noise_params, ddg_params = _flower_release(
@@ -324,19 +320,21 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
         if per_client_out:
             rows_out = io.open_memmap(staged.path(per_client_out, suffix=".npy"),
                                       dtype=np.float32, shape=(max(L, 1), n))
-        common = dict(noise_rng=noise_rng, keep=keep, rows_out=rows_out,
-                      block=spec.block_size, source=priv.source if priv else "",
-                      factor=sens / spec.sensitivity)
         if flower is not None:
             total = flower.total
-        elif mode == "cosine":
-            total = cosine.cosine_round(priv.embeddings, codes, part, syn.embeddings,
-                                        noise_multiplier=noise_multiplier, clip=clip,
-                                        standardize=standardize, **common)
         else:
-            total = histogram.histogram_round(priv.embeddings, codes, part, syn.embeddings,
-                                              noise_multiplier=noise_multiplier,
-                                              max_per_client=M, **common)
+            # the clients' bounded vectors, then the noise at the z this stage was given, for
+            # the sum's sensitivity under the round's relation (noise.sensitivity)
+            src = priv.source if priv else ""
+            terms = (cosine.contributions(priv.embeddings, codes, part, syn.embeddings,
+                                          clip=clip, standardize=standardize, keep=keep,
+                                          source=src)
+                     if mode == "cosine" else
+                     histogram.contributions(priv.embeddings, codes, part, syn.embeddings,
+                                             keep=keep, source=src))
+            total = aggregation.noisy_sum(terms, noise_multiplier=noise_multiplier,
+                                          sensitivity=sens, noise_rng=noise_rng,
+                                          rows_out=rows_out, block=spec.block_size)
         scores = aggregation.finish(total, reduce=reduce, denominator=denom or 1.0,
                                     threshold=threshold)
         led = [entry.to_dict()] if entry else []

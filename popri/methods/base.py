@@ -170,17 +170,30 @@ class Method(abc.ABC):
         cpr, rate, _ = self.participation(cfg)
         return bool(cpr) and not rate
 
+    def score_settings(self, cfg, *, mode: str | None = None,
+                       threshold: float | str | None = None) -> dict:
+        """``popri score``'s settings from the run's score section (and privacy.delta,
+        privacy.convention, release): the ONE builder of what a round's score stage is given
+        (:meth:`popri.pipeline.driver.Run.score_call` adds its paths, seed and z) and of the
+        round's spec the budget calibrates with (:meth:`round_spec`).  ``mode``: default
+        :meth:`score_mode`; ``threshold``: default score.threshold (nn-histogram; a string is a
+        dry run's placeholder)."""
+        sc, mode = cfg.score, mode or self.score_mode(cfg)
+        own = ({"clip": sc.clip, "standardize": sc.standardize} if mode == "cosine" else
+               {"max_samples_per_client": sc.max_samples_per_client,
+                "threshold": sc.threshold if threshold is None else threshold})
+        return dict(mode=mode, delta=cfg.privacy.delta, clients_per_round=sc.clients_per_round,
+                    sample_rate=sc.sample_rate, public_clients=sc.public_clients,
+                    convention=cfg.privacy.convention, release=bool(cfg.release), **own,
+                    **EngineSpec.of(sc).to_dict())
+
     def round_spec(self, cfg):
         """The spec of one DP round, whose bound on a client's contribution (its
         ``sensitivity``: C, or M votes), ``nonnegative`` and ``convention`` set the round's
         relation and sensitivity (:meth:`popri.privacy.plan.Noise.of_round`), and whose engine
-        its mechanism.  Default: ``popri score``'s :class:`~popri.specs.feedback.ScoreSpec` in
-        :meth:`score_mode`, from the score section."""
-        sc, mode = cfg.score, self.score_mode(cfg)
-        bound = ({"clip": sc.clip} if mode == "cosine" else
-                 {"max_samples_per_client": sc.max_samples_per_client})
-        return ScoreSpec(mode=mode, convention=cfg.privacy.convention, **bound,
-                         **EngineSpec.of(sc).to_dict())
+        its mechanism.  Default: ``popri score``'s :class:`~popri.specs.feedback.ScoreSpec`
+        from :meth:`score_settings`, the settings its stages are given."""
+        return ScoreSpec(**self.score_settings(cfg))
 
     def round_entries(self, cfg, t: int, noise: Noise, clients: int | None) -> list | None:
         """Round t's prospective ledger entries with ``noise`` (z, q and the round's relation;

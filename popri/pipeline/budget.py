@@ -32,7 +32,6 @@ from popri.privacy.calibration import calibrate, gaussian_multiplier
 from popri.privacy.entries import gaussian
 from popri.privacy.ledger import LEDGER_NAME, dedupe, read_ledger
 from popri.privacy.plan import Noise
-from popri.privacy.snap import snap_factor
 
 
 class BudgetError(ConfigError):
@@ -113,7 +112,7 @@ class Budget:
             z = float(c.fewfedpit.noise_multiplier or 0.0)
             how = ("no DP guarantee (eps = inf): no noise" if not z else
                    f"popri extension: z={z:g} on clipped uploads, given")
-            return self._keep(Noise(z=z, arg=z, sample_rate=(min(1.0, cpr / n) if n else None),
+            return self._keep(Noise(z=z, sample_rate=(min(1.0, cpr / n) if n else None),
                                     mode="release" if self.release else "research"), how)
         if rate:
             q = float(rate)
@@ -124,7 +123,7 @@ class Budget:
                 q_how = (f"q = {sec}.clients_per_round ({cpr}) / N, the private train "
                          f"split's client count, known after the fetch")
                 if pr.noise_multiplier is not None:  # z is given; only q waits for the data
-                    return self._keep(Noise.given(pr.noise_multiplier, release=self.release),
+                    return self._keep(Noise.of(pr.noise_multiplier, release=self.release),
                                       f"given; {q_how}")
                 return self._keep(None, f"z is set after the fetch: {q_how}")
             if cpr > n:
@@ -136,16 +135,14 @@ class Budget:
         else:
             q = 1.0
         if pr.noise_multiplier is not None:
-            noise = Noise.given(pr.noise_multiplier, release=self.release)
+            noise = Noise.of(pr.noise_multiplier, release=self.release)
             how = "given"
         else:
-            noise = Noise.calibrated(self._calibrate(q, self.select_entries()),
+            noise = Noise.of(self._calibrate(q, self.select_entries()),
                                      release=self.release)
             how = f"calibrated to eps={pr.epsilon}, delta={pr.delta} over T={c.rounds} rounds"
             if self.select == "dp":
                 how += " after the DP checkpoint-selection release"
-        if self.release:
-            how += f"; passed as {noise.arg!r} (release mode: the snapped mechanism keeps >= z)"
         return self._keep(self.noise_at(noise, q), how)
 
     def _keep(self, noise: Noise | None, how: str) -> Noise | None:
@@ -166,13 +163,25 @@ class Budget:
                    and not self.release else ")"))
 
     # ------------------------------------------------------------------ prospective entries
-    def score_entries(self, t: int) -> list:
-        """The prospective ledger entry of round t's DP scores, from the planned noise (its z,
-        q, relation and sensitivity); none in a dry run before the fetch."""
+    def score_entries(self, t: int, call=None) -> list:
+        """The prospective ledger entry of round t's DP scores; none in a dry run before the
+        fetch.  With the stage's ``call`` (its :class:`~popri.specs.commands.score.ScoreCall`)
+        the entry is planned from that instance, the one the stage runs and records from: its
+        z, its sampling, bound and convention (the round's relation and sensitivity, by
+        :meth:`Noise.of_round` as ``popri score`` applies it), its engine and delta; only q of
+        a fixed L is the plan's L/N (N is read by the stage).  Without it, from the planned
+        noise and :meth:`Method.round_spec`."""
         n = self.noise
         if n is None or not n.planned:
             return []  # a dry run before the fetch: z or q is not known yet
-        return [self._score_release(t, n)]
+        if call is None:
+            return [self._score_release(t, n)]
+        rate, cpr = call.sample_rate, call.clients_per_round
+        sampling = "poisson" if rate and rate < 1 else "fixed" if cpr else "none"
+        q = n.sample_rate if sampling == "fixed" else float(rate or 1.0)  # L/N needs N
+        noise = Noise.of_round(call.noise_multiplier, sample_rate=q, sampling=sampling,
+                               spec=call, mode=n.mode)
+        return [noise.entry(call, "score", delta=call.delta, params={"round": call.round_})]
 
     def _score_release(self, t: int, noise: Noise, spec=None):
         """Round t's score release with ``noise`` as ``popri score`` will record it: the one
@@ -184,14 +193,12 @@ class Budget:
         """The prospective ledger entries of the DP checkpoint selection (dpo.select_on: dp):
         'popri fred stats' at user level, add/remove one client, analytic Gaussian: a q = 1
         Gaussian release of each statistic the selection reads (the mean for mean-cosine; mean
-        and covariance for fid) at the noise multiplier of (select_epsilon, select_delta) -- in
-        release mode its lower bound after snapping."""
+        and covariance for fid) at the noise multiplier of (select_epsilon, select_delta)."""
         if self.select != "dp":
             return []
 
         dp = self.cfg.dpo
         z = gaussian_multiplier(dp.select_epsilon, self.cfg.selection_delta, "analytic")
-        z /= snap_factor(self.release)
         design = F.Design("add-remove", "user", 1.0, None)
         return [gaussian("fred", noise_multiplier=z, sample_rate=1.0,
                          delta=self.cfg.selection_delta, sensitivity=sens, sampling="none",
@@ -229,9 +236,9 @@ class Budget:
             clients = self.public_clients()
 
             def at(z) -> Noise:
-                return self.noise_at(Noise.calibrated(z, release=self.release), q, spec)
+                return self.noise_at(Noise.of(z, release=self.release), q, spec)
 
-            if self.method.round_entries(c, 1, Noise(None, None, sample_rate=q),
+            if self.method.round_entries(c, 1, Noise(None, sample_rate=q),
                                          clients) is not None:
                 def entries_at(z):
                     noise = at(z)

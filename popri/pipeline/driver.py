@@ -79,7 +79,6 @@ from popri.specs.commands.eval import (
 )
 from popri.specs.commands.score import ScoreCall
 from popri.specs.commands.train_downstream import TrainDownstreamCall
-from popri.specs.engine import EngineSpec
 from popri.specs.training import DownstreamSpec, GapSpec
 
 
@@ -301,19 +300,11 @@ class Run:
                    mode: str | None = None, threshold: float | str | None = None) -> ScoreCall:
         """``popri score``'s call: the score section + privacy.delta + the mode, at the planned
         noise multiplier (a dry run before the fetch shows a placeholder: a draft call)."""
-        sc = self.cfg.score
-        mode = mode or self.method.score_mode(self.cfg)
-        th = sc.threshold if threshold is None else threshold
-        own = ({"clip": sc.clip, "standardize": sc.standardize} if mode == "cosine" else
-               {"max_samples_per_client": sc.max_samples_per_client, "threshold": th})
-        values: dict[str, Any] = dict(synthetic=str(synthetic), out=str(out),
-                      private=str(self.paths.emb_private), seed=seed, round_=t,
-                      model=self.cfg.embedder, mode=mode,
-                      noise_multiplier=self.noise.arg if self.noise else Z_LATER,
-                      delta=self.cfg.privacy.delta, clients_per_round=sc.clients_per_round,
-                      sample_rate=sc.sample_rate, public_clients=sc.public_clients,
-                      convention=self.cfg.privacy.convention, release=self.release, **own,
-                      **EngineSpec.of(sc).to_dict())
+        values: dict[str, Any] = dict(
+            synthetic=str(synthetic), out=str(out), private=str(self.paths.emb_private),
+            seed=seed, round_=t, model=self.cfg.embedder,
+            noise_multiplier=self.noise.z if self.noise else Z_LATER,
+            **self.method.score_settings(self.cfg, mode=mode, threshold=threshold))
         later = values["noise_multiplier"] == Z_LATER or isinstance(values.get("threshold"), str)
         return ScoreCall.draft(**values) if later else ScoreCall(**values)
 
@@ -321,10 +312,10 @@ class Run:
                     mode: str | None = None, threshold: float | str | None = None) -> Stage:
         """Round t's DP scores: a DP release, recorded in the ledger next to ``out``."""
         ledger = Path(out).parent / "ledger.jsonl"
-        return Stage(f"round{t}-score",
-                     self.score_call(t, synthetic, out, seed, mode=mode, threshold=threshold),
+        call = self.score_call(t, synthetic, out, seed, mode=mode, threshold=threshold)
+        return Stage(f"round{t}-score", call,
                      outputs=[str(out)], inputs=[str(synthetic), str(self.paths.emb_private)],
-                     release=DPRelease(self.budget.score_entries(t), ledger,
+                     release=DPRelease(self.budget.score_entries(t, call), ledger,
                                        lambda e, t=t: e.stage == "score"
                                        and e.params.get("round") == t))
 

@@ -14,7 +14,9 @@ Differential Privacy", NeurIPS 2020, arXiv:2004.00010, Algorithm 3), so every ou
 one fixed grid whatever the input, and its privacy is that of the discrete Gaussian on the
 integers: for L2 sensitivity D on Z^d it satisfies the same Renyi DP bound as the continuous
 Gaussian (ibid., Theorem 14), with D inflated by the snapping to D + g*sqrt(d) (see
-:func:`snap_grid`).  The ledger records the *effective* noise multiplier std / (D + g sqrt(d)).
+:func:`snap_grid`).  The noise is therefore drawn at std z (D + g sqrt(d)): the mechanism
+guarantees exactly the noise multiplier z it is given, which is what the ledger records (the
+plan's z reaches the noise unchanged; no factor is applied on the way and taken off again).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import os
 
 import numpy as np
 
-from popri.privacy.snap import SNAP_SHARE
+
+#: the snapping grid of a release-mode aggregate adds at most this share to its sensitivity
+#: (:func:`snap_grid`); the noise covers the snapped sensitivity (:func:`snapped_sensitivity`)
+SNAP_SHARE = 1e-4
 
 
 class SecureRandom:
@@ -86,10 +91,6 @@ def release_mode_from_env() -> bool:
 
 
 # --------------------------------------------------------------------------- release-mode noise
-# SNAP_SHARE: the snapping grid costs at most this share of the sensitivity (so z_eff >= z / (1 +
-# SNAP_SHARE)); declared with the factor the plan passes, in popri.privacy.snap
-
-
 def snap_grid(sensitivity: float, dim: int) -> float:
     """The power-of-two grid g for :func:`discrete_gaussian_release`.
 
@@ -145,25 +146,25 @@ def discrete_gaussian(sigma: float, n: int, rng) -> np.ndarray:
     return out[:n]
 
 
-def discrete_gaussian_release(x: np.ndarray, std: float, sensitivity: float, rng
-                              ) -> tuple[np.ndarray, float, float]:
-    """Release ``x`` (any shape, float) with discrete Gaussian noise of std ~``std`` on a grid.
+def snapped_sensitivity(sensitivity: float, dim: int) -> tuple[float, float]:
+    """(g, D + g sqrt(dim)): release mode's grid for an aggregate of ``dim`` coordinates with L2
+    sensitivity D, and the sensitivity after snapping to it (:func:`snap_grid`), which the
+    noise is calibrated to."""
+    g = snap_grid(sensitivity, dim)
+    return g, sensitivity + g * math.sqrt(max(dim, 1))
 
-    Returns ``(g * (round(x / g) + Z), z_eff, g)`` with Z ~ N_Z(0, (std/g)^2) i.i.d. and
-    ``z_eff = std / (sensitivity + g sqrt(x.size))``: the noise multiplier this release
-    guarantees for an L2 sensitivity of ``sensitivity`` before snapping (what the ledger gets)."""
+
+def discrete_gaussian_release(x: np.ndarray, z: float, sensitivity: float, rng
+                              ) -> tuple[np.ndarray, float]:
+    """Release ``x`` (any shape, float) with noise multiplier ``z`` for L2 sensitivity
+    ``sensitivity`` (D): ``(g * (round(x / g) + Z), g)`` with Z ~ N_Z(0, (z D' / g)^2) i.i.d.,
+    D' = D + g sqrt(x.size) the sensitivity after snapping (:func:`snapped_sensitivity`).  In
+    grid units the sensitivity is D' / g and the std z D' / g: the discrete Gaussian's bound at
+    exactly multiplier ``z`` (Canonne, Kamath, Steinke 2020, Theorem 14), what the ledger gets."""
     x = np.asarray(x, dtype=np.float64)
-    g = snap_grid(sensitivity, x.size)
+    g, snapped = snapped_sensitivity(sensitivity, x.size)
     k = np.rint(x / g)
     if x.size and not np.all(np.abs(k) < 2.0 ** 52):
         raise ValueError("aggregate too large for the release grid (|x|/g >= 2^52)")
-    noise = discrete_gaussian(std / g, x.size, rng).reshape(x.shape)
-    z_eff = std / (sensitivity + g * math.sqrt(max(x.size, 1)))
-    return (k + noise) * g, z_eff, g
-
-
-def effective_multiplier(z: float, sensitivity: float, dim: int) -> float:
-    """The noise multiplier :func:`discrete_gaussian_release` guarantees for nominal ``z``:
-    std / (D + g sqrt(dim)) with std = z D (>= z / (1 + SNAP_SHARE))."""
-    g = snap_grid(sensitivity, dim)
-    return z * sensitivity / (sensitivity + g * math.sqrt(max(dim, 1)))
+    noise = discrete_gaussian(z * snapped / g, x.size, rng).reshape(x.shape)
+    return (k + noise) * g, g

@@ -1,21 +1,20 @@
-"""The noise of a run's DP rounds as one frozen value, and release mode's snap factor.
+"""The noise of a run's DP rounds as one frozen value.
 
     popri run examples/default.yaml --dry-run            # the plan's first lines show it
     python -m pytest -q tests/test_budget.py
 
 :class:`Noise` is what a DP round adds and what its ledger entry says: the noise multiplier z
-the ledger records, the value the stage is passed, the sampling rate q and scheme, the
+(what the stage is passed and what the ledger records), the sampling rate q and scheme, the
 neighbouring relation and the sum's L2 sensitivity under it, and the mode.  ``popri run``'s
-budget (:class:`popri.pipeline.budget.Budget`) plans it once; the recipes pass ``arg`` on to
-their stages and the budget composes :meth:`Noise.entry` over the rounds, and the stage
+budget (:class:`popri.pipeline.budget.Budget`) plans it once; the recipes pass z on to their
+stages and the budget composes :meth:`Noise.entry` over the rounds, and the stage
 (``popri score``, ``popri fl round``) records its entry through the same :meth:`Noise.of_round`
 and :meth:`Noise.entry` from the spec it was given -- one value, one entry function
 (:func:`popri.privacy.entries.round_release`), for the plan and for the record.
 
-Release mode snaps the aggregate to a grid before adding discrete Gaussian noise, which costs
-at most :data:`~popri.privacy.snap.SNAP_SHARE` of the sensitivity: a calibrated z is passed as
-``z * snap_factor`` and a given value guarantees ``arg / snap_factor``
-(:func:`popri.privacy.snap.snap_factor`, the one home of that factor).
+Release mode snaps the aggregate to a grid before adding discrete Gaussian noise; the noise
+covers the snapped sensitivity (:func:`popri.privacy.noise.discrete_gaussian_release`), so the
+mechanism keeps the z it is passed and no value is scaled on the way.
 
 Pure Python (no numpy): ``popri run --dry-run`` imports it.
 """
@@ -28,7 +27,6 @@ from typing import Any, Protocol
 
 from popri.privacy.entries import round_release
 from popri.privacy.relations import round_relation
-from popri.privacy.snap import snap_factor
 
 #: the modes of a release (``Noise.mode``, every ledger entry's ``mode``)
 MODES = ("research", "release")
@@ -55,13 +53,12 @@ class RoundSpec(Protocol):
 
 @dataclass(frozen=True)
 class Noise:
-    """The noise of a DP round, planned once: z is what the ledger records (the guarantee),
-    ``arg`` what the stage is passed (z times :func:`snap_factor`).  Fields a plan cannot know
-    yet are None: z before the fetch when q = L/N is calibrated over N, q (and with it the
-    sampling, relation and sensitivity) before the fetch when it is L/N."""
+    """The noise of a DP round, planned once: z is what the stage is passed and what the
+    ledger records (the guarantee, in release mode too).  Fields a plan cannot know yet are
+    None: z before the fetch when q = L/N is calibrated over N, q (and with it the sampling,
+    relation and sensitivity) before the fetch when it is L/N."""
 
     z: float | None
-    arg: float | None
     sample_rate: float | None = None
     sampling: str | None = None          # none | poisson | fixed
     relation: str | None = None          # the neighbouring relation of a round
@@ -74,35 +71,26 @@ class Noise:
 
     # ------------------------------------------------------------------ building it
     @classmethod
-    def given(cls, arg: float, *, release: bool = False, **fields: Any) -> "Noise":
-        """An explicit noise multiplier ``arg`` (what the stages are passed): in release mode
-        the snapped mechanism guarantees arg / :func:`~popri.privacy.snap.snap_factor`."""
-        arg = float(arg)
-        return cls(z=arg / snap_factor(release), arg=arg, mode=mode_of(release), **fields)
-
-    @classmethod
-    def calibrated(cls, z: float, *, release: bool = False, **fields: Any) -> "Noise":
-        """A calibrated noise multiplier z (the guarantee): the stages are passed z times
-        :func:`snap_factor`."""
-        z = float(z)
-        return cls(z=z, arg=z * snap_factor(release), mode=mode_of(release), **fields)
+    def of(cls, z: float, *, release: bool = False, **fields: Any) -> "Noise":
+        """A noise multiplier z, given or calibrated, before its round is known."""
+        return cls(z=float(z), mode=mode_of(release), **fields)
 
     @classmethod
     def of_round(cls, z: float | None, *, sample_rate: float | None, sampling: str,
-                 spec: RoundSpec, mode: str = "research", arg: float | None = None) -> "Noise":
+                 spec: RoundSpec, mode: str = "research") -> "Noise":
         """The noise of one round on clients drawn by ``sampling``: its relation and the sum's
         sensitivity under it from the round's ``spec`` (its bound, whether contributions are
         non-negative votes, its convention) by :func:`popri.privacy.relations.round_relation`
         -- the one rule the plan and the record both apply."""
         relation, sens = round_relation(spec.sensitivity, sampling, spec.convention,
                                         nonnegative=spec.nonnegative)
-        return cls(z=z, arg=z if arg is None else arg, sample_rate=sample_rate,
-                   sampling=sampling, relation=relation, sensitivity=sens, mode=mode)
+        return cls(z=z, sample_rate=sample_rate, sampling=sampling, relation=relation,
+                   sensitivity=sens, mode=mode)
 
     def at(self, sampling: str, spec: RoundSpec, *, sample_rate: float | None = None) -> "Noise":
         """This noise on a round drawn by ``sampling`` (at ``sample_rate``, default this q)."""
         q = self.sample_rate if sample_rate is None else sample_rate
-        return Noise.of_round(self.z, arg=self.arg, sample_rate=q, sampling=sampling,
+        return Noise.of_round(self.z, sample_rate=q, sampling=sampling,
                               spec=spec, mode=self.mode)
 
     def replace(self, **changes: Any) -> "Noise":

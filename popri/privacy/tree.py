@@ -42,9 +42,9 @@ Release mode (``secure=True``): node noises come from the OS CSPRNG
 ``grid``: node = grid * N_Z(0, (std/grid)^2) (Canonne, Kamath, Steinke, "The Discrete Gaussian
 for Differential Privacy", arXiv:2004.00010; see :mod:`popri.privacy.noise`).  The caller snaps
 each round's data sum to the same grid (``np.rint(x / grid) * grid`` with ``grid =
-noise.snap_grid(C, dim)``), so every output lies on the grid, and records the effective
-multiplier ``noise.effective_multiplier(z, C, dim)`` (the snapping inflates the sensitivity to C
-+ grid sqrt(dim)).  Secure draws cannot be recomputed, so the object holds the nodes later
+noise.snapped_sensitivity(C, dim)[0]``), so every output lies on the grid, and passes node std
+z (C + grid sqrt(dim)) (the snapping inflates the sensitivity to C + grid sqrt(dim):
+``noise.snapped_sensitivity(C, dim)[1]``), so the tree keeps multiplier z.  Secure draws cannot be recomputed, so the object holds the nodes later
 rounds of the current tree still need (those of :func:`prefix_nodes` of the last step drawn;
 any node a later step reuses is among them) and :meth:`TreeNoise.state` /
 :meth:`TreeNoise.from_state` save and restore them.  That state is as secret as the clients'

@@ -153,7 +153,7 @@ def recipe(run) -> Iterator[Stage]:
                           "the step)", field="fl.public_clients")
     priv = str(run.paths.private)
     noise = run.noise
-    z = noise.arg if noise else None
+    z = noise.z if noise else None
     clients = run.public_clients()
     prev = None
     for t in range(1, c.rounds + 1):

@@ -46,6 +46,7 @@ docs/formats.md) and ``model/`` (the adapter or full model with its tokenizer an
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -252,22 +253,21 @@ def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int,
     of round t's one-leaf tree (``--restart round``; epoch trees: :func:`tree_noise`), of std
     z times the sum's ``sensitivity`` under the round's relation (default the clip C; 2C under
     replace one client: :func:`popri.privacy.relations.round_relation`).  Release mode snaps
-    the sum to a grid and adds discrete-Gaussian integers on it (safe in floating point)."""
+    the sum to a grid and adds discrete-Gaussian integers on it at the same z for the snapped
+    sensitivity (safe in floating point: :func:`popri.privacy.noise.snapped_sensitivity`)."""
     C, d = float(spec.clip if sensitivity is None else sensitivity), total.size
-    std = z * C
     if z == 0:
         return total.copy(), 0.0
     if spec.algorithm == "fedavg":
         if rel.secure:
-            noisy, z_eff, _ = N.discrete_gaussian_release(total, std, C, rel.rng("noise"))
-            return noisy, z_eff
-        return total + rel.rng("noise").standard_normal(d) * std, z
+            return N.discrete_gaussian_release(total, z, C, rel.rng("noise"))[0], z
+        return total + rel.rng("noise").standard_normal(d) * (z * C), z
 
     if rel.secure:
-        g = N.snap_grid(C, d)
-        tree = TreeNoise(d, std, 1, seed=None, secure=True, grid=g)
-        return g * (np.rint(total / g) + tree.prefix_units(t)), N.effective_multiplier(z, C, d)
-    tree = TreeNoise(d, std, 1, seed=seed, secure=False)
+        g, snapped = N.snapped_sensitivity(C, d)
+        tree = TreeNoise(d, z * snapped, 1, seed=None, secure=True, grid=g)
+        return g * (np.rint(total / g) + tree.prefix_units(t)), z
+    tree = TreeNoise(d, z * C, 1, seed=seed, secure=False)
     return total + tree.prefix(t), z
 
 
@@ -282,16 +282,16 @@ def tree_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, leaves: int, r
     C, d = float(spec.clip), total.size
     if z == 0:
         return total.copy(), 0.0, None
-    std = z * C
     if rel.secure:
-        g = N.snap_grid(C, d)
+        g, snapped = N.snapped_sensitivity(C, d)
         tree = (TreeNoise.from_state(state) if state is not None
-                else TreeNoise(d, std, leaves, seed=None, secure=True, grid=g))
-        if tree.secure is not True or tree.grid != g or tree.leaves_per_tree != leaves:
+                else TreeNoise(d, z * snapped, leaves, seed=None, secure=True, grid=g))
+        if tree.secure is not True or tree.grid != g or tree.leaves_per_tree != leaves \
+                or not math.isclose(tree.std, z * snapped, rel_tol=1e-12):
             raise InputError("the saved tree state does not fit this round", field="init")
         # increment(t): exact multiples of g from the nodes of t - 1 (held in the state) and t
-        return g * np.rint(total / g) + tree.increment(t), N.effective_multiplier(z, C, d), tree
-    tree = TreeNoise(d, std, leaves, seed=seed, secure=False)
+        return g * np.rint(total / g) + tree.increment(t), z, tree
+    tree = TreeNoise(d, z * C, leaves, seed=seed, secure=False)
     return total + tree.increment(t), z, tree
 
 

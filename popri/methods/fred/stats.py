@@ -81,7 +81,7 @@ from popri.privacy.calibration import (  # noqa: F401  (re-exported: deprecated 
     gaussian_log_delta,
     gaussian_multiplier,
 )
-from popri.privacy.noise import discrete_gaussian_release, make_rng
+from popri.privacy.noise import discrete_gaussian_release, make_rng, snapped_sensitivity
 
 # the relations, the levels and the user-level cap m (8, PrE-Text's): declared in the spec
 from popri.specs.privacy import DEFAULT_USER_CAP, LEVELS, RELATIONS  # noqa: F401
@@ -258,13 +258,11 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
     rows = sum(len(x) for x in clients)
 
     secure = bool(getattr(rng, "secure", False))
-    z_eff = {"mean": z, "covariance": z}
     t1 = server_sum(mean_contribution(x, c, g) for x in clients)
-    if secure:  # release mode: snapped + discrete Gaussian (popri.privacy.noise)
-
+    if secure:  # release mode: snapped + discrete Gaussian at z (popri.privacy.noise)
         v1 = t1[:d] if design.count_public else t1
-        sum1, ze, _ = discrete_gaussian_release(v1, s1, design.mean_sensitivity, rng)
-        z_eff["mean"] = ze
+        sum1, _ = discrete_gaussian_release(v1, z, design.mean_sensitivity, rng)
+        s1 = z * snapped_sensitivity(design.mean_sensitivity, v1.size)[1]
     elif design.count_public:
         sum1 = t1[:d] + s1 * np.asarray(rng.standard_normal(d), dtype=np.float64)
     else:
@@ -283,15 +281,13 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
         "statistics": "both" if covariance else "mean",
     }
     if not covariance:
-        z_eff.pop("covariance")
-        return FredStats(pmean, None, n, True, {**params, "effective_noise_multiplier": z_eff},
-                         sum1, None)
+        return FredStats(pmean, None, n, True, params, sum1, None)
 
     t2 = server_sum(cov_contribution(x, c, pmean) for x in clients)
     if secure:
         iu = np.triu_indices(d)
-        tri, ze, _ = discrete_gaussian_release(t2[iu], s2, design.cov_sensitivity, rng)
-        z_eff["covariance"] = ze
+        tri, _ = discrete_gaussian_release(t2[iu], z, design.cov_sensitivity, rng)
+        s2 = z * snapped_sensitivity(design.cov_sensitivity, tri.size)[1]
         sum2 = np.zeros((d, d))
         sum2[iu] = tri
         sum2 = sum2 + np.triu(sum2, 1).T
@@ -301,7 +297,7 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
     params.update({
         "cov_sensitivity": design.cov_sensitivity, "noise_std_sum2": s2, "tau2": s2 / n,
         "covariance": "denoised" if denoise else "nearest-psd",
-        "noise_edge": 2.0 * s2 / n * math.sqrt(d), "effective_noise_multiplier": z_eff,
+        "noise_edge": 2.0 * s2 / n * math.sqrt(d),
     })
     return FredStats(pmean, cov, n, True, params, sum1, sum2)
 

@@ -142,13 +142,12 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
             released.append(("covariance", design.cov_sensitivity, st.params["noise_std_sum2"]))
         for what, sens, std in released:
             entries.append(gaussian(
-                "fred", noise_multiplier=st.params["effective_noise_multiplier"][what],
+                "fred", noise_multiplier=z,
                 sample_rate=1.0, delta=delta, sensitivity=sens, sampling="none",
                 neighbouring=design.neighbouring, mode=rel.mode,
                 release_id=rel.release_id(what, *rid_parts),
                 params={"release": what, "epsilon": eps, "delta": delta, "calibration": cal,
-                        "noise_std_on_sum": std, "claim": claim, "noise": st.params["noise"],
-                        "nominal_noise_multiplier": z}))
+                        "noise_std_on_sum": std, "claim": claim, "noise": st.params["noise"]}))
     sidecar = {"kind": "fred-stats", "private": not non_private, "dim": int(emb.shape[1]),
                "privacy_mode": None if non_private else rel.mode,
                "n": st.n, "n_public": bool(non_private or design.count_public),

@@ -34,11 +34,11 @@ def threshold(run, noise: Noise | None) -> float | str:
     pe = run.cfg.pe
     if pe.threshold is not None:
         return float(pe.threshold)
-    if noise is None or noise.arg is None:
+    if noise is None or noise.z is None:
         return "<H = z * M: set after the fetch>"
     if noise.sensitivity is None:  # q waits for the fetch: add/remove's sensitivity, M
         noise = noise.at("poisson", PE().round_spec(run.cfg))
-    return default_threshold(noise.arg, noise.sensitivity)
+    return default_threshold(noise.z, noise.sensitivity)
 
 
 def vary_settings(run) -> dict:
