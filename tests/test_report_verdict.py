@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import write_jsonl
@@ -300,7 +302,7 @@ def test_one_round_run_draws_no_single_point_panels(tmp_path, run_popri):
 
 
 def test_panels_of_one_round_are_facts():
-    from popri.report import build as report
+    from popri.report import figures as report
 
     facts = []
     rows = [{"round": 1, "stage": "dpo", "train_loss": 0.7, "holdout_accuracy": 0.33,
@@ -312,3 +314,45 @@ def test_panels_of_one_round_are_facts():
         "t", "round", method="popri", facts=lambda w, v: facts.append((w, v)))
     assert got is None
     assert ("acc: held-out", "0.33 (round 1, 3 pairs)") in facts
+
+
+# --------------------------------------------------------------------------- asked of the method
+def test_the_method_reads_its_own_files_back(tmp_path, run_popri):
+    """A run without metrics.jsonl (an earlier version's): its method's read-back
+    (Method.metrics_from_files) gives the per-round rows; DP-FL's own rounds figure comes from
+    DPFL.round_panels, and a POPri run with the same files draws none (the report names no
+    method: it asks the registry)."""
+    from popri.kit.readback import metrics_from_files
+    from popri.methods.dpfl.readback import fl_rounds
+
+    fl = tmp_path / "runs" / "fl"
+    for t in (1, 2):
+        R = fl / "fl" / f"round{t}"
+        R.mkdir(parents=True)
+        (R / "round.json").write_text(json.dumps({
+            "spec": {"clip": 1.0}, "private_diagnostics": {
+                "local_loss": 3.0 - t, "update_norm_mean": 0.5 * t, "update_norm_max": t,
+                "clipped_share": 0.25 * t, "participants": 8}}))
+    (fl / "results.json").write_text(json.dumps({
+        "run_dir": str(fl), "method": "dp-fedavg", "mode": "research", "rounds": 2,
+        "methods": {}}))
+    po = tmp_path / "runs" / "po"
+    (po / "round1" / "dpo").mkdir(parents=True)
+    np.save(po / "round1" / "scores.npy", np.array([0.1, 0.3], dtype=np.float32))
+    write_jsonl(po / "round1" / "prefs.jsonl",
+                [{"chosen_score": 0.3, "rejected_score": 0.1}])
+    (po / "round1" / "dpo" / "metrics.json").write_text(json.dumps(
+        {"train_loss": 0.6, "global_step": 4, "epochs": [{"loss": 0.55}]}))
+    (po / "results.json").write_text(json.dumps({
+        "run_dir": str(po), "method": "popri", "mode": "research", "rounds": 1,
+        "methods": {}}))
+    shutil.copytree(fl / "fl", po / "fl")
+    notes: list = []
+    rows = metrics_from_files(po, None, notes, release=False)
+    assert {(r["round"], r["stage"]) for r in rows} == {(1, "score"), (1, "dpo")}
+    score = next(r for r in rows if r["stage"] == "score")
+    assert score["released_mean"] == pytest.approx(0.2) and score["pairs"] == 1
+    assert [r["local_loss"] for r in fl_rounds(fl, None)] == [2.0, 1.0]
+    res = _report(run_popri, [fl, po], tmp_path / "rep")
+    assert "fl-fl-rounds.png" in res["figures"]
+    assert not any(f.startswith("po-fl-rounds") for f in res["figures"])

@@ -29,14 +29,32 @@ Adding a method: ``popri/methods/NAME/`` with its steps (``popri`` subcommands) 
 from __future__ import annotations
 
 import abc
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol, runtime_checkable
 
-from popri.kit import RunPaths, Stage
+from popri.kit import RunPaths, Stage, readback
 from popri.privacy.plan import Noise
 from popri.specs.engine import EngineSpec
 from popri.specs.feedback import ScoreSpec
 from popri.specs.run import RunConfig
+
+
+@dataclass(frozen=True)
+class RoundPanels:
+    """A method's figure of per-round values in ``popri report``: the rows (one per round,
+    ``round`` and the plotted keys), the panels (``popri.report.figures.panels``' spec: a
+    title, a y label and lines (key, se key, label[, n key, unit]) each, optional ``hline`` and
+    ``ylim``), the figure's file suffix, title, caption and suptitle; ``private``: exact client
+    statistics, never in a release-mode report."""
+
+    rows: list
+    panels: list
+    name: str
+    title: str
+    caption: str
+    suptitle: str
+    private: bool = True
 
 
 @runtime_checkable
@@ -201,6 +219,20 @@ class Method(abc.ABC):
         not ``popri score`` releases; ``clients``: N where the accounting makes it public
         (:meth:`RunContext.public_clients`).  None: they are score releases (the budget plans
         them with ``noise.entry``)."""
+        return None
+
+    # ------------------------------------------------------------------ the report
+    def metrics_from_files(self, run_dir: Path, results: dict | None, notes: list[str], *,
+                           release: bool) -> list[dict]:
+        """The rows of RUN/metrics.jsonl (docs/formats.md) rebuilt from the stages' files, for
+        a run of this method without one (earlier versions): what ``popri report`` plots per
+        round.  Default: the kit's steps' files (:func:`popri.kit.readback.metrics_from_files`:
+        probe, released scores, preference pairs, DPO / SFT)."""
+        return readback.metrics_from_files(run_dir, results, notes, release=release)
+
+    def round_panels(self, run_dir: Path, results: dict | None) -> RoundPanels | None:
+        """A figure of the method's own per-round values for ``popri report`` (DP-FL: the
+        clients' local loss and update norms), or None (default: none)."""
         return None
 
     # ------------------------------------------------------------------ evaluation

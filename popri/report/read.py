@@ -13,44 +13,13 @@ Only files ``popri run`` writes (docs/formats.md) are read; nothing is written.
 from __future__ import annotations
 
 import json
-import math
-import re
 from pathlib import Path
-from typing import Any
 from popri.core.errors import InputError
+from popri.core.readback import as_dict, num, round_dirs
 from popri.privacy.ledger import LedgerEntry
 from popri.privacy.ledger import read_ledger
 from popri.privacy.ledger import LEDGER_NAME
 from popri.privacy.ledger import dedupe
-
-
-def num(x: Any) -> float | None:
-    """A finite float, else None (missing, null, NaN, a string, a bool)."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return None
-    try:
-        x = float(x)
-    except OverflowError:
-        return None
-    return x if math.isfinite(x) else None
-
-
-def as_dict(x: Any) -> dict:
-    return x if isinstance(x, dict) else {}
-
-
-def round_dirs(base: Path, prefix: str = "round") -> list[tuple[int, Path]]:
-    """[(T, base/roundT)] sorted by T."""
-    out = []
-    try:
-        entries = list(base.iterdir()) if base.is_dir() else []
-    except OSError:
-        entries = []
-    for d in entries:
-        m = re.fullmatch(prefix + r"(\d+)", d.name)
-        if m and d.is_dir():
-            out.append((int(m.group(1)), d))
-    return sorted(out)
 
 
 #: results.json fields that are JSON objects, and those that are lists (docs/formats.md)

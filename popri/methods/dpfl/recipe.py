@@ -26,6 +26,7 @@ from typing import Iterator
 from popri.core.errors import ConfigError
 from popri.kit import Z_LATER, DPRelease, Stage
 from popri.methods.base import Method
+from popri.methods.dpfl import readback
 from popri.methods.dpfl.rounds import epoch_leaves, epoch_position
 from popri.privacy.plan import Noise
 from popri.specs.commands.fl import FlRoundCall
@@ -251,6 +252,9 @@ class DPFL(Method):
 
     def embeddings(self, run):
         return ()
+
+    def round_panels(self, run_dir, results):
+        return readback.round_panels(run_dir, results)
 
     def participation(self, cfg) -> tuple:
         return participation(cfg)
