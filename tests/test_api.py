@@ -74,6 +74,7 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
     from test_layers import run_context_members, run_reads
 
     from popri.kit import Stage
+    from popri.methods import steps
     from popri.methods.base import RunContext
     from popri.pipeline import config as C
     from popri.pipeline import recipes
@@ -88,7 +89,7 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
             seen["context"] = isinstance(run, RunContext)
             seen["noise"], seen["clients"] = run.noise, run.public_clients()
             R = run.paths.root / "toy"
-            yield run.score_stage(1, run.paths.emb_val, R / "scores.npy", seed=7)
+            yield steps.score_stage(run, 1, run.paths.emb_val, R / "scores.npy", seed=7)
             yield Stage("toy-copy", PeSeedsCall(survivors=(str(run.paths.root / "x.jsonl"),),
                                                 out=str(run.paths.synthetic)),
                         outputs=[str(run.paths.synthetic)])

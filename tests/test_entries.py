@@ -278,6 +278,7 @@ def test_a_score_stage_is_planned_from_its_own_call(tmp_path, sets):
     stage's call, and the stage's ledger entry is planned from that call instance."""
     import dataclasses
 
+    from popri.methods import steps
     from popri.pipeline import config as C
     from popri.pipeline.driver import Run
     from popri.specs.feedback import ScoreSpec
@@ -286,7 +287,8 @@ def test_a_score_stage_is_planned_from_its_own_call(tmp_path, sets):
                         "privacy.noise_multiplier=1.5", *sets])
     run = Run(cfg, dry_run=True)
     run.budget.noise = run.budget.noise_at(Noise.of(1.5, release=run.release), 0.5)
-    st = run.score_stage(2, tmp_path / "syn.npy", tmp_path / "r2" / "scores.npy", seed=3)
+    st = steps.score_stage(run, 2, tmp_path / "syn.npy", tmp_path / "r2" / "scores.npy",
+                           seed=3)
     spec = run.method.round_spec(cfg)
     for f in dataclasses.fields(ScoreSpec):
         if f.name not in ("noise_multiplier", "threshold"):

@@ -31,13 +31,14 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Iterable
 
-from popri.kit import RunPaths, Stage, readback
+from popri.kit import Stage, readback
+from popri.methods import steps
+from popri.methods.context import RunContext
 from popri.privacy.plan import Noise
 from popri.specs.engine import EngineSpec
 from popri.specs.feedback import ScoreSpec
-from popri.specs.run import RunConfig
 
 
 @dataclass(frozen=True)
@@ -55,69 +56,6 @@ class RoundPanels:
     caption: str
     suptitle: str
     private: bool = True
-
-
-@runtime_checkable
-class RunContext(Protocol):
-    """What a method's recipe and hooks may ask of the run (the driver's ``Run`` implements it).
-
-    Data: ``cfg`` (the run's :class:`~popri.specs.run.RunConfig`), ``paths`` (its files,
-    ``paths.root`` the run directory), ``release`` (release mode), ``dry_run``, ``select`` (the
-    checkpoint selection in effect: private | public | dp | none), ``omega`` /
-    ``omega_inputs`` (the public population's path -- a JSONL file or a dataset directory, whose
-    train split every command reads by default -- and the files it is) and ``noise`` (the planned :class:`~popri.privacy.plan.Noise` of the DP rounds;
-    None while z waits for the client count).  Seeds: the kit's named rules over
-    ``cfg.seed`` (:func:`popri.kit.round_seed`, ...)."""
-
-    cfg: RunConfig
-    paths: RunPaths
-    release: bool
-    dry_run: bool
-    select: str
-    omega: str
-    omega_inputs: list[str]
-
-    @property
-    def noise(self) -> Noise | None: ...
-
-    def public_clients(self) -> int | None:
-        """The private train split's client count N where the method's accounting treats it
-        as public (a fixed L of N clients a round: q = L/N is in its ledger; DP-FTRL's blocks:
-        floor(N / L) leaves); None where it is private (Poisson sampling, everyone) or not
-        fetched yet."""
-        ...
-
-    def selection_entries(self) -> list:
-        """The prospective ledger entries of the DP checkpoint selection (dpo.select_on: dp)."""
-        ...
-
-    # ------------------------------------------------------------------ stage builders
-    def fetch_text(self, *, public: bool = True) -> Iterable[Stage]:
-        """``bench fetch`` of the private federated text and, with ``public``, of Omega."""
-        ...
-
-    def embed_private(self) -> Iterable[Stage]:
-        """``embed`` of the private train and validation splits (and Omega when read)."""
-        ...
-
-    def gen_settings(self, *, adapter: str | None, seed: int,
-                     top_p: float | None = None) -> dict:
-        """The generator section as fields of ``popri gen``'s call, with the seed and
-        adapter."""
-        ...
-
-    def score_stage(self, t: int, synthetic: str | Path, out: Path, seed: int, *,
-                    mode: str | None = None, threshold: float | str | None = None) -> Stage:
-        """Round t's DP scores (``popri score``) at the planned noise, its release declared."""
-        ...
-
-    def exact_stage(self, t: int, synthetic: str | Path, seed: int) -> Stage | None:
-        """Round t's noise-free diagnostic scores (research mode), or None."""
-        ...
-
-    def downstream_evaluation(self) -> Iterable[Stage]:
-        """The synthetic set's evaluation next to eps = 0 / eps = inf and the control row."""
-        ...
 
 
 class Method(abc.ABC):
@@ -162,12 +100,12 @@ class Method(abc.ABC):
     def data(self, run: RunContext) -> Iterable[Stage]:
         """The stages that build the private federated data and Omega, before the noise is
         calibrated (it may depend on the client count).  Default: ``bench fetch`` of both."""
-        return run.fetch_text(public=True)
+        return steps.fetch_text(run, public=True)
 
     def embeddings(self, run: RunContext) -> Iterable[Stage]:
         """The stages that embed the private splits (the clients' side of the DP feedback).
         Default: the train and validation splits, and Omega when checkpoint selection reads it."""
-        return run.embed_private()
+        return steps.embed_private(run)
 
     # ------------------------------------------------------------------ privacy
     def score_mode(self, cfg) -> str:
@@ -243,8 +181,8 @@ class Method(abc.ABC):
 
     def evaluation(self, run: RunContext) -> Iterable[Stage]:
         """The evaluation stages.  Default: the downstream model's next-token accuracy next to
-        eps = 0, eps = inf and the control row (:meth:`RunContext.downstream_evaluation`)."""
-        return run.downstream_evaluation()
+        eps = 0, eps = inf and the control row (:func:`popri.methods.steps.downstream_evaluation`)."""
+        return steps.downstream_evaluation(run)
 
     def control(self, run: RunContext) -> Stage | None:
         """The Stage writing the synthetic set of the untuned generator (T = 0) with the same

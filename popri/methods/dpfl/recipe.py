@@ -26,6 +26,7 @@ from typing import Iterator
 from popri.core.errors import ConfigError
 from popri.kit import Z_LATER, DPRelease, Stage
 from popri.methods.base import Method
+from popri.methods import steps
 from popri.methods.dpfl import readback
 from popri.methods.dpfl.rounds import epoch_leaves, epoch_position
 from popri.privacy.plan import Noise
@@ -248,7 +249,7 @@ class DPFL(Method):
         return recipe(run)
 
     def data(self, run):
-        return run.fetch_text(public=False)
+        return steps.fetch_text(run, public=False)
 
     def embeddings(self, run):
         return ()

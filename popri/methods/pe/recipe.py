@@ -16,6 +16,7 @@ from typing import Iterator
 
 from popri.kit import Stage, final_seed, fmt, round_seed
 from popri.methods.base import Method
+from popri.methods import steps
 from popri.methods.pe.draw import default_threshold
 from popri.privacy.plan import Noise
 from popri.specs.commands.embed import EmbedCall
@@ -90,7 +91,7 @@ def recipe(run) -> Iterator[Stage]:
                                                      model=c.embedder),
                         outputs=[str(syn)], inputs=[str(pop)])
         hist = R / "hist.npy"
-        yield run.score_stage(t, syn, hist, seed, threshold=H)
+        yield steps.score_stage(run, t, syn, hist, seed, threshold=H)
         surv = R / "survivors.jsonl"
         yield Stage(f"round{t}-draw", PeDrawCall(
             population=str(pop), scores=str(hist), num=pe.num_syn, round_=t, seed=seed,

@@ -29,6 +29,7 @@ from popri.kit import (
     take_stage,
 )
 from popri.methods.base import Method
+from popri.methods import steps
 from popri.specs.commands.dpo import DpoCall
 from popri.specs.commands.eval import EvalFluencyCall, EvalProbeCall
 from popri.specs.commands.fred import FredStatsCall
@@ -74,7 +75,7 @@ def gen_stage(run, t: int, adapter: str | None, omega: tuple | None = None) -> S
         omega=o_path, prompts=c.prompts, samples_per_prompt=c.samples_per_prompt, round_=t,
         out=str(samples), prompts_out=str(R / "prompts.jsonl"),
         stats_out=str(R / "gen_stats.json"),
-        **run.gen_settings(adapter=adapter, seed=round_seed(c.seed, t))),
+        **steps.gen_settings(run, adapter=adapter, seed=round_seed(c.seed, t))),
         outputs=[str(samples), str(R / "prompts.jsonl")],
         inputs=[*o_inputs, *([adapter] if adapter else [])])
 
@@ -132,7 +133,7 @@ def dpo_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
     if dp.pair_rule == "fluent":
         prefs["fluency"] = str(R / "fluency.jsonl")
         prefs_inputs.append(str(R / "fluency.jsonl"))
-    exact = run.exact_stage(t, samples, seed)
+    exact = steps.exact_stage(run, t, samples, seed)
     if exact is not None:
         yield exact
         prefs["true_scores"] = exact.outputs[0]
@@ -191,7 +192,7 @@ def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
         stats_out=str(Path(out).with_name(Path(out).stem + "_stats.json")
                       if name != "synthetic" or c.final_match_tokens
                       else run.paths.root / "synthetic_stats.json"),
-        **run.gen_settings(adapter=adapter, seed=final_seed(c.seed), top_p=c.final_top_p)),
+        **steps.gen_settings(run, adapter=adapter, seed=final_seed(c.seed), top_p=c.final_top_p)),
         outputs=[str(out)], inputs=[*o_inputs, *([adapter] if adapter else [])])
 
 
@@ -223,7 +224,7 @@ def probe_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
     samples = P / f"round{t}.jsonl"
     yield Stage(f"probe{t}-gen", GenCall(
         omega=run.omega, prompts=pr.prompts, samples_per_prompt=pr.samples_per_prompt,
-        round_=t, out=str(samples), **run.gen_settings(adapter=adapter, seed=probe_seed(c.seed))),
+        round_=t, out=str(samples), **steps.gen_settings(run, adapter=adapter, seed=probe_seed(c.seed))),
         outputs=[str(samples)], inputs=[*run.omega_inputs, *([adapter] if adapter else [])])
     yield Stage(f"probe{t}", EvalProbeCall(
         samples=str(samples), target=str(run.paths.emb_val), embed_model=c.embedder,
@@ -241,7 +242,7 @@ def _rounds(run, tune) -> Iterator[Stage]:
         R = run.paths.root / f"round{t}"
         yield gen_stage(run, t, adapter, omega)
         yield from fluency_stages(run, t)
-        yield run.score_stage(t, scored_samples(run, t), R / "scores.npy", round_seed(c.seed, t))
+        yield steps.score_stage(run, t, scored_samples(run, t), R / "scores.npy", round_seed(c.seed, t))
         last = None
         for st in tune(run, t, adapter):
             yield st

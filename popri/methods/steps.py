@@ -1,0 +1,261 @@
+"""The steps methods share, as stages built from a :class:`~popri.methods.base.RunContext`:
+fetching and embedding the data, the generator's settings, a round's DP scores (and its
+noise-free diagnostic twin), and the downstream evaluation with its baselines, control and
+draws.  A recipe composes them with its own stages (``steps.score_stage(run, t, ...)``); the
+driver (:class:`popri.pipeline.driver.Run`) only runs what the recipes build.
+
+    python -m pytest -q tests/test_api.py tests/test_entries.py -k "toy or own_call"
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from popri.core.errors import ConfigError
+from popri.kit import (
+    Z_LATER,
+    DPRelease,
+    Stage,
+    draw_seed,
+    redrawn,
+    settings,
+    take_stage,
+)
+from popri.methods.context import RunContext
+from popri.specs.commands.bench import BenchFetchCall
+from popri.specs.commands.embed import EmbedCall
+from popri.specs.commands.eval import (
+    EvalAccuracyCall,
+    EvalDiffCall,
+    EvalFidCall,
+    EvalGapCall,
+)
+from popri.specs.commands.score import ScoreCall
+from popri.specs.commands.train_downstream import TrainDownstreamCall
+from popri.specs.training import DownstreamSpec, GapSpec
+
+def is_file_source(src: str) -> bool:
+    """Is a data source a file (Omega as JSONL, JSON, CSV, Parquet), not a dataset to fetch."""
+    return src.endswith((".jsonl", ".json", ".csv", ".parquet")) or Path(src).is_file()
+
+
+# ------------------------------------------------------------------ data
+def fetch_text(run: RunContext, *, public: bool = True) -> Iterable[Stage]:
+    """``bench fetch`` of the private federated text (unless data.dir) and, with ``public``,
+    of Omega (unless it is a file)."""
+    c, d = run.cfg, run.cfg.data
+    common: dict[str, Any] = {"max_tokens": d.max_tokens, "seed": c.seed}
+    if not d.dir:
+        yield Stage("fetch-private", BenchFetchCall(
+            name=d.source, out=str(run.paths.private), split=d.split, **common,
+            date_from=d.date_from, max_samples_per_client=d.max_samples_per_client,
+            max_clients=d.max_clients),
+            outputs=[str(run.paths.private)])
+    if not d.public_source:
+        raise ConfigError("is needed (the initial population Omega)",
+                          field="data.public_source")
+    if public and not is_file_source(d.public_source):
+        yield Stage("fetch-public", BenchFetchCall(
+            name=d.public_source, out=str(run.paths.public), **common,
+            date_to=d.public_date_to,
+            max_samples_per_client=d.public_max_samples_per_client),
+            outputs=[str(run.paths.public)])
+
+def embed_private(run: RunContext) -> Iterable[Stage]:
+    """``embed`` of the private train and validation splits, and of Omega when checkpoint
+    selection reads it."""
+    c = run.cfg
+    for split, out in (("train", run.paths.emb_private), ("val", run.paths.emb_val)):
+        # the clients' own stages: their log lines count the private samples (release: quiet)
+        yield Stage(f"embed-{split}", EmbedCall(
+            input=str(run.paths.private), split=split, out=str(out), model=c.embedder),
+            outputs=[str(out)], inputs=[str(run.paths.private)], quiet=run.release)
+    if run.select == "public":
+        yield Stage("embed-public", EmbedCall(
+            input=run.omega, out=str(run.paths.emb_public), model=c.embedder),
+            outputs=[str(run.paths.emb_public)], inputs=run.omega_inputs)
+
+# ------------------------------------------------------------------ a round
+def gen_settings(run: RunContext, *, adapter: str | None, seed: int,
+                 top_p: float | None = None) -> dict:
+    """The generator section (a :class:`~popri.specs.generation.GeneratorSpec`) as
+    fields of ``popri gen``'s / ``popri expand``'s call, plus the stage's seed and adapter;
+    ``top_p``: instead of the section's (the final set's ``final_top_p``)."""
+    g = run.cfg.generator if top_p is None else run.cfg.generator.replace(top_p=top_p)
+    return {**g.to_dict(), "seed": seed, "adapter": adapter}
+
+def score_call(run: RunContext, t: int, synthetic: str | Path, out: Path, seed: int, *,
+               mode: str | None = None, threshold: float | str | None = None) -> ScoreCall:
+    """``popri score``'s call: the score section + privacy.delta + the mode, at the planned
+    noise multiplier (a dry run before the fetch shows a placeholder: a draft call)."""
+    values: dict[str, Any] = dict(
+        synthetic=str(synthetic), out=str(out), private=str(run.paths.emb_private),
+        seed=seed, round_=t, model=run.cfg.embedder,
+        noise_multiplier=run.noise.z if run.noise else Z_LATER,
+        **run.method.score_settings(run.cfg, mode=mode, threshold=threshold))
+    later = values["noise_multiplier"] == Z_LATER or isinstance(values.get("threshold"), str)
+    return ScoreCall.draft(**values) if later else ScoreCall(**values)
+
+def score_stage(run: RunContext, t: int, synthetic: str | Path, out: Path, seed: int, *,
+                mode: str | None = None, threshold: float | str | None = None) -> Stage:
+    """Round t's DP scores: a DP release, recorded in the ledger next to ``out``."""
+    ledger = Path(out).parent / "ledger.jsonl"
+    call = score_call(run, t, synthetic, out, seed, mode=mode, threshold=threshold)
+    return Stage(f"round{t}-score", call,
+                 outputs=[str(out)], inputs=[str(synthetic), str(run.paths.emb_private)],
+                 release=DPRelease(run.score_entries(t, call), ledger,
+                                   lambda e, t=t: e.stage == "score"
+                                   and e.params.get("round") == t))
+
+def exact_stage(run: RunContext, t: int, synthetic: str | Path, seed: int) -> Stage | None:
+    """The noise-free scores of round t's samples for the recovery rate (POPri Fig. 6):
+    ``popri score --diagnostic`` (no ledger entry, marked not private), kept in
+    RUN/diagnostics.  Not in release mode: they are an exact function of private data."""
+    c = run.cfg
+    if not c.score.recovery_rate or run.release:
+        return None
+    exact = run.paths.root / "diagnostics" / f"round{t}" / "exact.npy"
+    # no clipping in effect: a client's vector of mean cosines has norm <= sqrt(n_syn),
+    # below 1e6 (score's largest --clip) for any n_syn < 1e12
+    own: dict[str, Any] = ({"standardize": False, "clip": 1e6} if c.score.mode == "cosine"
+           else {"max_samples_per_client": c.score.max_samples_per_client})
+    return Stage(f"round{t}-exact-scores", ScoreCall(
+        synthetic=str(synthetic), out=str(exact), diagnostic=True, noise_multiplier=0.0,
+        seed=seed, model=c.embedder, private=str(run.paths.emb_private),
+        mode=c.score.mode, **own),
+        outputs=[str(exact)], inputs=[str(synthetic), str(run.paths.emb_private)],
+        quiet=True)
+
+# ------------------------------------------------------------------ evaluation
+def downstream_evaluation(run: RunContext) -> Iterable[Stage]:
+    """The synthetic set's FID to the validation split, the downstream model on it, its
+    accuracy on the private test split; with baselines eps = 0 / eps = inf and the gap;
+    with the method's control (:meth:`Method.control`) its T = 0 row and the paired
+    difference.  A method that trained the model itself (:meth:`Method.model_out`) is
+    evaluated as it is."""
+    c, ds = run.cfg, run.cfg.downstream
+    name = c.method
+    priv = str(run.paths.private)
+    syn = str(run.paths.synthetic)
+    E = run.paths.eval
+    model = run.method.model_out(run)
+    if model is None:
+        yield Stage("fid-synthetic", EvalFidCall(
+            a=syn, b=str(run.paths.emb_val), model=c.embedder, json_out=True),
+            outputs=[str(E / "fid.json")], inputs=[syn, str(run.paths.emb_val)],
+            stdout_to=str(E / "fid.json"))
+
+    def train(name: str, data: str, inputs: list[str], max_samples: int | None = None,
+              seed: int = c.seed, **more):
+        out = run.paths.root / "downstream" / name
+        st = Stage(f"downstream-{name}", TrainDownstreamCall(
+            train=data, out=str(out), val=priv, **settings(DownstreamSpec, ds, model=ds.model),
+            max_val_samples=ds.eval_max_samples, max_samples=max_samples, seed=seed,
+            force=True, **more),
+            outputs=[str(out)], inputs=[*inputs, priv])
+        return st, str(out)
+
+    def evaluate(name: str, model: str, inputs: list[str]):
+        per = E / f"{name}.clients.jsonl"
+        st = Stage(f"eval-{name}", EvalAccuracyCall(
+            model=model, data=priv, split="test", max_length=ds.max_length,
+            bootstrap=ds.bootstrap, max_samples=ds.eval_max_samples, per_client_out=str(per), seed=c.seed,
+            json_out=True),
+            outputs=[str(E / f"{name}.json"), str(per)], inputs=[*inputs, priv],
+            stdout_to=str(E / f"{name}.json"))
+        return st, str(per)
+
+    def diff(stage: str, method: str, control: str, out: Path) -> Stage:
+        """``eval diff``: the method minus the control, paired over test clients."""
+        return Stage(stage, EvalDiffCall(method=method, control=control,
+                                         bootstrap=ds.bootstrap, seed=c.seed, json_out=True),
+                     outputs=[str(out)], inputs=[method, control], stdout_to=str(out))
+
+    ctl = run.method.control(run) if c.control else None
+    per = {}
+    if model is not None:  # DP-FL: the method trained the model itself
+        ckpt = str(model)
+        st, per[name] = evaluate(name, ckpt, [str(Path(ckpt).parent)])
+        yield st
+    else:
+        st, ckpt = train(name, syn, [syn])
+        yield st
+        st, per[name] = evaluate(name, ckpt, [ckpt])
+        yield st
+    st = ctl
+    control = st is not None
+    if control:  # the untuned generator's T = 0 row (issue 24): same prompts, N, recipe
+        if not c.final_match_tokens:  # else the recipe's: its tokens cut the final set
+            yield st
+        st, ck = train("t0", st.outputs[0], [st.outputs[0]])
+        yield st
+        st, per["t0"] = evaluate("t0", ck, [ck])
+        yield st
+        yield diff("control-diff", per[name], per["t0"], E / "control.json")
+        if c.draws > 1:
+            yield from draw_stages(run, name, synthetic_stage(run), train, evaluate, diff)
+    if c.baselines:
+        st, per["eps0"] = evaluate("eps0", ds.model, [])
+        yield st
+        # eps = inf: the same recipe on the private train split, size-matched to the
+        # synthetic set so the comparison is about the data, not its amount
+        st, inf = train("epsinf", priv, [], max_samples=c.num_synthetic,
+                        train_split="train")
+        yield st
+        st, per["epsinf"] = evaluate("epsinf", inf, [inf])
+        yield st
+        yield Stage("gap-closed", EvalGapCall(
+            method=per[name], eps0=per["eps0"], epsinf=per["epsinf"],
+            **settings(GapSpec, ds), allow_undefined=True,
+            control=per["t0"] if control else None, seed=c.seed, json_out=True),
+            outputs=[str(E / "gap.json")], inputs=list(per.values()),
+            stdout_to=str(E / "gap.json"))
+
+def synthetic_stage(run: RunContext) -> Stage:
+    """The method's own stage writing RUN/synthetic.jsonl (its recipe's, rebuilt; with
+    ``final_match_tokens`` the pool it is cut from, RUN/synthetic_pool.jsonl)."""
+    want = str(run.paths.synthetic_pool if run.cfg.final_match_tokens
+               else run.paths.synthetic)
+    for st in run.method.recipe(run):
+        if want in st.outputs:
+            return st
+    raise ConfigError(f"{run.cfg.method}'s recipe writes no {want}: nothing to redraw",
+                      field="draws")
+
+def draw_stages(run: RunContext, name: str, synthetic: Stage, train, evaluate,
+                diff) -> Iterable[Stage]:
+    """Draws 1 .. draws-1 of the final set and of its T = 0 control (``draws``, issue 24):
+    both generation stages with seed :func:`draw_seed` (stage seed, k) (RUN/draws/dK/),
+    each set trained downstream with ``draw_seed(seed, k)`` and evaluated, and their paired difference (RUN/eval/control-dK.json); the
+    builders are :meth:`downstream_evaluation`'s."""
+    c, E = run.cfg, run.paths.eval
+    control = run.method.control(run)
+    if control is None:  # draws redraw a method's set against its control
+        return
+    for k in range(1, c.draws):
+        D = run.paths.root / "draws" / f"d{k}"
+        per = {}
+        sets = {who: redrawn(st, k, D / Path(st.outputs[0]).name, f"{st.name}-d{k}")
+                for who, st in ((name, synthetic), ("t0", control))}
+        match = c.final_match_tokens  # the control's tokens cut the method's pool
+        if match:
+            yield sets["t0"]
+            yield sets[name]
+            sets[name] = take_stage(f"synthetic-take-d{k}", sets[name].outputs[0],
+                                    sets["t0"].outputs[0], D / run.paths.synthetic.name,
+                                    c.downstream.model)
+        for who in (name, "t0"):
+            tag, syn = f"{who}-d{k}", sets[who]
+            if not match or who == name:
+                yield syn
+            tr, ck = train(tag, syn.outputs[0], [syn.outputs[0]],
+                           seed=draw_seed(c.seed, k))
+            yield tr
+            ev, per[who] = evaluate(tag, ck, [ck])
+            yield ev
+        yield diff(f"control-diff-d{k}", per[name], per["t0"], E / f"control-d{k}.json")
+
+
+__all__ = ["is_file_source", "fetch_text", "embed_private", "gen_settings", "score_call", "score_stage",
+           "exact_stage", "downstream_evaluation", "synthetic_stage", "draw_stages"]
