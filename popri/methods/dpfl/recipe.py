@@ -60,14 +60,20 @@ def model_out(run) -> Path:
     return round_dir(run, run.cfg.rounds) / "model"
 
 
-def round_entries(cfg, t: int, noise: Noise, clients: int | None) -> list:
+def round_entries(cfg, t: int, noise: Noise, clients: int | None,
+                  spec: FLSpec | None = None) -> list:
     """Round t's prospective ledger entry with the planned ``noise`` (its z, q, sampling,
     relation and sensitivity): what ``popri fl round`` will record, by the same entry function
     (:meth:`popri.privacy.plan.Noise.entry`) on the same engine.  ``clients``: N, public under
-    DP-FTRL's blocks (R = floor(N / L) leaves)."""
+    DP-FTRL's blocks (R = floor(N / L) leaves).  ``spec``: the round stage's own call (an
+    :class:`~popri.specs.fl.FLSpec`), whose z, bound, engine and relation the entry is then
+    planned from; without it (the calibration, before any stage exists) :func:`fl_spec`."""
     if not noise.planned:
         return []
-    spec = fl_spec(cfg)
+    if spec is None:
+        spec = fl_spec(cfg)
+    else:  # the stage's own z and relation (its bound and convention)
+        noise = noise.replace(z=spec.noise_multiplier).at(str(noise.sampling), spec)
     params = {"round": t, "algorithm": cfg.method}
     if spec.epoch_trees:
         # one tree per epoch of R rounds: the tree is one release, recorded by each of its
@@ -162,10 +168,11 @@ def recipe(run) -> Iterator[Stage]:
         out = round_dir(run, t)
         values = dict(data=priv, round_=t, out=str(out), model=model_name(c), seed=c.seed,
                       init=str(prev) if prev else None, **fl_settings(run, z))
-        yield Stage(f"fl-round{t}", FlRoundCall.draft(**values) if z is None
-                    else FlRoundCall(**values),
+        call = FlRoundCall.draft(**values) if z is None else FlRoundCall(**values)
+        yield Stage(f"fl-round{t}", call,
             outputs=[str(out)], inputs=[priv, *([str(prev)] if prev else [])],
-            release=DPRelease(round_entries(c, t, noise, clients) if noise else [],
+            release=DPRelease(round_entries(c, t, noise, clients, spec=call)
+                              if noise and z is not None else [],
                               out.parent / "ledger.jsonl",
                               lambda e, t=t: e.stage == "fl" and e.params.get("round") == t))
         prev = out
