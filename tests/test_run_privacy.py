@@ -18,6 +18,7 @@ import pytest
 
 from conftest import _run, write_jsonl
 from test_run_e2e import tiny_inputs  # noqa: F401  (fixture)
+from popri.methods import steps
 from popri.specs.commands.account import AccountEpsilonCall
 from popri.pipeline import config as C
 from popri.core.errors import ConfigError
@@ -260,8 +261,8 @@ def test_run_total_is_every_ledger_under_the_run_and_diagnostics_record_nothing(
     _emb_set(r.paths.emb_private, _unit(rng, 120), clients=np.arange(120) // 4)
     for t in (1, 2):
         syn = _emb_set(run / f"round{t}" / "samples.npy", _unit(rng, 10))
-        r.stage(r.score_stage(t, syn, run / f"round{t}" / "scores.npy", seed=t))
-        st = r.exact_stage(t, syn, seed=t)
+        r.stage(steps.score_stage(r, t, syn, run / f"round{t}" / "scores.npy", seed=t))
+        st = steps.exact_stage(r, t, syn, seed=t)
         r.stage(st)
         exact = Path(st.outputs[0])
         side = json.loads(exact.with_suffix(".json").read_text())

@@ -43,7 +43,7 @@ class RunContext(Protocol):
         fetched yet."""
         ...
 
-    def selection_entries(self) -> list:
+    def selection_entries(self, call=None) -> list:
         """The prospective ledger entries of the DP checkpoint selection (dpo.select_on: dp)."""
         ...
 

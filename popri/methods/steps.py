@@ -76,6 +76,20 @@ def embed_private(run: RunContext) -> Iterable[Stage]:
             input=run.omega, out=str(run.paths.emb_public), model=c.embedder),
             outputs=[str(run.paths.emb_public)], inputs=run.omega_inputs)
 
+# ------------------------------------------------------------------ the DP selection
+def select_settings(cfg) -> dict:
+    """``popri fred stats``' settings of the DP checkpoint selection (dpo.select_on: dp): the
+    validation split's embedding mean (and covariance, for select_by fid) at user level under
+    add/remove one client (the relation of the score releases, so one accountant totals
+    them), analytic Gaussian at dpo.select_epsilon.  The one builder of the stage's call and of
+    the budget's plan of it (:meth:`popri.pipeline.budget.Budget.select_entries`)."""
+    dp = cfg.dpo
+    return dict(epsilon=dp.select_epsilon, delta=cfg.selection_delta, level="user",
+                relation="add-remove", calibration="analytic",
+                statistics="both" if dp.select_by == "fid" else "mean",
+                release=bool(cfg.release))
+
+
 # ------------------------------------------------------------------ a round
 def gen_settings(run: RunContext, *, adapter: str | None, seed: int,
                  top_p: float | None = None) -> dict:

@@ -26,12 +26,13 @@ from popri.core.errors import ConfigError, InputError, PopriError
 from popri.core.io import read_json
 from popri.kit import DPRelease, RunPaths
 from popri.methods.fred import stats as F
+from popri.methods.steps import select_settings
 from popri.pipeline.config import select_on
 from popri.privacy import accounting as A
 from popri.privacy.calibration import calibrate, gaussian_multiplier
-from popri.privacy.entries import gaussian
 from popri.privacy.ledger import LEDGER_NAME, dedupe, read_ledger
-from popri.privacy.plan import Noise
+from popri.privacy.plan import Noise, mode_of
+from popri.specs.privacy import FredStatsSpec
 
 
 class BudgetError(ConfigError):
@@ -189,24 +190,23 @@ class Budget:
         spec = self.method.round_spec(self.cfg) if spec is None else spec
         return noise.entry(spec, "score", delta=self.cfg.privacy.delta, params={"round": t})
 
-    def select_entries(self) -> list:
+    def select_entries(self, call=None) -> list:
         """The prospective ledger entries of the DP checkpoint selection (dpo.select_on: dp):
         'popri fred stats' at user level, add/remove one client, analytic Gaussian: a q = 1
         Gaussian release of each statistic the selection reads (the mean for mean-cosine; mean
-        and covariance for fid) at the noise multiplier of (select_epsilon, select_delta)."""
+        and covariance for fid) at the noise multiplier of (select_epsilon, select_delta).
+        Planned from the stage's ``call`` (its :class:`~popri.specs.privacy.FredStatsSpec`) by
+        the function that records them (:func:`popri.methods.fred.stats.release_entries`);
+        without it (the calibration) from :func:`popri.methods.steps.select_settings`, the
+        builder of that call."""
         if self.select != "dp":
             return []
-
-        dp = self.cfg.dpo
-        z = gaussian_multiplier(dp.select_epsilon, self.cfg.selection_delta, "analytic")
-        design = F.Design("add-remove", "user", 1.0, None)
-        return [gaussian("fred", noise_multiplier=z, sample_rate=1.0,
-                         delta=self.cfg.selection_delta, sensitivity=sens, sampling="none",
-                         neighbouring=design.neighbouring,
-                         mode="release" if self.release else "research", params={"release": what})
-                for what, sens in (("mean", design.mean_sensitivity),
-                                   ("covariance", design.cov_sensitivity))
-                if what == "mean" or dp.select_by == "fid"]
+        spec = FredStatsSpec(**select_settings(self.cfg)) if call is None else call
+        if spec.epsilon is None or spec.delta is None or spec.calibration is None:
+            raise PopriError("internal: the selection's fred stats call has no epsilon, delta "
+                             "or calibration")
+        z = gaussian_multiplier(spec.epsilon, spec.delta, spec.calibration)
+        return F.release_entries(spec, z, mode=mode_of(bool(spec.release)))
 
     # ------------------------------------------------------------------ calibration
     def compose(self, entries: list):

@@ -115,9 +115,10 @@ class Run:
         (:meth:`Budget.public_clients`)."""
         return self.budget.public_clients()
 
-    def selection_entries(self) -> list:
-        """The DP checkpoint selection's prospective ledger entries (:meth:`Budget.select_entries`)."""
-        return self.budget.select_entries()
+    def selection_entries(self, call=None) -> list:
+        """The DP checkpoint selection's prospective ledger entries, planned from the stage's
+        ``call`` (:meth:`Budget.select_entries`)."""
+        return self.budget.select_entries(call)
 
     def score_entries(self, t: int, call) -> list:
         """A score stage's prospective ledger entry, planned from its call

@@ -84,6 +84,7 @@ from popri.privacy.calibration import (  # noqa: F401  (re-exported: deprecated 
 from popri.privacy.noise import discrete_gaussian_release, make_rng, snapped_sensitivity
 
 # the relations, the levels and the user-level cap m (8, PrE-Text's): declared in the spec
+from popri.privacy.entries import gaussian
 from popri.specs.privacy import DEFAULT_USER_CAP, LEVELS, RELATIONS  # noqa: F401
 
 # --------------------------------------------------------------------------- calibration
@@ -300,6 +301,27 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
         "noise_edge": 2.0 * s2 / n * math.sqrt(d),
     })
     return FredStats(pmean, cov, n, True, params, sum1, sum2)
+
+
+def release_entries(spec, z: float, *, mode: str, more=None) -> list:
+    """The ledger entries of ``popri fred stats`` with ``spec`` (a
+    :class:`~popri.specs.privacy.FredStatsSpec`) at noise multiplier z: one Gaussian release
+    (q = 1) of the mean, and of the covariance unless ``spec.statistics`` is "mean", at their
+    sensitivities under the spec's relation and level (:class:`Design`).  The one builder of
+    the plan (:meth:`popri.pipeline.budget.Budget.select_entries`, from the stage's call) and
+    of the record (:func:`popri.methods.fred.steps.release_stats`, whose ``more(what)`` adds
+    each entry's release id and parameters)."""
+    m = spec.max_samples_per_client if spec.level == "user" else None
+    design = Design(spec.relation, spec.level, spec.clip, m)
+    out = []
+    for what, sens in (("mean", design.mean_sensitivity), ("covariance", design.cov_sensitivity)):
+        if what == "covariance" and spec.statistics == "mean":
+            continue
+        rid, params = more(what) if more else ("", {"release": what})
+        out.append(gaussian("fred", noise_multiplier=z, sample_rate=1.0, delta=spec.delta,
+                            sensitivity=sens, sampling="none", neighbouring=design.neighbouring,
+                            mode=mode, release_id=rid, params=params))
+    return out
 
 
 def release(emb: np.ndarray, keys: Sequence[str], design: Design, z: float, *, seed: int | None,

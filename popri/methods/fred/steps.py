@@ -37,7 +37,6 @@ from popri.models.embed import as_embedding_set, resolve_model
 from popri.models.fid import frechet_distance, gaussian_stats
 from popri.privacy.accounting import compose
 from popri.privacy.calibration import gaussian_multiplier
-from popri.privacy.entries import gaussian
 from popri.privacy.release import Release
 from popri.specs.privacy import FredStatsSpec
 
@@ -137,17 +136,11 @@ def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, 
         claim = (f"({eps:g}, {delta:g})-DP each; mean and covariance together "
                  f"({2 * eps:g}, {2 * delta:g})-DP by basic composition (Proposition 3.1)"
                  if both else f"({eps:g}, {delta:g})-DP: the mean alone (no covariance)")
-        released = [("mean", design.mean_sensitivity, st.params["noise_std_sum1"])]
-        if both:
-            released.append(("covariance", design.cov_sensitivity, st.params["noise_std_sum2"]))
-        for what, sens, std in released:
-            entries.append(gaussian(
-                "fred", noise_multiplier=z,
-                sample_rate=1.0, delta=delta, sensitivity=sens, sampling="none",
-                neighbouring=design.neighbouring, mode=rel.mode,
-                release_id=rel.release_id(what, *rid_parts),
-                params={"release": what, "epsilon": eps, "delta": delta, "calibration": cal,
-                        "noise_std_on_sum": std, "claim": claim, "noise": st.params["noise"]}))
+        std = {"mean": st.params["noise_std_sum1"], "covariance": st.params.get("noise_std_sum2")}
+        entries = F.release_entries(spec, z, mode=rel.mode, more=lambda what: (
+            rel.release_id(what, *rid_parts),
+            {"release": what, "epsilon": eps, "delta": delta, "calibration": cal,
+             "noise_std_on_sum": std[what], "claim": claim, "noise": st.params["noise"]}))
     sidecar = {"kind": "fred-stats", "private": not non_private, "dim": int(emb.shape[1]),
                "privacy_mode": None if non_private else rel.mode,
                "n": st.n, "n_public": bool(non_private or design.count_public),

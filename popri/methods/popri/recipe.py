@@ -47,15 +47,11 @@ def select_stats_stage(run) -> Stage:
     """dpo.select_on: dp -- the validation split's embedding mean (and covariance, for select_by
     fid), released once under DP ('popri fred stats', user level, add/remove one client: the relation of the
     score releases, so one accountant totals them)."""
-    c, dp = run.cfg, run.cfg.dpo
     out = run.paths.select_stats
-    return Stage("select-stats", FredStatsCall(
-        private=str(run.paths.emb_val), out=str(out), epsilon=dp.select_epsilon,
-        delta=c.selection_delta, level="user", relation="add-remove", calibration="analytic",
-        statistics="both" if dp.select_by == "fid" else "mean", seed=c.seed,
-        release=run.release),
-        outputs=[str(out)], inputs=[str(run.paths.emb_val)],
-        release=DPRelease(run.selection_entries(), out.parent / "ledger.jsonl",
+    call = FredStatsCall(private=str(run.paths.emb_val), out=str(out), seed=run.cfg.seed,
+                         **steps.select_settings(run.cfg))
+    return Stage("select-stats", call, outputs=[str(out)], inputs=[str(run.paths.emb_val)],
+        release=DPRelease(run.selection_entries(call), out.parent / "ledger.jsonl",
                           lambda e: e.stage == "fred"))
 
 
