@@ -303,6 +303,13 @@ def private_stats(clients: Sequence[np.ndarray], design: Design, z: float, rng, 
     return FredStats(pmean, cov, n, True, params, sum1, sum2)
 
 
+def design_of(spec) -> Design:
+    """The :class:`Design` (relation, level, clip, m) of a private
+    :class:`~popri.specs.privacy.FredStatsSpec`."""
+    m = spec.max_samples_per_client if spec.level == "user" else None
+    return Design(spec.relation, spec.level, spec.clip, m)
+
+
 def release_entries(spec, z: float, *, mode: str, more=None) -> list:
     """The ledger entries of ``popri fred stats`` with ``spec`` (a
     :class:`~popri.specs.privacy.FredStatsSpec`) at noise multiplier z: one Gaussian release
@@ -311,8 +318,7 @@ def release_entries(spec, z: float, *, mode: str, more=None) -> list:
     the plan (:meth:`popri.pipeline.budget.Budget.select_entries`, from the stage's call) and
     of the record (:func:`popri.methods.fred.steps.release_stats`, whose ``more(what)`` adds
     each entry's release id and parameters)."""
-    m = spec.max_samples_per_client if spec.level == "user" else None
-    design = Design(spec.relation, spec.level, spec.clip, m)
+    design = design_of(spec)
     out = []
     for what, sens in (("mean", design.mean_sensitivity), ("covariance", design.cov_sensitivity)):
         if what == "covariance" and spec.statistics == "mean":

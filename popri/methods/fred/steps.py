@@ -32,7 +32,7 @@ from popri.core.guard import check_outputs
 from popri.core.io import STDIO, is_embedding_path
 from popri.data.records import read_records
 from popri.methods.fred import stats as F
-from popri.methods.fred.stats import Design, load_stats
+from popri.methods.fred.stats import design_of, load_stats
 from popri.models.embed import as_embedding_set, resolve_model
 from popri.models.fid import frechet_distance, gaussian_stats
 from popri.privacy.accounting import compose
@@ -64,13 +64,6 @@ def stats_noise_multiplier(spec: FredStatsSpec) -> float:
         raise InputError(f"too small: it needs noise multiplier {z:.3g} > {validate.Z_MAX:g}, "
                          "statistics that are pure noise", field="--epsilon")
     return z
-
-
-def design_of(spec: FredStatsSpec):
-    """The :class:`~popri.methods.fred.stats.Design` (relation, level, clip, m) of a private
-    spec."""
-    m = spec.max_samples_per_client if spec.level == "user" else None
-    return Design(spec.relation, spec.level, spec.clip, m)
 
 
 def release_stats(private: str, out: str, spec: FredStatsSpec | None = None, *, seed: int = 0,
