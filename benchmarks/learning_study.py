@@ -453,6 +453,111 @@ def draws_table(rows: list[dict], kept: list[str] = ()) -> str:
     return "\n".join(out)
 
 
+#: the full comparison's rule (docs/results.md, "The full comparison's plan"): >= 3 seeds per
+#: corpus and setting, each seed's d the mean over its draws of method minus T = 0
+MIN_SEEDS = 3
+
+
+def corpus_of(setting: str) -> tuple[str, str] | None:
+    """(corpus, remedy) of a full-comparison setting ``C-eps1`` / ``C-eps1-R`` (remedy "" for
+    POPri as the paper); None for any other setting."""
+    for c in CORPORA:
+        if setting == f"{c}-eps1":
+            return c, ""
+        for k in REMEDIES:
+            if setting == f"{c}-eps1-{k}":
+                return c, k
+    return None
+
+
+def seed_means(rows: list[dict], drows: list[dict]) -> dict[tuple[str, int], dict]:
+    """Per (setting, seed) of the full comparison: d_s, the mean over the run's draws of method
+    minus T = 0 (each paired over the test clients), and the draws it averages.  A run's draws
+    are `popri run`'s own (``draws: D``) or, for a final-set variant, its replays; a run of one
+    draw counts with n = 1 (the rule needs the draws the plan names: see :func:`verdict`)."""
+    out: dict[tuple[str, int], dict] = {}
+    for r in rows:
+        if corpus_of(r["setting"]) and r.get("diff") is not None:
+            out[(r["setting"], r["seed"])] = {"d": [float(r["diff"])]}
+    for r in drows:
+        if corpus_of(r["setting"]):
+            out[(r["setting"], r["seed"])] = {
+                "d": [float(x["acc_minus_control"]) for x in r["draws"]]}
+    for v in out.values():
+        v["mean"] = statistics.fmean(v["d"])
+    return out
+
+
+def verdict(rows: list[dict], drows: list[dict], draws: int = 3) -> list[dict]:
+    """Issue 44's rule, per full-comparison setting: over its seeds (each with ``draws``
+    draws), the mean d and its SE between seeds, sd(d_s) / sqrt(n); it **beats** T = 0 when
+    d > t(0.95, n - 1) SE and **loses** when d < -t(0.95, n - 1) SE, with n >= 3 seeds of
+    ``draws`` draws each; "incomplete" otherwise (never a verdict from fewer)."""
+    by: dict[str, list[tuple[int, dict]]] = {}
+    for (setting, seed), v in seed_means(rows, drows).items():
+        by.setdefault(setting, []).append((seed, v))
+    out = []
+    for setting, v in sorted(by.items()):
+        v.sort()
+        full = [x for _, x in v if len(x["d"]) >= draws]
+        ds = [x["mean"] for _, x in v]
+        n = len(ds)
+        mean = statistics.fmean(ds)
+        se = statistics.stdev(ds) / math.sqrt(n) if n > 1 else float("nan")
+        t = t_crit(n) if n > 1 else float("nan")
+        if len(full) < len(v) or n < MIN_SEEDS:
+            word = "incomplete"
+        elif mean > t * se:
+            word = "beats"
+        elif mean < -t * se:
+            word = "loses"
+        else:
+            word = "neither"
+        c, k = corpus_of(setting) or ("", "")
+        out.append({"setting": setting, "corpus": c, "remedy": k, "seeds": [s for s, _ in v],
+                    "draws": [len(x["d"]) for _, x in v], "d_s": ds, "mean": mean, "se": se,
+                    "t": t, "verdict": word})
+    return out
+
+
+def rule(verdicts: list[dict]) -> list[dict]:
+    """Per remedy (and POPri as the paper, remedy ""): the corpora it beats and loses on, and
+    whether it meets the rule (beats on >= 2 of the corpora, loses on none, every corpus
+    complete)."""
+    out = []
+    for k in sorted({v["remedy"] for v in verdicts}):
+        mine = {v["corpus"]: v for v in verdicts if v["remedy"] == k}
+        done = [c for c in CORPORA if c in mine and mine[c]["verdict"] != "incomplete"]
+        beat = [c for c in done if mine[c]["verdict"] == "beats"]
+        lose = [c for c in done if mine[c]["verdict"] == "loses"]
+        complete = len(done) == len(CORPORA)
+        out.append({"remedy": k or "(POPri as the paper)", "complete": done, "beats": beat,
+                    "loses": lose,
+                    "meets_rule": (len(beat) >= 2 and not lose) if complete else None})
+    return out
+
+
+def verdict_table(verdicts: list[dict]) -> str:
+    """The full comparison's table (issue 44's rule) and, per remedy, the rule's outcome."""
+    if not verdicts:
+        return ""
+    out = ["| setting | corpus | seeds (draws each) | d per seed (mean over its draws) | "
+           "mean d | SE between seeds | t(0.95, n-1) | verdict |", "|" + "---|" * 8]
+    for v in verdicts:
+        out.append(
+            f"| {v['setting']} | {v['corpus']} | "
+            f"{', '.join(f'{s} ({n})' for s, n in zip(v['seeds'], v['draws']))} | "
+            f"{', '.join(f'{x:+.4f}' for x in v['d_s'])} | {v['mean']:+.4f} | "
+            f"{_f(v['se'])} | {_f(v['t'], 2)} | {v['verdict']} |")
+    out += ["", "| remedy | corpora complete | beats T = 0 on | loses on | meets the rule "
+            "(beats on >= 2, loses on none) |", "|---|---|---|---|---|"]
+    for r in rule(verdicts):
+        ok = {None: "not yet (corpora incomplete)", True: "yes", False: "no"}[r["meets_rule"]]
+        out.append(f"| {r['remedy']} | {', '.join(r['complete']) or '-'} | "
+                   f"{', '.join(r['beats']) or '-'} | {', '.join(r['loses']) or '-'} | {ok} |")
+    return "\n".join(out)
+
+
 def collect(runs: Path) -> list[dict]:
     rows = []
     for d in sorted(runs.glob("*-s*")):
@@ -624,6 +729,9 @@ def main() -> None:
     md = table(rows)
     if drows or kept:
         md += "\n\n" + draws_table(drows, kept)
+    vt = verdict_table(verdict(rows, drows, _config_draws(a.sets)))
+    if vt:
+        md += "\n\n" + vt
     print(md)
     res = HERE / "results"
     res.mkdir(exist_ok=True)

@@ -344,3 +344,61 @@ def test_run_with_final_match_tokens_end_to_end(tmp_path, run_popri, tiny_lm, ti
         assert t["reached"] or len(kept) == len(pool)
     assert res["final_match_tokens"]["kept"] == len((run / "synthetic.jsonl").read_text()
                                                     .splitlines())
+
+
+def _ctl(d):
+    return {"acc_minus_control": d, "acc_minus_control_se": 0.003, "acc": 0.2 + d,
+            "acc_control": 0.2}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.floats(-0.05, 0.05), min_size=3, max_size=3), min_size=3,
+                max_size=5))
+def test_verdict_is_a_one_sided_t_test_over_seed_means(per_seed):
+    """The full comparison's verdict (benchmarks/learning_study.py verdict) is the one-sided
+    one-sample t-test of the seeds' draw means at 0.05, both ways (scipy's ttest_1samp, an
+    independent computation), and counts a seed's draws, not its test clients."""
+    from scipy.stats import ttest_1samp
+
+    L = _study()
+    drows = [{"setting": "deb-eps1-fluent", "seed": s, "draws": [_ctl(d) for d in ds]}
+             for s, ds in enumerate(per_seed)]
+    (v,) = L.verdict([], drows, draws=3)
+    means = [float(np.mean(ds)) for ds in per_seed]
+    assert v["d_s"] == pytest.approx(means)
+    if np.std(means) == 0:
+        return  # no spread: the t statistic is undefined
+    up = ttest_1samp(means, 0.0, alternative="greater").pvalue
+    down = ttest_1samp(means, 0.0, alternative="less").pvalue
+    want = "beats" if up < 0.05 else "loses" if down < 0.05 else "neither"
+    if min(abs(up - 0.05), abs(down - 0.05)) > 1e-9:  # not on the boundary
+        assert v["verdict"] == want
+
+
+def test_verdict_needs_three_seeds_of_the_plans_draws_and_the_rule_needs_every_corpus():
+    L = _study()
+    win = [0.010, 0.012, 0.011]
+    drows = [{"setting": f"{c}-eps1-fluent", "seed": s,
+              "draws": [_ctl(win[s] + e) for e in (-0.001, 0.0, 0.001)]}
+             for c in ("sotu", "ood", "deb") for s in range(3)]
+    # pypi: only two seeds so far, and one of them with a single draw
+    drows += [{"setting": "pypi-eps1-fluent", "seed": 0, "draws": [_ctl(0.01)] * 3}]
+    rows = [{"setting": "pypi-eps1-fluent", "seed": 1, "diff": 0.02}]
+    vs = {v["setting"]: v for v in L.verdict(rows, drows, draws=3)}
+    assert vs["deb-eps1-fluent"]["verdict"] == "beats"
+    assert vs["pypi-eps1-fluent"]["verdict"] == "incomplete"
+    assert vs["pypi-eps1-fluent"]["draws"] == [3, 1]
+    (r,) = L.rule(list(vs.values()))
+    assert r["beats"] == ["sotu", "ood", "deb"] and r["meets_rule"] is None
+    # pypi completed, losing: beats on three, loses on one -> not the default
+    drows = [d for d in drows if not d["setting"].startswith("pypi")] + [
+        {"setting": "pypi-eps1-fluent", "seed": s, "draws": [_ctl(-win[s] + e)
+                                                             for e in (-0.001, 0.0, 0.001)]}
+        for s in range(3)]
+    (r,) = L.rule(L.verdict([], drows, draws=3))
+    assert r["loses"] == ["pypi"] and r["meets_rule"] is False
+    table = L.verdict_table(L.verdict([], drows, draws=3))
+    assert "| pypi-eps1-fluent | pypi | 0 (3), 1 (3), 2 (3) |" in table
+    assert "| fluent | sotu, ood, deb, pypi | sotu, ood, deb | pypi | no |" in table
+    # a setting outside the comparison is never judged
+    assert L.corpus_of("ood-eps1-rpo-fluent") is None and L.corpus_of("eps1") is None
