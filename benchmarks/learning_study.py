@@ -507,9 +507,9 @@ def verdict(rows: list[dict], drows: list[dict], draws: int = 3) -> list[dict]:
         t = t_crit(n) if n > 1 else float("nan")
         if len(full) < len(v) or n < MIN_SEEDS:
             word = "incomplete"
-        elif mean > t * se:
+        elif beats(mean, se, n):
             word = "beats"
-        elif mean < -t * se:
+        elif beats(-mean, se, n):
             word = "loses"
         else:
             word = "neither"
