@@ -540,3 +540,74 @@ def test_sigterm_removes_temporary_files_and_exits_143(tmp_path):
     assert rc == 143, (rc, err)
     assert "Traceback" not in err and "terminated" in err
     assert list(out.iterdir()) == []
+
+
+# The window CI hit once (2026-11-30): SIGTERM landed after the temporary file was created and
+# before its writer had it in hand, so no ``except`` knew to remove it.  These tests put an
+# interrupt at exactly those two points (inside the creation; between it and the caller's
+# bookkeeping) and check that the process ends with no temporary file left.
+_INTERRUPT_CHILD = r"""
+import os, sys
+from pathlib import Path
+import numpy as np
+import popri.core.io as io
+
+out = Path(sys.argv[1])
+where = sys.argv[2]
+if where == "in-creation":  # after the file exists, before _tmp_in returns
+    real_close = os.close
+    def close(fd):
+        real_close(fd)
+        os.close = real_close
+        raise KeyboardInterrupt
+    os.close = close
+else:  # after _tmp_in returned, before AtomicOutputs/atomic_write hold the name
+    real = io._tmp_in
+    def tmp_in(dest, suffix=""):
+        io._tmp_in = real
+        real(dest, suffix)
+        raise KeyboardInterrupt
+    io._tmp_in = tmp_in
+try:
+    if sys.argv[3] == "outputs":
+        with io.AtomicOutputs() as outs:
+            np.save(outs.path(out / "a.npy", ".npy"), np.zeros(3))
+    else:
+        with io.atomic_write(out / "a.jsonl") as fh:
+            fh.write("{}\n")
+except KeyboardInterrupt:
+    print("interrupted", [p.name for p in out.iterdir()], file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("writer", ["outputs", "atomic_write"])
+@pytest.mark.parametrize("where", ["in-creation", "after-creation"])
+def test_an_interrupt_just_after_a_temporary_file_is_made_leaves_nothing(tmp_path, where, writer):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run([sys.executable, "-c", _INTERRUPT_CHILD, str(out), where, writer],
+                       capture_output=True, text=True, env=_env(), timeout=120)
+    assert r.returncode == 130, r.stderr
+    # the file did exist when the interrupt came (the injection hit the window) ...
+    assert "interrupted" in r.stderr and ".tmp" in r.stderr, r.stderr
+    # ... and the exit sweep removed it
+    assert list(out.iterdir()) == []
+
+
+def test_the_exit_sweep_removes_only_this_process_s_uncommitted_files(tmp_path):
+    import popri.core.io as io
+
+    with io.atomic_write(tmp_path / "done.txt") as fh:
+        fh.write("kept\n")
+    mine = io._tmp_in(tmp_path / "x.npy", ".npy")  # made, never committed
+    theirs = tmp_path / ".y.npy.abcdefgh.tmp.npy"  # another process's (a parent's, after fork)
+    theirs.write_bytes(b"")
+    io._LIVE_TMP[str(theirs)] = os.getpid() + 1
+    try:
+        io.sweep_temporaries()
+        assert not mine.exists() and theirs.exists()
+        assert (tmp_path / "done.txt").read_text() == "kept\n"
+        assert str(theirs) not in io._LIVE_TMP and str(mine) not in io._LIVE_TMP
+    finally:
+        io._LIVE_TMP.pop(str(theirs), None)

@@ -23,7 +23,7 @@ What counts as written / read besides the paths themselves:
 
 Two paths are the same file when :func:`os.path.samefile` says so (both exist: symlinks and hard
 links are caught), otherwise when their resolved paths are equal.  Temporary names need no
-check: they are made with ``mkstemp`` (``O_EXCL``), which never opens an existing file.
+check: they are created with ``O_EXCL`` (popri.core.io), which never opens an existing file.
 """
 
 from __future__ import annotations

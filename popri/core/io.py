@@ -20,13 +20,15 @@ an earlier good one.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import errno
 import io
 import json
 import math
 import os
+import secrets
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Sequence
@@ -41,17 +43,55 @@ os.umask(_UMASK)
 
 
 # --------------------------------------------------------------------------- atomic writes
+# Every temporary file this process made and has neither renamed into place nor removed:
+# path -> the pid that made it.  A name is entered *before* the file is created, so a signal
+# (SIGTERM/SIGHUP become KeyboardInterrupt in popri.cli.process) that lands anywhere -- inside
+# the creation, or between it and the caller's ``try`` -- cannot leave an untracked file: the
+# sweep at exit removes what no ``with`` block cleaned up (CI saw one such file, 2026-11-30).
+_LIVE_TMP: dict[str, int] = {}
+
+
+def sweep_temporaries() -> None:
+    """Remove the temporary files this process made and never committed (at exit: atexit,
+    and popri.cli.process after an interrupt).  A forked child forgets its parent's."""
+    pid = os.getpid()
+    for name, owner in list(_LIVE_TMP.items()):
+        if owner == pid:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        _LIVE_TMP.pop(name, None)
+
+
+atexit.register(sweep_temporaries)
+
+
+def _forget_tmp(tmp: Path) -> None:
+    _LIVE_TMP.pop(str(tmp), None)
+
+
 def _tmp_in(dest: Path, suffix: str = "") -> Path:
+    """Create ``.NAME.xxxxxxxx.tmp[SUFFIX]`` next to ``dest`` (mode 0666 less the umask, as
+    any output), registered for the exit sweep before it exists."""
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp" + suffix,
-                                   dir=dest.parent)
+        for _ in range(100):
+            tmp = dest.parent / f".{dest.name}.{secrets.token_hex(4)}.tmp{suffix}"
+            _LIVE_TMP[str(tmp)] = os.getpid()
+            try:
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                             0o666)
+            except FileExistsError:  # another writer's name: not ours to sweep
+                _forget_tmp(tmp)
+                continue
+            except BaseException:
+                _forget_tmp(tmp)
+                raise
+            os.close(fd)
+            return tmp
+        raise FileExistsError(errno.EEXIST, "no unused temporary name", str(dest.parent))
     except OSError as e:  # read-only directory, no permission, ...: name the output
         _annotate_write_error(e, dest)
         raise
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
-    return Path(tmp)
 
 
 def is_special_file(path: str | os.PathLike) -> bool:
@@ -168,9 +208,11 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, dest)
+        _forget_tmp(tmp)
     except BaseException as e:
         _annotate_write_error(e, dest)
         tmp.unlink(missing_ok=True)
+        _forget_tmp(tmp)
         raise
 
 
@@ -190,7 +232,7 @@ class AtomicOutputs:
             raise InputError("is a device or pipe, not a file: this output is written by renaming "
                              "a finished file into place", path=str(dest))
         # numpy appends .npy to names without it: the name has the suffix from the start (no
-        # rename after mkstemp, so a SIGTERM cannot leave an untracked temporary file there)
+        # rename after creation, so a SIGTERM cannot leave an untracked temporary file there)
         tmp = _tmp_in(dest, suffix)
         self._staged.append((tmp, dest))
         return tmp
@@ -215,6 +257,7 @@ class AtomicOutputs:
 
                         shutil.copy2(dest, backup)
                 os.replace(tmp, dest)
+                _forget_tmp(tmp)
                 done.append((dest, backup))
         except BaseException:
             for dest, backup in reversed(done):
@@ -227,6 +270,7 @@ class AtomicOutputs:
                     pass
             for tmp, _ in self._staged:
                 tmp.unlink(missing_ok=True)
+                _forget_tmp(tmp)
             self._staged.clear()
             raise
         for _, backup in done:
@@ -241,6 +285,7 @@ class AtomicOutputs:
     def discard(self) -> None:
         for tmp, _ in self._staged:
             tmp.unlink(missing_ok=True)
+            _forget_tmp(tmp)
         self._staged.clear()
 
     def __enter__(self) -> "AtomicOutputs":
