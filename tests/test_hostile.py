@@ -544,8 +544,9 @@ def test_sigterm_removes_temporary_files_and_exits_143(tmp_path):
 
 # The window CI hit once (2026-11-30): SIGTERM landed after the temporary file was created and
 # before its writer had it in hand, so no ``except`` knew to remove it.  These tests put an
-# interrupt at exactly those two points (inside the creation; between it and the caller's
-# bookkeeping) and check that the process ends with no temporary file left.
+# interrupt at exactly those points (as the creating os.open returns, where Python runs a
+# pending signal handler; inside the creation; between it and the caller's bookkeeping) and
+# check that the process ends with no temporary file left.
 _INTERRUPT_CHILD = r"""
 import os, sys
 from pathlib import Path
@@ -554,7 +555,14 @@ import popri.core.io as io
 
 out = Path(sys.argv[1])
 where = sys.argv[2]
-if where == "in-creation":  # after the file exists, before _tmp_in returns
+if where == "as-open-returns":  # the handler runs as os.open returns: raised at its call
+    real_open = os.open
+    def open_(*a, **k):
+        os.open = real_open
+        real_open(*a, **k)
+        raise KeyboardInterrupt
+    os.open = open_
+elif where == "in-creation":  # after the file exists, before _tmp_in returns
     real_close = os.close
     def close(fd):
         real_close(fd)
@@ -582,7 +590,7 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.parametrize("writer", ["outputs", "atomic_write"])
-@pytest.mark.parametrize("where", ["in-creation", "after-creation"])
+@pytest.mark.parametrize("where", ["as-open-returns", "in-creation", "after-creation"])
 def test_an_interrupt_just_after_a_temporary_file_is_made_leaves_nothing(tmp_path, where, writer):
     out = tmp_path / "out"
     out.mkdir()
@@ -611,3 +619,17 @@ def test_the_exit_sweep_removes_only_this_process_s_uncommitted_files(tmp_path):
         assert str(theirs) not in io._LIVE_TMP and str(mine) not in io._LIVE_TMP
     finally:
         io._LIVE_TMP.pop(str(theirs), None)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_outputs_get_the_usual_permissions_under_the_umask(tmp_path, umask):
+    r = subprocess.run([sys.executable, "-c", (
+        "import os, sys, popri.core.io as io\n"
+        f"os.umask({umask})\n"
+        "d = sys.argv[1]\n"
+        "with io.atomic_write(os.path.join(d, 'a.txt')) as f: f.write('x')\n"
+        "with io.AtomicOutputs() as o: open(o.path(os.path.join(d, 'b.npy'), '.npy'), 'w').write('y')\n"),
+        str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for f in ("a.txt", "b.npy"):
+        assert stat.S_IMODE((tmp_path / f).stat().st_mode) == 0o666 & ~umask

@@ -21,7 +21,7 @@ import click
 import typer
 
 from popri.core.errors import InputError, PopriError
-from popri.core.io import as_write_error, sweep_temporaries
+from popri.core.io import as_write_error
 from popri.core.runtime import die_with_parent
 
 _SIGNALLED: list[int] = []  # the terminating signal caught (SIGTERM / SIGHUP), if any
@@ -274,7 +274,6 @@ def run(cmd, argv: list[str] | None) -> int:
         code = 130
     except KeyboardInterrupt:
         code = 130
-        sweep_temporaries()  # a file made just as the signal came (atexit would too, later)
         if not _SIGNALLED:
             sys.stderr.write("popri: interrupted\n")
     except SystemExit as e:

@@ -38,8 +38,6 @@ import numpy as np
 from popri.core.errors import InputError
 
 STDIO = "-"
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 # --------------------------------------------------------------------------- atomic writes
@@ -52,8 +50,8 @@ _LIVE_TMP: dict[str, int] = {}
 
 
 def sweep_temporaries() -> None:
-    """Remove the temporary files this process made and never committed (at exit: atexit,
-    and popri.cli.process after an interrupt).  A forked child forgets its parent's."""
+    """Remove the temporary files this process made and never committed (at exit: atexit;
+    zygote children run atexit too).  A forked child forgets its parent's."""
     pid = os.getpid()
     for name, owner in list(_LIVE_TMP.items()):
         if owner == pid:
@@ -83,9 +81,11 @@ def _tmp_in(dest: Path, suffix: str = "") -> Path:
             except FileExistsError:  # another writer's name: not ours to sweep
                 _forget_tmp(tmp)
                 continue
-            except BaseException:
+            except OSError:  # nothing was created (read-only directory, ...)
                 _forget_tmp(tmp)
                 raise
+            # (an interrupt raised as os.open returns may come after the file was made: the
+            # name stays registered, and the sweep removes it)
             os.close(fd)
             return tmp
         raise FileExistsError(errno.EEXIST, "no unused temporary name", str(dest.parent))
