@@ -183,11 +183,27 @@ def final_variant(name: str) -> tuple[str, dict] | None:
     return None
 
 
+def lenders(name: str, seed: int, runs: Path) -> list[str]:
+    """``--reuse-from`` every other run of this seed (the settings sharing most overrides
+    first): a stage one of them finished that is this run's -- the same command on the same
+    inputs, e.g. everything before `ood-eps1-fluent`'s first preference pairs and its T = 0
+    and eps = 0 / inf controls in `ood-eps1` -- is copied, not run again
+    (popri/pipeline/reuse.py; the lender's marker and hashes decide, never the name)."""
+    mine = set(SETTINGS.get(name, []))
+    others = [(len(mine & set(SETTINGS.get(b, []))), b) for b in SETTINGS if b != name]
+    out = []
+    for _, b in sorted(others, key=lambda x: (-x[0], x[1])):
+        d = runs / f"{b}-s{seed}"
+        if (d / ".stages").is_dir():
+            out += ["--reuse-from", str(d)]
+    return out
+
+
 def run_setting(name: str, seed: int, runs: Path, extra: list[str]) -> dict:
     d = runs / f"{name}-s{seed}"
     cmd = [sys.executable, "-m", "popri.cli.app", "run", str(CONFIG),
            *[f"--set={o}" for o in SETTINGS[name] + extra],
-           f"--set=seed={seed}", f"--set=run_dir={d}"]
+           f"--set=seed={seed}", f"--set=run_dir={d}", *lenders(name, seed, runs)]
     t0 = time.time()
     p = subprocess.run(cmd, env=dict(os.environ))
     if p.returncode != 0:

@@ -118,7 +118,7 @@ def _overrides(overrides: Any, what: str = "overrides") -> list[str]:
 
 
 def run(config=None, *, overrides: Any = (), dry_run: bool = False,
-        rerun: bool = False) -> dict | str:
+        rerun: bool = False, reuse_from: Any = ()) -> dict | str:
     """``popri run``: every stage of the configured method (cached); returns the results dict,
     or with ``dry_run`` the plan text (nothing runs, nothing is written).
 
@@ -130,7 +130,8 @@ def run(config=None, *, overrides: Any = (), dry_run: bool = False,
     keys or nested mappings; Python values).  A TypeError for any other type.  ``rerun``: as
     ``popri run --rerun``, let finished DP stages run again as new releases (counted against
     the budget before anything runs); without it such a resume is refused with one error
-    naming them."""
+    naming them.  ``reuse_from``: run directories (a path or a list), as ``popri run
+    --reuse-from``: their finished stages that are this run's are copied, not run again."""
     import os
     from collections.abc import Mapping
 
@@ -145,8 +146,10 @@ def run(config=None, *, overrides: Any = (), dry_run: bool = False,
     else:
         raise TypeError(f"config must be a YAML path, a RunConfig (popri.load_config), a "
                         f"mapping of its keys or None, not {type(config).__name__}")
+    lenders = [reuse_from] if isinstance(reuse_from, (str, os.PathLike)) else list(reuse_from)
     r = Run(cfg, dry_run=dry_run, rerun=rerun,
-            inputs=[config] if isinstance(config, (str, os.PathLike)) else [])
+            inputs=[config] if isinstance(config, (str, os.PathLike)) else [],
+            reuse_from=lenders)
     res = r.execute()
     return r.plan_text() if dry_run else res
 

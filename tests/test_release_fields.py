@@ -348,7 +348,8 @@ def test_rr11_popri_run_dp_fl_release_writes_no_exact_statistic(tmp_path, datase
     # what issue 25 added: the run's identity (public settings, code and clock), and the
     # per-stage logs, which copy the stages' stderr and must hold no private count either
     assert set(res["run"]) == {"popri_version", "git_commit", "command", "config_hash",
-                               "started", "ended", "stages_ran", "stages_cached", "invocations"}
+                               "started", "ended", "stages_ran", "stages_cached", "stages_copied",
+                               "invocations"}
     logs = sorted((run / "logs").iterdir())
     assert {f.name for f in logs} >= {"invocations.jsonl", "fl-round1.log"}
     for f in logs:
@@ -380,7 +381,8 @@ RESULTS = {"accountant", "budget", "budget.accountant", "budget.delta", "budget.
            "precision",  # the machine's numeric path (cpu fp32, ...): public (issue 43)
            "recovery_rate_note", "recovery_rate_per_round", "released", "rounds", "run",
            "run.command", "run.config_hash", "run.ended", "run.git_commit", "run.invocations",
-           "run.popri_version", "run.stages_cached", "run.stages_ran", "run.started",
+           "run.popri_version", "run.stages_cached", "run.stages_copied", "run.stages_ran",
+           "run.started",
            "run_dir", "sample_rate", "samples_per_prompt", "seed", "stage_seconds",
            "stage_seconds.*",
            # DP-FL: its settings and the rounds that ran (nothing else per round: rr11)

@@ -60,6 +60,7 @@ from popri.pipeline.results import (  # noqa: F401  (re-exported: the API before
 )
 from popri.methods.steps import is_file_source
 from popri.pipeline.recipes import get_method
+from popri.pipeline.reuse import lenders_of
 from popri.pipeline.stages import RunLock, StageRunner
 from popri.privacy.ledger import LEDGER_NAME, read_ledger
 from popri.privacy.plan import Noise
@@ -79,7 +80,8 @@ class Run:
     results."""
 
     def __init__(self, cfg: RunConfig, *, dry_run: bool = False, rerun: bool = False,
-                 inputs: Iterable[str | os.PathLike] = ()):
+                 inputs: Iterable[str | os.PathLike] = (),
+                 reuse_from: Iterable[str | os.PathLike] = ()):
         self.cfg = cfg
         # what the command read besides the config's paths (its YAML): kept in a run directory
         self.inputs = [os.fspath(x) for x in inputs if x]
@@ -92,6 +94,8 @@ class Run:
         self.select = C.select_on(cfg)       # private | public | dp | none
         self.runner = StageRunner(self.run, dry_run=dry_run)
         self.runner.accountant = cfg.privacy.accountant
+        # --reuse-from: finished stages of other runs copied instead of run (popri.pipeline.reuse)
+        self.runner.lenders = lenders_of(reuse_from, self.run, self.release)
         self.runner.convention = cfg.privacy.convention
         self.notes: list[str] = []            # dry run: said in the plan's header
         self.paths = RunPaths.of(self.run, cfg.data.dir)
@@ -292,13 +296,21 @@ class Run:
         return survey
 
     def reuse_line(self) -> str:
-        """``N cached, M to run: STAGE (why), ...`` -- said before anything runs."""
+        """``N cached[, K to copy (--reuse-from): STAGE, ...], M to run: STAGE (why), ...`` --
+        said before anything runs."""
         cached, todo = self.survey()
+        copied = [n for n, why in todo if why.startswith("copied from ")]
+        todo = [(n, why) for n, why in todo if not why.startswith("copied from ")]
+        lent = ""
+        if copied:
+            more = f", and {len(copied) - 12} more" if len(copied) > 12 else ""
+            lent = f", {len(copied)} to copy (--reuse-from): {', '.join(copied[:12])}{more}"
         if not todo:
-            return f"{len(cached)} cached, 0 to run: everything is up to date"
+            return (f"{len(cached)} cached{lent}, 0 to run"
+                    + ("" if copied else ": everything is up to date"))
         shown = ", ".join(f"{n} ({why})" for n, why in todo[:12])
         more = f", and {len(todo) - 12} more" if len(todo) > 12 else ""
-        return f"{len(cached)} cached, {len(todo)} to run: {shown}{more}"
+        return f"{len(cached)} cached{lent}, {len(todo)} to run: {shown}{more}"
 
     def execute(self) -> dict:
         """Run (or with dry_run plan) every stage.  Config values were checked by config.load;

@@ -126,7 +126,8 @@ def identity(run) -> dict:
              "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else None,
              "config_hash": hashlib.sha256(cfg.encode()).hexdigest()[:16],
              "started": _iso(getattr(run, "started", time.time())), "ended": _iso(time.time()),
-             "stages_ran": len(run.runner.ran), "stages_cached": len(run.runner.skipped)}
+             "stages_ran": len(run.runner.ran), "stages_cached": len(run.runner.skipped),
+             "stages_copied": len(run.runner.reused)}
     log_dir = run.run / "logs"
     log_dir.mkdir(exist_ok=True)
     with open(log_dir / "invocations.jsonl", "a", encoding="utf-8") as fh:

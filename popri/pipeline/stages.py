@@ -45,6 +45,7 @@ from popri.core.runtime import fault_point
 from popri.core.version import __version__
 from popri.kit import DPRelease, Stage
 from popri.pipeline import zygote as Z
+from popri.pipeline.reuse import Loan, copy_in, read_marker, translate, translator, written_paths
 from popri.privacy.entries import conformance
 from popri.privacy.ledger import LockedLedgers, read_ledger
 
@@ -240,6 +241,9 @@ class StageRunner:
         self.total: int | None = None     # the run's stage count, for "[5/18 ...]" lines
         self.ran: list[str] = []
         self.skipped: list[str] = []
+        self.reused: list[str] = []        # copied from a lender (--reuse-from)
+        self.lenders: list[Path] = []      # --reuse-from: run directories to copy stages from
+        self._lent: dict[str, str] = {}    # a lender's output -> its content hash (memo)
         self.log_path = self.run_dir / "commands.sh"
         self.accountant = "rdp"            # the run's accountant (the plan-vs-record check)
         self.convention: str | None = None  # and its privacy.convention (None, or "papers")
@@ -285,15 +289,87 @@ class StageRunner:
         with it every DP stage after it as a new release, over the budget); stages still to run
         use the new count, and may differ in the last bits from an uninterrupted run, as on
         another machine.  The count each stage ran with is recorded in its marker (``env``)."""
+        return self._key(stage.key_fields(), [(i, self._input_key(i)) for i in stage.inputs])
+
+    def _key(self, fields: dict, inputs: list[tuple[str, str]]) -> str:
+        """:meth:`key` of a stage's key fields and its (input, content hash) pairs."""
         h = hashlib.sha256()
         h.update(f"popri {__version__}\n".encode())
-        h.update(json.dumps(stage.key_fields(), sort_keys=True, default=str).encode())
+        h.update(json.dumps(fields, sort_keys=True, default=str).encode())
         for k in KEYED_ENV:  # only when set: keys of runs without it stay as they were
             if self.env.get(k):
                 h.update(f"|{k}={self.env[k]}".encode())
-        for i in stage.inputs:
-            h.update(f"|{i}={self._input_key(i)}".encode())
+        for i, k in inputs:
+            h.update(f"|{i}={k}".encode())
         return h.hexdigest()
+
+    # ------------------------------------------------------------------ --reuse-from
+    def loan(self, stage: Stage) -> "Loan | None":
+        """The first lender (``--reuse-from``, :mod:`popri.pipeline.reuse`) whose finished
+        stage of this name is this stage's result: its marker's key is this stage's key with
+        every path under this run directory moved to the lender's, and its declared outputs
+        still have their recorded hashes.  None for a DP release, or when no lender has it."""
+        if not self.lenders or stage.release is not None or not stage.outputs:
+            return None
+        ours = os.fspath(self.run_dir)
+        here = translator(ours, "")
+        rel = [here(o) for o in stage.outputs]  # "/round1/samples.jsonl"
+        if any(r == o or not r for r, o in zip(rel, stage.outputs)):
+            return None  # an output outside the run directory (or the directory itself)
+        for lender in self.lenders:
+            rec = read_marker(lender / ".stages" / f"{stage.name}.json")
+            outs, hashes = rec.get("outputs"), rec.get("hashes")
+            if (not isinstance(outs, list) or len(outs) != len(rel) or not isinstance(hashes, dict)
+                    or not isinstance(outs[0], str) or not outs[0].endswith(rel[0])):
+                continue
+            theirs = outs[0][:len(outs[0]) - len(rel[0])]  # the lender's directory, as it ran
+            tr = translator(ours, theirs)
+            if [tr(o) for o in stage.outputs] != outs:
+                continue
+            key = self._key(translate(stage.key_fields(), tr),
+                            [(tr(i), self._input_key(i)) for i in stage.inputs])
+            if rec.get("key") != key:
+                continue
+            mine = {o: hashes.get(tr(o)) for o in stage.outputs}
+            if any(self._lent_digest(lender / here(o).lstrip(os.sep)) != h
+                   for o, h in mine.items()):
+                continue
+            files = [(lender / here(p).lstrip(os.sep), Path(p)) for p in written_paths(stage)
+                     if here(p) != p]
+            files = [(src, dst) for src, dst in files if src.exists() or src.is_symlink()]
+            sec = rec.get("seconds")
+            return Loan(lender, files, {o: str(h) for o, h in mine.items()},
+                        float(sec) if isinstance(sec, (int, float)) else None)
+        return None
+
+    def _lent_digest(self, path: Path) -> str:
+        """A lender's output's content hash, computed once per runner."""
+        k = os.fspath(path)
+        if k not in self._lent:
+            self._lent[k] = path_digest(path)
+        return self._lent[k]
+
+    def _borrow(self, stage: Stage, key: str, shown: str) -> bool:
+        """Copy the stage's result from a lender (:meth:`loan`) and write its marker; False
+        (nothing written that a run would not rewrite) when none has it or the copy does not
+        hash as the lender's marker says."""
+        loan = self.loan(stage)
+        if loan is None:
+            return False
+        log.info(f"run: {self._where()} {stage.name}: copied from {loan.lender} (the same command "
+                 f"on the same inputs finished there): {shown}")
+        for src, dst in loan.files:
+            copy_in(src, dst)
+        bad = [o for o, h in loan.hashes.items() if path_digest(o) != h]
+        if bad:
+            log.warn(f"run: {stage.name}: the copy of {bad[0]} from {loan.lender} does not have "
+                     "the hash its marker recorded (the lender changed?): running the stage")
+            self._lent.clear()
+            return False
+        self._record(shown + f"  # copied from {loan.lender}")
+        self._finish(stage, key, loan.seconds, reused_from=os.fspath(loan.lender))
+        self.reused.append(stage.name)
+        return True
 
     # ------------------------------------------------------------------ running
     def _marker(self, stage: Stage) -> Path:
@@ -342,11 +418,19 @@ class StageRunner:
                 self.keys[o] = hashes[o]
             return False
         if self.dry_run:
+            loan = self.loan(stage)
+            if loan is not None:  # it would be copied: its dependants see the lender's hashes
+                self._record(shown + f"  # copied from {loan.lender}")
+                self.reused.append(stage.name)
+                self.keys.update(loan.hashes)
+                return False
             self._record(shown)
             for o in stage.outputs:  # what it would write is new: its dependants would run too
                 self.keys[o] = f"planned:{key}"
             return False
         if stage.release is not None and self._adopt(stage, key, shown):
+            return False
+        if self._borrow(stage, key, shown):
             return False
         if stage.before is not None:
             stage.before(key)
@@ -396,16 +480,17 @@ class StageRunner:
         return True
 
     def _finish(self, stage: Stage, key: str, seconds: float | None,
-                check: dict | None = None) -> None:
-        """The stage's marker (its key and outputs' hashes; a DP stage's plan-vs-record check),
-        written last."""
+                check: dict | None = None, reused_from: str | None = None) -> None:
+        """The stage's marker (its key and outputs' hashes; a DP stage's plan-vs-record check;
+        the lender it was copied from), written last."""
         hashes = {o: path_digest(o) for o in stage.outputs}
         with atomic_write(self._marker(stage)) as fh:
             json.dump({"key": key, "popri": __version__, "args": stage.args,
                        "env": {k: self.env.get(k) for k in (*KEYED_ENV, *RECORDED_ENV)},
                        "outputs": stage.outputs, "hashes": hashes,
                        "seconds": None if seconds is None else round(seconds, 2),
-                       **({"ledger_check": check} if check is not None else {})}, fh, indent=2)
+                       **({"ledger_check": check} if check is not None else {}),
+                       **({"reused_from": reused_from} if reused_from else {})}, fh, indent=2)
         for o in stage.outputs:
             self.keys[o] = hashes[o]
         self._pending_path(stage.name).unlink(missing_ok=True)
@@ -596,7 +681,7 @@ class StageRunner:
 
     def _where(self) -> str:
         """``[5/18 14:02:31]``: the stage's place in the run and the wall clock."""
-        n = len(self.ran) + len(self.skipped) + 1
+        n = len(self.ran) + len(self.skipped) + len(self.reused) + 1
         of = f"/{self.total}" if self.total else "/?"  # ? until the data fixes the plan
         return f"[{n}{of} {time.strftime('%H:%M:%S')}]"
 
@@ -718,7 +803,8 @@ class StageRunner:
         popri.pipeline.zygote), else a new process.  Either way: ``.stderr`` a pipe,
         ``.wait(timeout)``, ``.kill()``."""
         prefix = child_argv([])
-        left = None if self.planned_to_run is None else self.planned_to_run - len(self.ran)
+        left = (None if self.planned_to_run is None
+                else self.planned_to_run - len(self.ran) - len(self.reused))
         worth = (self._zygote is not None or left is None or left >= Z.MIN_STAGES
                  or Z.preloaded())
         if (worth and not self._zygote_off and cmd[:len(prefix)] == prefix
@@ -769,6 +855,7 @@ class StageRunner:
         or an earlier stage's output differs), or "outputs changed" (edited since written)."""
         probe = StageRunner(self.run_dir, dry_run=True)
         probe.env, probe.keys, probe._digests = self.env, dict(self.keys), self._digests
+        probe.lenders, probe._lent = self.lenders, self._lent
         cached, todo = [], []
         writer: dict[str, str] = {}  # output -> the stage that will write it again
         for st in stages:
@@ -776,6 +863,8 @@ class StageRunner:
             self.planned_keys[st.name] = key
             if probe.done(st, key) is not None:
                 cached.append(st.name)
+            elif (loan := probe.loan(st)) is not None:
+                todo.append((st.name, f"copied from {loan.lender}"))
             else:
                 why = self._why(st, key)
                 if why == "inputs changed":  # name the stages upstream that run again

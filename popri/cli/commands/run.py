@@ -2,6 +2,7 @@
 
     popri run examples/default.yaml
     popri run examples/default.yaml --set rounds=1 --set privacy.epsilon=7 --set run_dir=runs/e7
+    popri run examples/default.yaml --set dpo.beta=0.2 --run-dir runs/b --reuse-from runs/e7
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from popri.specs.commands.run import RunCall
 @command(RunCall)
 def run(
     config: Optional[str], set_: List[str], run_dir: Optional[str], dry_run: bool,
-    show_config: bool, rerun: bool, release: bool
+    show_config: bool, rerun: bool, release: bool, reuse_from: List[str]
 ) -> None:
     """Run POPri end to end (T rounds of gen, score, prefs, dpo; then synthetic data, downstream training, evaluation against the eps=0 / eps=inf baselines, and the ledger totalled).
 
@@ -64,7 +65,8 @@ def run(
     R = Path(cfg.run_dir)
     check_outputs([R, R / "results.json", R / "results.md", R / "commands.sh"],
                   [config, cfg.data.dir])
-    pipeline = Run(cfg, dry_run=dry_run, rerun=rerun, inputs=[config] if config else [])
+    pipeline = Run(cfg, dry_run=dry_run, rerun=rerun, inputs=[config] if config else [],
+                   reuse_from=reuse_from)
     results = pipeline.execute()
     if dry_run:
         typer.echo(pipeline.plan_text())

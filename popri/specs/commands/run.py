@@ -41,6 +41,17 @@ class RunCall(Call):
                         'why; with --rerun each such rerun is a new DP release, counted against '
                         'privacy.epsilon before the first stage runs (a rerun that reproduces '
                         'its release bit for bit is the same release).', negatable=False)
+    reuse_from: tuple[str, ...] = param((),
+                                        'Another run directory whose finished stages this run '
+                                        'copies instead of running them (repeatable; '
+                                        'popri/pipeline/reuse.py): a stage is copied only when '
+                                        'the lender ran the same command (its paths moved to '
+                                        'this run) on inputs of the same content with this '
+                                        'popri version, and its outputs still hash as recorded; '
+                                        'the copy is hash-checked and its marker says '
+                                        'reused_from. A DP release is never copied (each run '
+                                        'makes its own, on its own ledger), and nothing is in '
+                                        'release mode.', flag='--reuse-from', metavar='RUN')
     release: bool = param(False,
                           'Release mode (shortcut for --set release=true): every DP stage and '
                           'every stage that samples clients gets --release (OS CSPRNG, '
