@@ -215,7 +215,9 @@ def test_g17_malformed_url_is_exit_2_one_line(tiny_lm, tmp_path, run_popri, url)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 def test_g22_a_server_that_never_answers_does_not_outlive_a_signal(fake, tiny_lm, tmp_path, sig):
     fake.reply = lambda h, body: None
-    env = dict(os.environ, POPRI_THREADS="1")
+    # PYTHONFAULTHANDLER: a SIGABRT makes a stuck child print every thread's stack (below)
+    env = dict(os.environ, POPRI_THREADS="1", PYTHONFAULTHANDLER="1")
+    ours = (signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
     p = subprocess.Popen([sys.executable, "-m", "popri.cli.app",
                           *_argv(tmp_path, tiny_lm, fake.url, "--concurrency", "2")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -227,7 +229,20 @@ def test_g22_a_server_that_never_answers_does_not_outlive_a_signal(fake, tiny_lm
         try:  # promptly, not after the client's timeout; 20 s: two loaded test workers
             out, err = p.communicate(timeout=20)  # once took > 5 s on 2 busy cores
         except subprocess.TimeoutExpired:
-            pytest.fail(f"popri gen still running 20 s after {sig.name}")
+            # seen twice in full suites (SIGINT, 2026-11-30), never alone: say what it was doing
+            try:
+                status = [ln for ln in open(f"/proc/{p.pid}/status").read().splitlines()
+                          if ln.startswith(("State", "Sig", "ShdPnd", "Threads"))]
+            except OSError as e:
+                status = [str(e)]
+            p.send_signal(signal.SIGABRT)
+            try:
+                _, stacks = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                stacks = "(no answer to SIGABRT either)"
+            pytest.fail(f"popri gen still running 20 s after {sig.name}; the test worker's "
+                        f"SIGINT handler and blocked signals: {ours}; the child's {status}; "
+                        f"its stacks:\n{stacks[-6000:]}")
     finally:
         if p.poll() is None:
             p.kill()
