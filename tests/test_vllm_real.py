@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,9 +54,9 @@ def env(**kw) -> dict:
     return e
 
 
-def popri(args, **kw) -> subprocess.CompletedProcess:
+def popri(args, environ=None, **kw) -> subprocess.CompletedProcess:
     p = subprocess.run([sys.executable, "-m", "popri.cli.app", *map(str, args)],
-                       capture_output=True, text=True, env=env(), timeout=900, **kw)
+                       capture_output=True, text=True, env=environ or env(), timeout=900, **kw)
     return p
 
 
@@ -98,10 +100,10 @@ def adapter(tmp_path_factory, vllm_lm, omega) -> str:
     return str(d / "out" / "adapter")
 
 
-def _gen(omega, model, out, *extra, seed=5):
+def _gen(omega, model, out, *extra, seed=5, **kw):
     return popri(["gen", omega, "-K", "3", "-J", "2", "--model", model, "--max-new-tokens", "24",
                   "--min-words", "0", "--seed", str(seed), "--out", out,
-                  "--stats-out", str(out) + ".stats.json", *extra])
+                  "--stats-out", str(out) + ".stats.json", *extra], **kw)
 
 
 def _rows(path) -> list[dict]:
@@ -116,9 +118,18 @@ def test_gen_in_process_vllm_is_seeded_per_row_and_applies_the_adapter(
     samples (another seed: test_gen_in_process_vllm_merge_mode, heavy; one engine start less
     here, ~40 s on 2 cores)."""
     a, b = (tmp_path / f"{x}.jsonl" for x in "ab")
-    for out, seed in ((a, 5), (b, 5)):
-        p = _gen(omega, vllm_lm, out, "--backend", "vllm", seed=seed)
-        assert p.returncode == 0, p.stderr[-3000:]
+    # the engine's temporary directory (short: a socket path under it must fit in 107
+    # characters): vLLM's ZMQ sockets go to popri's private directory there, removed at exit
+    tmp = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))
+    try:
+        for out, seed in ((a, 5), (b, 5)):
+            p = _gen(omega, vllm_lm, out, "--backend", "vllm", seed=seed,
+                     environ=env(TMPDIR=str(tmp)))
+            assert p.returncode == 0, p.stderr[-3000:]
+        left = [f for f in tmp.rglob("*") if f.is_socket() or f.name.startswith("pv")]
+        assert left == [], left
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert a.read_bytes() == b.read_bytes()
     texts = [r["text"] for r in _rows(a)]
     assert len(set(texts)) > 1  # one seed per row, not one per run
@@ -204,7 +215,10 @@ def vllm_server(vllm_lm, tmp_path_factory):
            "--port", str(port), "--host", "127.0.0.1",
            "--enable-lora", "--max-lora-rank", "8", "--max-loras", "2", "--max-model-len", "512",
            "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192", "--enforce-eager"]
-    e = env(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_CPU_KVCACHE_SPACE="1")
+    # the server's ZMQ sockets in a directory of ours, removed afterwards (vLLM leaves them)
+    ipc = tempfile.mkdtemp(prefix="t", dir="/tmp")
+    e = env(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_RPC_BASE_PATH=ipc)
     with open(logf, "w") as log:
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e,
                              start_new_session=True)
@@ -233,6 +247,7 @@ def vllm_server(vllm_lm, tmp_path_factory):
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        shutil.rmtree(ipc, ignore_errors=True)
 
 
 @pytest.mark.slow

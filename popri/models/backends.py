@@ -264,6 +264,37 @@ def cpu_engine_args(max_model_len: int | None) -> dict:
             "max_num_batched_tokens": max(int(max_model_len or 0), 8192)}
 
 
+#: the longest socket path Linux takes (``sockaddr_un.sun_path``, less its NUL)
+SUN_PATH_MAX = 107
+
+
+def private_ipc_dir(base: str | None = None) -> str | None:
+    """vLLM names its engine's ZMQ sockets ``$VLLM_RPC_BASE_PATH/<uuid4>`` (default: the temp
+    directory) and leaves them there when its processes end: dozens of socket files in /tmp per
+    engine start.  An engine popri starts gets a private directory ``pvXXXXXXXX`` under the temp
+    directory instead (made once per process, set as VLLM_RPC_BASE_PATH), removed when this
+    process exits -- by this process only, not by a fork of it.  Where the temp directory's
+    path is too long for a socket path under it (:data:`SUN_PATH_MAX`), the directory goes to
+    /tmp; where /tmp cannot take it either, vLLM's default is left.  A VLLM_RPC_BASE_PATH the
+    user set is kept as it is.  Returns the directory made, or None."""
+    if os.environ.get("VLLM_RPC_BASE_PATH"):
+        return None
+    import atexit
+    import shutil
+    import tempfile
+
+    longest = len("/pvXXXXXXXX/") + 36  # + a uuid4
+    for where in (base or tempfile.gettempdir(), "/tmp"):
+        if len(where) + longest > SUN_PATH_MAX or not os.access(where, os.W_OK | os.X_OK):
+            continue
+        d = tempfile.mkdtemp(prefix="pv", dir=where)
+        os.environ["VLLM_RPC_BASE_PATH"] = d
+        owner = os.getpid()
+        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(d, ignore_errors=True))
+        return d
+    return None
+
+
 class VllmBackend:
     """vLLM offline engine; one SamplingParams per row with seed
     ``derive_seed(seed, attempt, prompt_id, sample_idx)``, so samples do not depend on batching.
@@ -297,6 +328,7 @@ class VllmBackend:
             kwargs.update(cpu_engine_args(max_model_len))
             if os.environ.get("POPRI_VLLM_EAGER", "").strip().lower() in ("1", "true", "yes", "on"):
                 kwargs["enforce_eager"] = True  # no compilation / graphs: a faster start
+            private_ipc_dir()  # its sockets where they are removed at exit, not in /tmp
             self.llm = LLM(model=path, seed=seed, dtype="bfloat16" if bf16 else "auto",
                            max_model_len=max_model_len, **kwargs)
 
