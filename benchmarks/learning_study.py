@@ -455,7 +455,8 @@ def draws_table(rows: list[dict], kept: list[str] = ()) -> str:
     from popri.pipeline.driver import draws_summary
 
     out = ["| setting | seed | draws | minus T=0 per draw | mean | SE within (clients) | "
-           "SE between draws | beats T=0 (mean > t(0.95, n-1) SE between draws) |",
+           "SE between draws | above T=0 over this seed's draws (mean > t(0.95, n-1) SE between "
+           "draws; one seed: not a verdict) |",
            "|" + "---|" * 8, *kept]
     for r in rows:
         if len(r["draws"]) < 2:

@@ -194,9 +194,9 @@ def test_copy_in_replaces_a_directory_whole_and_sweeps_a_killed_copy(tmp_path):
     dst = tmp_path / "run" / "d"
     dst.mkdir(parents=True)
     (dst / "stale.txt").write_text("old attempt")
-    dead = tmp_path / "run" / ".d.999999999.reuse.tmp"  # a killed copy (no such pid)
+    dead = tmp_path / "run" / ".d.tmp999999999"  # a killed copy's staging (no such pid)
     dead.mkdir()
-    alive = tmp_path / "run" / f".d.{os.getppid()}.reuse.tmp"  # a running one's: kept
+    alive = tmp_path / "run" / f".d.tmp{os.getppid()}"  # a running one's: kept
     alive.mkdir()
     reuse.copy_in(src, dst)
     assert sorted(str(p.relative_to(dst)) for p in dst.rglob("*")) == ["m.json", "sub",

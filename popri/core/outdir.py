@@ -236,6 +236,19 @@ def replace(src: str | os.PathLike, dest: str | os.PathLike, *, kind: str,
         os.replace(src, dest)  # fails on a non-empty directory that appeared meanwhile
         return
     _replaceable(dest, legacy=legacy, force=force, what="the output")
+    swap(src, dest)
+
+
+def swap(src: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Put the directory ``src`` (a :func:`staging_dir`) in the place of ``dest`` and remove
+    what was there: one atomic exchange where the system has it, else two renames through
+    ``.DEST.oldPID`` (:func:`sweep` repairs a kill between them).  No ownership check and no
+    marker: :func:`replace` does both first; ``popri run --reuse-from`` swaps in a stage's own
+    output copied from another run, marker and all (popri.pipeline.reuse)."""
+    src, dest = Path(src), Path(dest)
+    if not os.path.lexists(dest):
+        os.replace(src, dest)
+        return
     if _exchange(src, dest):
         fault_point("after-exchange")
         shutil.rmtree(src, ignore_errors=True)  # src now holds the old output

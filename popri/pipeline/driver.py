@@ -60,7 +60,7 @@ from popri.pipeline.results import (  # noqa: F401  (re-exported: the API before
 )
 from popri.methods.steps import is_file_source
 from popri.pipeline.recipes import get_method
-from popri.pipeline.reuse import lenders_of
+from popri.pipeline.reuse import COPIED, lenders_of
 from popri.pipeline.stages import RunLock, StageRunner
 from popri.privacy.ledger import LEDGER_NAME, read_ledger
 from popri.privacy.plan import Noise
@@ -299,8 +299,8 @@ class Run:
         """``N cached[, K to copy (--reuse-from): STAGE, ...], M to run: STAGE (why), ...`` --
         said before anything runs."""
         cached, todo = self.survey()
-        copied = [n for n, why in todo if why.startswith("copied from ")]
-        todo = [(n, why) for n, why in todo if not why.startswith("copied from ")]
+        copied = [n for n, why in todo if why.startswith(COPIED)]
+        todo = [(n, why) for n, why in todo if not why.startswith(COPIED)]
         lent = ""
         if copied:
             more = f", and {len(copied) - 12} more" if len(copied) > 12 else ""

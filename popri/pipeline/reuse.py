@@ -20,8 +20,8 @@ it is the same computation:
 What is copied is everything the command writes (:func:`written_paths`): its declared outputs,
 its ``--out`` / ``--*-out`` arguments (``gen --stats-out``, ``dpo --out`` with its
 checkpoints) and their companion files (:func:`popri.core.guard.companion_files`).  Each file
-is copied through a temporary name (popri.core.io) and a directory is built beside its place
-and renamed into it, so a kill leaves the old output or the new one, never a mix; the stage's
+is copied through a temporary name (popri.core.io) and a directory through a staging directory
+swapped into place (popri.core.outdir), so a kill leaves the old output or the new one; the stage's
 marker, written last, says ``reused_from``.  The marker's ``seconds`` are the lender's: what
 computing the result cost.
 
@@ -42,10 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from popri.core import outdir
 from popri.core.errors import ConfigError
 from popri.core.guard import companion_files
 from popri.core.io import atomic_write
 from popri.kit import Stage
+
+
+#: how :meth:`popri.pipeline.stages.StageRunner.survey` says a stage will be copied
+COPIED = "copied from "
 
 
 @dataclass
@@ -62,13 +67,14 @@ def lenders_of(paths: Iterable[str | os.PathLike], run_dir: str | os.PathLike,
                release: bool) -> list[Path]:
     """The ``--reuse-from`` directories, checked: each a run directory (``.stages/`` in it) other
     than ``run_dir``; none in release mode.  A :class:`ConfigError` naming the flag (exit 2)."""
+    paths = list(paths)
+    if release and paths:
+        raise ConfigError("release mode copies no stage from another run: its stages draw "
+                          "from the OS's CSPRNG, and one run's draws reused by another would "
+                          "couple releases that are accounted apart", path="--reuse-from")
     out: list[Path] = []
     for p in paths:
         d = Path(p)
-        if release:
-            raise ConfigError("release mode copies no stage from another run: its stages draw "
-                              "from the OS's CSPRNG, and one run's draws reused by another would "
-                              "couple releases that are accounted apart", path="--reuse-from")
         if not (d / ".stages").is_dir():
             raise ConfigError(f"{os.fspath(p)!r} is not a popri run directory (no .stages/ in "
                               "it): give a directory a 'popri run' wrote", path="--reuse-from")
@@ -129,36 +135,11 @@ def read_marker(path: Path) -> dict:
     return rec if isinstance(rec, dict) else {}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        p.unlink(missing_ok=True)
-
-
-def _sweep(dst: Path) -> None:
-    """Directories a killed copy into ``dst`` left beside it (``.NAME.PID.reuse.*`` of a pid
-    that no longer runs)."""
-    for p in dst.parent.glob(f".{dst.name}.*.reuse.*"):
-        pid = p.name[len(dst.name) + 2:].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            _remove(p)
-
-
 def copy_in(src: Path, dst: Path) -> None:
     """Copy the lender's file or directory ``src`` to ``dst``, replacing what is there: a file
-    through popri's atomic writer, a directory built beside ``dst`` and renamed into place (the
-    old one, if any, renamed aside first and removed after)."""
+    through popri's atomic writer, a directory as every directory output is written -- into a
+    staging directory next to ``dst``, then swapped into place (:mod:`popri.core.outdir`:
+    :func:`~popri.core.outdir.staging_dir` sweeps what a killed copy left)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     if not src.is_dir():
         if dst.is_dir() and not dst.is_symlink():
@@ -166,21 +147,9 @@ def copy_in(src: Path, dst: Path) -> None:
         with open(src, "rb") as fin, atomic_write(dst, "wb") as fout:
             shutil.copyfileobj(fin, fout, 1 << 20)
         return
-    _sweep(dst)
-    tmp = dst.parent / f".{dst.name}.{os.getpid()}.reuse.tmp"
-    old = dst.parent / f".{dst.name}.{os.getpid()}.reuse.old"
-    _remove(tmp)
-    _remove(old)
+    tmp = outdir.staging_dir(dst)
     try:
-        shutil.copytree(src, tmp, symlinks=True)
-        if dst.exists() or dst.is_symlink():
-            os.replace(dst, old)
-        try:
-            os.replace(tmp, dst)
-        except BaseException:
-            if old.exists() and not dst.exists():
-                os.replace(old, dst)
-            raise
+        shutil.copytree(src, tmp, symlinks=True, dirs_exist_ok=True)
+        outdir.swap(tmp, dst)
     finally:
-        _remove(tmp)
-    _remove(old)
+        shutil.rmtree(tmp, ignore_errors=True)

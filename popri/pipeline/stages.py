@@ -45,7 +45,8 @@ from popri.core.runtime import fault_point
 from popri.core.version import __version__
 from popri.kit import DPRelease, Stage
 from popri.pipeline import zygote as Z
-from popri.pipeline.reuse import Loan, copy_in, read_marker, translate, translator, written_paths
+from popri.pipeline.reuse import (COPIED, Loan, copy_in, read_marker, translate, translator,
+                                  written_paths)
 from popri.privacy.entries import conformance
 from popri.privacy.ledger import LockedLedgers, read_ledger
 
@@ -336,7 +337,7 @@ class StageRunner:
                 continue
             files = [(lender / here(p).lstrip(os.sep), Path(p)) for p in written_paths(stage)
                      if here(p) != p]
-            files = [(src, dst) for src, dst in files if src.exists() or src.is_symlink()]
+            files = [(src, dst) for src, dst in files if os.path.lexists(src)]
             sec = rec.get("seconds")
             return Loan(lender, files, {o: str(h) for o, h in mine.items()},
                         float(sec) if isinstance(sec, (int, float)) else None)
@@ -356,18 +357,19 @@ class StageRunner:
         loan = self.loan(stage)
         if loan is None:
             return False
-        log.info(f"run: {self._where()} {stage.name}: copied from {loan.lender} (the same command "
+        log.info(f"run: {self._where()} {stage.name}: {COPIED}{loan.lender} (the same command "
                  f"on the same inputs finished there): {shown}")
         for src, dst in loan.files:
             copy_in(src, dst)
-        bad = [o for o, h in loan.hashes.items() if path_digest(o) != h]
+        got = {o: path_digest(o) for o in stage.outputs}
+        bad = [o for o in stage.outputs if got[o] != loan.hashes[o]]
         if bad:
             log.warn(f"run: {stage.name}: the copy of {bad[0]} from {loan.lender} does not have "
                      "the hash its marker recorded (the lender changed?): running the stage")
             self._lent.clear()
             return False
-        self._record(shown + f"  # copied from {loan.lender}")
-        self._finish(stage, key, loan.seconds, reused_from=os.fspath(loan.lender))
+        self._record(shown + f"  # {COPIED}{loan.lender}")
+        self._finish(stage, key, loan.seconds, reused_from=os.fspath(loan.lender), hashes=got)
         self.reused.append(stage.name)
         return True
 
@@ -377,11 +379,7 @@ class StageRunner:
 
     def marker(self, stage: Stage) -> dict:
         """The stage's marker ({} when it never finished or the marker is unreadable)."""
-        try:
-            rec = json.loads(self._marker(stage).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
-        return rec if isinstance(rec, dict) else {}
+        return read_marker(self._marker(stage))
 
     def done(self, stage: Stage, key: str) -> dict | None:
         """The outputs' hashes when the stage's cached result is current: the marker has this
@@ -420,7 +418,7 @@ class StageRunner:
         if self.dry_run:
             loan = self.loan(stage)
             if loan is not None:  # it would be copied: its dependants see the lender's hashes
-                self._record(shown + f"  # copied from {loan.lender}")
+                self._record(shown + f"  # {COPIED}{loan.lender}")
                 self.reused.append(stage.name)
                 self.keys.update(loan.hashes)
                 return False
@@ -480,10 +478,13 @@ class StageRunner:
         return True
 
     def _finish(self, stage: Stage, key: str, seconds: float | None,
-                check: dict | None = None, reused_from: str | None = None) -> None:
-        """The stage's marker (its key and outputs' hashes; a DP stage's plan-vs-record check;
-        the lender it was copied from), written last."""
-        hashes = {o: path_digest(o) for o in stage.outputs}
+                check: dict | None = None, reused_from: str | None = None,
+                hashes: dict[str, str] | None = None) -> None:
+        """The stage's marker (its key and outputs' hashes -- ``hashes`` when the caller has
+        just computed them; a DP stage's plan-vs-record check; the lender it was copied from),
+        written last."""
+        if hashes is None:
+            hashes = {o: path_digest(o) for o in stage.outputs}
         with atomic_write(self._marker(stage)) as fh:
             json.dump({"key": key, "popri": __version__, "args": stage.args,
                        "env": {k: self.env.get(k) for k in (*KEYED_ENV, *RECORDED_ENV)},
@@ -864,7 +865,7 @@ class StageRunner:
             if probe.done(st, key) is not None:
                 cached.append(st.name)
             elif (loan := probe.loan(st)) is not None:
-                todo.append((st.name, f"copied from {loan.lender}"))
+                todo.append((st.name, f"{COPIED}{loan.lender}"))
             else:
                 why = self._why(st, key)
                 if why == "inputs changed":  # name the stages upstream that run again
