@@ -19,6 +19,9 @@ table (stdout, and benchmarks/results/learning_study.md / .json) has, per settin
   same prompts, N, seed and recipe), and the method minus T = 0, paired over the test clients,
   with its SE; "beats T = 0" when that difference is above 2 SEs (paired over dozens of test
   clients); over draws, when the mean is above t(0.95, n - 1) SEs between the n draws (2.92 for 3);
+- the probe's curves of issue 44's full comparison (every round, every run: cosine to the
+  private validation split and the public model's perplexity, a column per corpus) in
+  benchmarks/results/NAME_probe.png;
 - minutes the run took on this machine (with `examples/learning.yaml`'s `draws: 3`, runs from
   this stop on include two more draws of both final sets; older runs have one).
 
@@ -143,6 +146,9 @@ for _k, _v in REMEDIES.items():
 #: (private data; public sotu before 1900 on each, shakespeare's q = 50 / N as OOD's), POPri as
 #: the paper (`C-eps1`) and each remedy on top of it (`C-eps1-R`)
 CORPORA = {"sotu": [], "ood": OOD, "deb": DEB, "pypi": PYPI}
+#: what each corpus's clients are (the figure's titles)
+CORPUS_LABEL = {"sotu": "sotu (1900 on)", "ood": "shakespeare", "deb": "Debian descriptions",
+                "pypi": "PyPI descriptions"}
 for _c, _base in CORPORA.items():
     SETTINGS.setdefault(f"{_c}-eps1", _base + ["privacy.epsilon=1"])
     for _k, _v in REMEDIES.items():
@@ -628,6 +634,72 @@ def collect(runs: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (r["setting"], r["seed"]))
 
 
+def probe_curves(runs: Path) -> dict[str, dict[str, dict[int, list[dict]]]]:
+    """Per corpus, setting and seed of the full comparison: the fixed-prompt probe of each
+    round (RUN/probe/roundT.json: mean-embedding cosine to the private validation split with
+    its SE over probe samples, and the public model's perplexity of the probe's samples), rounds
+    in order.  A private diagnostic of each run, never a release."""
+    out: dict[str, dict[str, dict[int, list[dict]]]] = {}
+    for d in sorted(runs.glob("*-s*")):
+        name, _, seed = d.name.rpartition("-s")
+        cr = corpus_of(name)
+        if cr is None or not seed.isdigit() or not (d / "results.json").is_file():
+            continue
+        pts = []
+        for f in sorted((d / "probe").glob("round*.json"), key=lambda f: int(f.stem[5:] or 0)):
+            p = json.loads(f.read_text())
+            pts.append({"round": int(f.stem[5:]), "cos": p.get("mean_cosine"),
+                        "cos_se": p.get("mean_cosine_se"), "ppl": p.get("perplexity")})
+        if pts:
+            out.setdefault(cr[0], {}).setdefault(name, {})[int(seed)] = pts
+    return out
+
+
+def probe_figure(curves: dict, path: Path) -> bool:
+    """The probe's curves (issue 44 asks for them with every row): one column per corpus;
+    top, cosine to the private validation split (bars: 95 % over probe samples); bottom, the
+    public model's perplexity of the probe's samples; a colour per setting, a line style per
+    seed.  False (nothing written) when no run of the full comparison finished."""
+    if not curves:
+        return False
+    from matplotlib.figure import Figure
+
+    corpora = [c for c in CORPORA if c in curves]
+    remedy = {s: corpus_of(s)[1] for c in corpora for s in curves[c]}  # type: ignore[index]
+    kinds = sorted(set(remedy.values()), key=lambda k: (k != "", k))  # POPri as the paper first
+    colours = {k: f"C{i}" for i, k in enumerate(kinds)}
+    styles = ["-", "--", ":", "-."]
+    fig = Figure(figsize=(3.6 * len(corpora) + 1.0, 6.4), layout="constrained")
+    axes = fig.subplots(2, len(corpora), squeeze=False)
+    for j, c in enumerate(corpora):
+        top, bot = axes[0][j], axes[1][j]
+        for s in sorted(curves[c], key=lambda s: kinds.index(remedy[s])):
+            for seed, pts in sorted(curves[c][s].items()):
+                xs = [p["round"] for p in pts]
+                kw = {"color": colours[remedy[s]], "ls": styles[seed % len(styles)],
+                      "marker": "o", "ms": 3,
+                      "label": f"{remedy[s] or 'POPri as the paper'}, seed {seed}"}
+                top.errorbar(xs, [p["cos"] for p in pts], capsize=2, **kw,
+                             yerr=[1.96 * (p["cos_se"] or 0) for p in pts])
+                bot.plot(xs, [p["ppl"] for p in pts], **kw)
+        top.set_title(f"{c}: {'private ' + CORPUS_LABEL.get(c, c)}", fontsize=9)
+        for ax in (top, bot):
+            ax.set_xlabel("round (0: the untuned generator)", fontsize=8)
+            ax.set_xticks(sorted({p["round"] for s in curves[c].values()
+                                  for pts in s.values() for p in pts}))
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=8)
+        top.legend(fontsize=7)
+    axes[0][0].set_ylabel("probe: cosine to the private val split", fontsize=8)
+    axes[1][0].set_ylabel("probe: public model's perplexity", fontsize=8)
+    fig.suptitle("Issue 44's full comparison: the fixed-prompt probe per round "
+                 "(a private diagnostic, not a release)", fontsize=10)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=110)
+    os.replace(tmp, path)
+    return True
+
+
 def _f(x, nd=4):
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
@@ -754,6 +826,8 @@ def main() -> None:
     res.mkdir(exist_ok=True)
     (res / f"{a.name}.md").write_text(md + "\n")
     (res / f"{a.name}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    if probe_figure(probe_curves(runs), res / f"{a.name}_probe.png"):
+        print(f"probe curves: {res / (a.name + '_probe.png')}", file=sys.stderr)
 
 
 if __name__ == "__main__":
