@@ -218,10 +218,18 @@ def test_g22_a_server_that_never_answers_does_not_outlive_a_signal(fake, tiny_lm
     # PYTHONFAULTHANDLER: a SIGABRT makes a stuck child print every thread's stack (below)
     env = dict(os.environ, POPRI_THREADS="1", PYTHONFAULTHANDLER="1")
     ours = (signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
-    p = subprocess.Popen([sys.executable, "-m", "popri.cli.app",
-                          *_argv(tmp_path, tiny_lm, fake.url, "--concurrency", "2")],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
+    # popri as a terminal starts it, Ctrl-C not ignored: a test run started in the background
+    # of a non-interactive shell (`make test &`, nohup) has SIGINT ignored, which exec passes on
+    # and which popri, as every Unix program, keeps (its failures of 2026-11-30 were that:
+    # worker SIG_IGN, child SigIgn bit 2). A Python handler becomes SIG_DFL across exec.
+    keep = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "popri.cli.app",
+                              *_argv(tmp_path, tiny_lm, fake.url, "--concurrency", "2")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    finally:
+        signal.signal(signal.SIGINT, keep)
     try:
         assert fake.got.wait(120), "popri never sent its request"
         time.sleep(0.3)
@@ -229,7 +237,7 @@ def test_g22_a_server_that_never_answers_does_not_outlive_a_signal(fake, tiny_lm
         try:  # promptly, not after the client's timeout; 20 s: two loaded test workers
             out, err = p.communicate(timeout=20)  # once took > 5 s on 2 busy cores
         except subprocess.TimeoutExpired:
-            # seen twice in full suites (SIGINT, 2026-11-30), never alone: say what it was doing
+            # say what it was doing (the signal dispositions, the stacks)
             try:
                 status = [ln for ln in open(f"/proc/{p.pid}/status").read().splitlines()
                           if ln.startswith(("State", "Sig", "ShdPnd", "Threads"))]
