@@ -5,6 +5,7 @@ exit status, working directory, environment -- and it dies with the zygote, whic
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,8 +17,10 @@ import pytest
 
 from conftest import write_jsonl
 
+from popri.kit import Stage
 from popri.pipeline import zygote as Z
-from popri.pipeline.stages import child_argv
+from popri.pipeline.stages import StageRunner, child_argv
+from popri.specs.commands.account import AccountEpsilonCall
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
@@ -372,3 +375,29 @@ def test_a_fork_of_a_zygote_forks_its_own_zygote_which_dies_with_it(tmp_path, en
             break
     st = Path(f"/proc/{out['server_pid']}/stat")
     assert not st.exists() or st.read_text().split(") ")[-1].startswith("Z")
+
+
+def test_a_runner_without_a_plan_starts_the_zygote_only_for_its_third_stage(tmp_path):
+    """A StageRunner nobody told how many stages will run (a caller of the class, not `popri
+    run`, which sets ``planned_to_run``) starts its first MIN_STAGES - 1 stages as new
+    processes and the zygote for the MIN_STAGES-th: a stage or two pay no zygote imports."""
+    def eps(k):
+        out = tmp_path / f"e{k}.json"
+        return Stage(f"e{k}", AccountEpsilonCall(noise_multiplier=1.0 + k, sample_rate=1.0,
+                                                 steps=1, as_json=True),
+                     outputs=[str(out)], stdout_to=str(out))
+
+    r = StageRunner(tmp_path)
+    try:
+        for k in range(Z.MIN_STAGES - 1):
+            assert r.run(eps(k)) is True and r._zygote is None
+        assert r.run(eps(Z.MIN_STAGES)) is True and r._zygote is not None
+        # told a plan: as before, the zygote when MIN_STAGES or more are left
+        told = StageRunner(tmp_path / "told")
+        told.planned_to_run = Z.MIN_STAGES
+        assert told.run(eps(9)) is True and told._zygote is not None
+        told.close_zygote()
+    finally:
+        r.close_zygote()
+    assert [json.loads((tmp_path / f"e{k}.json").read_text())["noise_multiplier"]
+            for k in (0, 1, Z.MIN_STAGES)] == [1.0, 2.0, 1.0 + Z.MIN_STAGES]

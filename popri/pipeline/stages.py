@@ -255,6 +255,7 @@ class StageRunner:
         self._zygote = None                # the stage zygote (popri.pipeline.zygote), once up
         self._zygote_off = False           # it failed, or POPRI_ZYGOTE=0: new interpreters
         self.planned_to_run: int | None = None  # stages the survey says will run (None: unknown)
+        self._starts = 0                   # stage commands this runner started (see _start)
 
     # ------------------------------------------------------------------ keys
     def _input_key(self, path: str) -> str:
@@ -801,13 +802,18 @@ class StageRunner:
         command, the zygote's environment, and at least :data:`~popri.pipeline.zygote.MIN_STAGES`
         stages left to run when it is not up yet: its imports cost about one stage's start --
         unless this process is itself a fork of a zygote, which forks one at no cost;
-        popri.pipeline.zygote), else a new process.  Either way: ``.stderr`` a pipe,
+        popri.pipeline.zygote), else a new process.  A runner that was told no plan
+        (``planned_to_run`` None: a caller of this class, not ``popri run``) starts the zygote
+        for its ``MIN_STAGES``-th stage: a caller that runs a stage or two (each light, such as
+        ``popri account``) pays no zygote's imports (about 4 s on 2 cores) and one that runs many
+        pays at most ``MIN_STAGES - 1`` starts without it.  Either way: ``.stderr`` a pipe,
         ``.wait(timeout)``, ``.kill()``."""
         prefix = child_argv([])
         left = (None if self.planned_to_run is None
                 else self.planned_to_run - len(self.ran) - len(self.reused))
-        worth = (self._zygote is not None or left is None or left >= Z.MIN_STAGES
-                 or Z.preloaded())
+        self._starts += 1
+        worth = (self._zygote is not None or Z.preloaded()
+                 or (self._starts >= Z.MIN_STAGES if left is None else left >= Z.MIN_STAGES))
         if (worth and not self._zygote_off and cmd[:len(prefix)] == prefix
                 and Z.enabled(os.environ)):
             if self._zygote is None or not self._zygote.alive():
