@@ -61,6 +61,8 @@ import sys
 import time
 from pathlib import Path
 
+from popri.core.io import atomic_write
+
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "examples" / "learning.yaml"
 
@@ -618,6 +620,12 @@ def collect(runs: Path) -> list[dict]:
             "relation": r.get("neighbouring"), "dp_guarantee": r.get("dp_guarantee"),
             "q": r.get("sample_rate"),
             "selection": (r.get("checkpoint_selection") or {}).get("on"),
+            # the fixed-prompt probe of every round (the figure's curves)
+            "probe_rounds": sorted(({"round": int(x["round"]), "cos": x.get("mean_cosine"),
+                                     "cos_se": x.get("mean_cosine_se"),
+                                     "ppl": x.get("perplexity")}
+                                    for x in metrics if x.get("stage") == "probe"),
+                                   key=lambda x: x["round"]),
         })
         for dk in sorted((d / STUDY_DRAWS).glob("*-d0")):  # final-set variants (final_variant)
             derived = _derived_name(name, dk.name[:-3])
@@ -634,24 +642,18 @@ def collect(runs: Path) -> list[dict]:
     return sorted(rows, key=lambda r: (r["setting"], r["seed"]))
 
 
-def probe_curves(runs: Path) -> dict[str, dict[str, dict[int, list[dict]]]]:
+def probe_curves(rows: list[dict]) -> dict[str, dict[str, dict[int, list[dict]]]]:
     """Per corpus, setting and seed of the full comparison: the fixed-prompt probe of each
-    round (RUN/probe/roundT.json: mean-embedding cosine to the private validation split with
-    its SE over probe samples, and the public model's perplexity of the probe's samples), rounds
-    in order.  A private diagnostic of each run, never a release."""
+    round, in order (:func:`collect`'s ``probe_rounds``, from the run's metrics.jsonl: cosine to
+    the private validation split with its SE over probe samples, and the public model's
+    perplexity of the probe's samples).  A final-set variant's row shares its base run's probe
+    and is left out.  A private diagnostic of each run, never a release."""
     out: dict[str, dict[str, dict[int, list[dict]]]] = {}
-    for d in sorted(runs.glob("*-s*")):
-        name, _, seed = d.name.rpartition("-s")
-        cr = corpus_of(name)
-        if cr is None or not seed.isdigit() or not (d / "results.json").is_file():
-            continue
-        pts = []
-        for f in sorted((d / "probe").glob("round*.json"), key=lambda f: int(f.stem[5:] or 0)):
-            p = json.loads(f.read_text())
-            pts.append({"round": int(f.stem[5:]), "cos": p.get("mean_cosine"),
-                        "cos_se": p.get("mean_cosine_se"), "ppl": p.get("perplexity")})
-        if pts:
-            out.setdefault(cr[0], {}).setdefault(name, {})[int(seed)] = pts
+    for r in rows:
+        cr = corpus_of(r["setting"])
+        if cr is not None and not r.get("shared") and r.get("probe_rounds"):
+            out.setdefault(cr[0], {}).setdefault(r["setting"], {})[int(r["seed"])] = \
+                r["probe_rounds"]
     return out
 
 
@@ -694,9 +696,8 @@ def probe_figure(curves: dict, path: Path) -> bool:
     axes[1][0].set_ylabel("probe: public model's perplexity", fontsize=8)
     fig.suptitle("Issue 44's full comparison: the fixed-prompt probe per round "
                  "(a private diagnostic, not a release)", fontsize=10)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=110)
-    os.replace(tmp, path)
+    with atomic_write(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=110)
     return True
 
 
@@ -826,7 +827,7 @@ def main() -> None:
     res.mkdir(exist_ok=True)
     (res / f"{a.name}.md").write_text(md + "\n")
     (res / f"{a.name}.json").write_text(json.dumps(rows, indent=2) + "\n")
-    if probe_figure(probe_curves(runs), res / f"{a.name}_probe.png"):
+    if probe_figure(probe_curves(rows), res / f"{a.name}_probe.png"):
         print(f"probe curves: {res / (a.name + '_probe.png')}", file=sys.stderr)
 
 

@@ -406,16 +406,17 @@ def test_verdict_needs_three_seeds_of_the_plans_draws_and_the_rule_needs_every_c
 
 def test_probe_curves_read_every_finished_comparison_run_in_round_order(tmp_path):
     """The full comparison's probe figure (learning_study.probe_curves / probe_figure): per
-    corpus, setting and seed, the probe's rounds in numeric order (round10 after round2); runs
-    outside the comparison or unfinished are left out; the PNG is written atomically."""
+    corpus, setting and seed, the probe's rounds (metrics.jsonl) in numeric order (round 10
+    after round 2); runs outside the comparison or unfinished are left out; the PNG is written
+    atomically."""
     L = _study()
 
     def run(name, rounds, done=True):
         d = tmp_path / "runs" / name
-        (d / "probe").mkdir(parents=True)
-        for t in rounds:
-            (d / "probe" / f"round{t}.json").write_text(json.dumps(
-                {"mean_cosine": 0.1 * t, "mean_cosine_se": 0.01, "perplexity": 90.0 + t}))
+        d.mkdir(parents=True)
+        write_jsonl(d / "metrics.jsonl", [{"round": t, "stage": "probe", "mean_cosine": 0.1 * t,
+                                           "mean_cosine_se": 0.01, "perplexity": 90.0 + t}
+                                          for t in sorted(rounds, key=str)])
         if done:
             (d / "results.json").write_text("{}")
 
@@ -423,7 +424,7 @@ def test_probe_curves_read_every_finished_comparison_run_in_round_order(tmp_path
     run("deb-eps1-fluent-s2", [0, 1])
     run("pypi-eps1-s1", [0, 1], done=False)  # still running
     run("eps1-rpo-s0", [0, 1])  # not in the comparison
-    curves = L.probe_curves(tmp_path / "runs")
+    curves = L.probe_curves(L.collect(tmp_path / "runs"))
     assert set(curves) == {"deb"}
     assert [p["round"] for p in curves["deb"]["deb-eps1"][0]] == [0, 1, 2, 10]
     assert curves["deb"]["deb-eps1"][0][-1]["ppl"] == 100.0

@@ -255,7 +255,6 @@ class StageRunner:
         self._zygote = None                # the stage zygote (popri.pipeline.zygote), once up
         self._zygote_off = False           # it failed, or POPRI_ZYGOTE=0: new interpreters
         self.planned_to_run: int | None = None  # stages the survey says will run (None: unknown)
-        self._starts = 0                   # stage commands this runner started (see _start)
 
     # ------------------------------------------------------------------ keys
     def _input_key(self, path: str) -> str:
@@ -811,9 +810,9 @@ class StageRunner:
         prefix = child_argv([])
         left = (None if self.planned_to_run is None
                 else self.planned_to_run - len(self.ran) - len(self.reused))
-        self._starts += 1
+        nth = len(self.ran) + 1  # this stage is the runner's nth to run (a failed one raises)
         worth = (self._zygote is not None or Z.preloaded()
-                 or (self._starts >= Z.MIN_STAGES if left is None else left >= Z.MIN_STAGES))
+                 or (nth >= Z.MIN_STAGES if left is None else left >= Z.MIN_STAGES))
         if (worth and not self._zygote_off and cmd[:len(prefix)] == prefix
                 and Z.enabled(os.environ)):
             if self._zygote is None or not self._zygote.alive():
