@@ -454,7 +454,27 @@ def with_previous(rows: list[dict], drows: list[dict], name: str) -> tuple[list[
     lines = [ln for ln in (res / f"{name}.md").read_text().splitlines()
              if ln.startswith("| ") and ln.count("|") == 9
              and tuple(c.strip() for c in ln.split("|")[1:3]) in keys]
+    per_draw = {tuple(c.strip() for c in ln.split("|")[1:3]): ln.split("|")[4] for ln in lines}
+    for r in old:  # a table written before the rows kept their draws: its printed values
+        got = per_draw.get((r["setting"], str(r["seed"])))
+        if not r.get("draws_d") and got:
+            d = [float(x) for x in got.split(",")]
+            if r.get("diff") is not None:  # the run's own draw (draw 0): exact in the row
+                d[0] = float(r["diff"])
+            r["draws_d"] = d
+            r["draws_d_from"] = f"{name}.md (draws after the first printed to 4 decimals)"
     return sorted(rows + old, key=lambda r: (r["setting"], r["seed"])), lines
+
+
+def keep_draws(rows: list[dict], drows: list[dict]) -> None:
+    """Each row of a run with draws keeps them (``draws_d``: method minus T = 0 per draw, the
+    run's own draw first) in NAME.json, so that a table written after the run directory is gone
+    (``--with``) still judges that seed by all its draws (:func:`seed_means`)."""
+    by = {(r["setting"], r["seed"]): r for r in drows}
+    for r in rows:
+        d = by.get((r["setting"], r["seed"]))
+        if d is not None:
+            r["draws_d"] = [float(x["acc_minus_control"]) for x in d["draws"]]
 
 
 def draws_table(rows: list[dict], kept: list[str] = ()) -> str:
@@ -502,7 +522,9 @@ def seed_means(rows: list[dict], drows: list[dict]) -> dict[tuple[str, int], dic
     draw counts with n = 1 (the rule needs the draws the plan names: see :func:`verdict`)."""
     out: dict[tuple[str, int], dict] = {}
     for r in rows:
-        if corpus_of(r["setting"]) and r.get("diff") is not None:
+        if corpus_of(r["setting"]) and r.get("draws_d"):  # a kept row (:func:`with_previous`)
+            out[(r["setting"], r["seed"])] = {"d": [float(x) for x in r["draws_d"]]}
+        elif corpus_of(r["setting"]) and r.get("diff") is not None:
             out[(r["setting"], r["seed"])] = {"d": [float(r["diff"])]}
     for r in drows:
         if corpus_of(r["setting"]):
@@ -814,6 +836,7 @@ def main() -> None:
     rows = collect(runs)
     drows = collect_draws(runs)
     kept: list[str] = []
+    keep_draws(rows, drows)
     if a.prev:
         rows, kept = with_previous(rows, drows, a.prev)
     md = table(rows)

@@ -404,6 +404,40 @@ def test_verdict_needs_three_seeds_of_the_plans_draws_and_the_rule_needs_every_c
     assert L.corpus_of("ood-eps1-rpo-fluent") is None and L.corpus_of("eps1") is None
 
 
+def test_a_table_written_after_its_runs_are_gone_judges_each_seed_by_all_its_draws(
+        tmp_path, monkeypatch):
+    """`--with NAME` (the run directories deleted, e.g. a new machine): a kept row counts with
+    all its draws -- from the row's own ``draws_d`` (kept since keep_draws) or, for a table
+    written before, from NAME.md's printed values -- not with its first draw alone."""
+    L = _study()
+    monkeypatch.setattr(L, "HERE", tmp_path)
+    (tmp_path / "results").mkdir()
+    live = [{"setting": "deb-eps1", "seed": 2, "diff": 0.004}]
+    live_draws = [{"setting": "deb-eps1", "seed": 2, "draws": [_ctl(d) for d in
+                                                               (0.004, 0.002, 0.006)]}]
+    L.keep_draws(live, live_draws)
+    assert live[0]["draws_d"] == [0.004, 0.002, 0.006]
+    old = [{"setting": "deb-eps1", "seed": 0, "diff": -0.0034},  # before draws_d was kept
+           {"setting": "deb-eps1", "seed": 1, "diff": 0.0021,
+            "draws_d": [0.00211, 0.00333, 0.00334]}]
+    (tmp_path / "results" / "x.json").write_text(json.dumps(old))
+    (tmp_path / "results" / "x.md").write_text(
+        "| deb-eps1 | 0 | 3 | -0.0034, -0.0062, +0.0028 | -0.0022 | 0.0019 | 0.0026 | no |\n"
+        "| deb-eps1 | 1 | 3 | +0.0021, +0.0033, +0.0033 | +0.0029 | 0.0015 | 0.0004 | yes |\n")
+    rows, kept = L.with_previous(live, [], "x")
+    assert len(kept) == 2 and [r["seed"] for r in rows] == [0, 1, 2]
+    assert rows[0]["draws_d"] == [-0.0034, -0.0062, 0.0028] and "4 decimals" in rows[0][
+        "draws_d_from"]
+    old[0]["diff"] = -0.00336759  # the run's own draw is exact in its row
+    (tmp_path / "results" / "x.json").write_text(json.dumps(old))
+    rows, _ = L.with_previous(live, [], "x")
+    assert rows[0]["draws_d"] == [-0.00336759, -0.0062, 0.0028]
+    assert rows[1]["draws_d"] == [0.00211, 0.00333, 0.00334] and "draws_d_from" not in rows[1]
+    (v,) = L.verdict(rows, [], draws=3)
+    assert v["draws"] == [3, 3, 3] and v["verdict"] != "incomplete"
+    assert v["d_s"] == pytest.approx([-0.00676759 / 3, 0.00878 / 3, 0.004])
+
+
 def test_probe_curves_read_every_finished_comparison_run_in_round_order(tmp_path):
     """The full comparison's probe figure (learning_study.probe_curves / probe_figure): per
     corpus, setting and seed, the probe's rounds (metrics.jsonl) in numeric order (round 10
