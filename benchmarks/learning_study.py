@@ -451,10 +451,13 @@ def with_previous(rows: list[dict], drows: list[dict], name: str) -> tuple[list[
     old = [r for r in json.loads((res / f"{name}.json").read_text())
            if (r["setting"], r["seed"]) not in here]
     keys = {(r["setting"], str(r["seed"])) for r in old}
-    lines = [ln for ln in (res / f"{name}.md").read_text().splitlines()
-             if ln.startswith("| ") and ln.count("|") == 9
-             and tuple(c.strip() for c in ln.split("|")[1:3]) in keys]
-    per_draw = {tuple(c.strip() for c in ln.split("|")[1:3]): ln.split("|")[4] for ln in lines}
+    per_draw: dict[tuple[str, ...], str] = {}  # the draws-table line's printed draws
+    lines = []
+    for ln in (res / f"{name}.md").read_text().splitlines():
+        cells = [c.strip() for c in ln.split("|")]
+        if ln.startswith("| ") and len(cells) == 10 and tuple(cells[1:3]) in keys:
+            lines.append(ln)
+            per_draw[tuple(cells[1:3])] = cells[4]
     for r in old:  # a table written before the rows kept their draws: its printed values
         got = per_draw.get((r["setting"], str(r["seed"])))
         if not r.get("draws_d") and got:
@@ -474,7 +477,12 @@ def keep_draws(rows: list[dict], drows: list[dict]) -> None:
     for r in rows:
         d = by.get((r["setting"], r["seed"]))
         if d is not None:
-            r["draws_d"] = [float(x["acc_minus_control"]) for x in d["draws"]]
+            r["draws_d"] = _draw_diffs(d)
+
+
+def _draw_diffs(drow: dict) -> list[float]:
+    """Method minus T = 0 per draw of a :func:`collect_draws` row."""
+    return [float(x["acc_minus_control"]) for x in drow["draws"]]
 
 
 def draws_table(rows: list[dict], kept: list[str] = ()) -> str:
@@ -521,15 +529,13 @@ def seed_means(rows: list[dict], drows: list[dict]) -> dict[tuple[str, int], dic
     are `popri run`'s own (``draws: D``) or, for a final-set variant, its replays; a run of one
     draw counts with n = 1 (the rule needs the draws the plan names: see :func:`verdict`)."""
     out: dict[tuple[str, int], dict] = {}
-    for r in rows:
-        if corpus_of(r["setting"]) and r.get("draws_d"):  # a kept row (:func:`with_previous`)
-            out[(r["setting"], r["seed"])] = {"d": [float(x) for x in r["draws_d"]]}
-        elif corpus_of(r["setting"]) and r.get("diff") is not None:
-            out[(r["setting"], r["seed"])] = {"d": [float(r["diff"])]}
+    for r in rows:  # a kept row's draws (:func:`with_previous`), else its own draw
+        d = r.get("draws_d") or ([r["diff"]] if r.get("diff") is not None else None)
+        if corpus_of(r["setting"]) and d:
+            out[(r["setting"], r["seed"])] = {"d": [float(x) for x in d]}
     for r in drows:
         if corpus_of(r["setting"]):
-            out[(r["setting"], r["seed"])] = {
-                "d": [float(x["acc_minus_control"]) for x in r["draws"]]}
+            out[(r["setting"], r["seed"])] = {"d": _draw_diffs(r)}
     for v in out.values():
         v["mean"] = statistics.fmean(v["d"])
     return out
