@@ -22,8 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from test_hostile_037_run import _env, _minimal, _one_line, _popri, _run_args
 from test_run_e2e import tiny_inputs  # noqa: F401 (fixture)
+from popri.pipeline import stages as S
 from popri.specs.commands.score import ScoreCall
 
 
@@ -40,6 +43,20 @@ def _ids(ledger: Path) -> list[str]:
     return sorted({e.release_id for e in read_ledger(ledger)})
 
 
+def test_every_stage_and_the_stage_zygote_run_popri_without_the_current_directory():
+    """The fast half of the next test: a stage's interpreter never puts the working directory
+    first on sys.path (``-P``, or the bootstrap that drops it), where a run directory named
+    ``popri`` would shadow the package."""
+    argv = S.child_argv(["embed", "x"])
+    if sys.version_info >= (3, 11):
+        assert argv[:4] == [sys.executable, "-P", "-m", "popri"]
+    else:
+        assert argv[1] == "-c" and "del sys.path[0]" in argv[2]
+    assert argv[-2:] == ["embed", "x"]
+
+
+@pytest.mark.heavy  # make test-heavy: two popri runs on the tiny models (about 1 min); the
+# fast test above checks the -P it rests on
 def test_a_run_dir_named_popri_in_the_current_directory(tiny_inputs, tiny_lm, tiny_st_model,
                                                         tmp_path):
     """``popri run ... --run-dir popri`` from the directory that holds it: every stage ran
@@ -63,6 +80,23 @@ def test_a_run_dir_named_popri_in_the_current_directory(tiny_inputs, tiny_lm, ti
     assert (tmp_path / "popri" / "round1" / "scores.npy").is_file()
 
 
+def test_the_thread_count_is_in_no_stage_key_and_is_recorded(tmp_path, monkeypatch):
+    """The fast half of the next test: the same stage has the same key at any POPRI_THREADS
+    (a resume at another count reuses it), and the runner passes the count on."""
+    st = S.Stage("round1-score", ScoreCall(synthetic="s.jsonl", noise_multiplier=2.0,
+                                           out=str(tmp_path / "scores.npy")), outputs=[])
+    keys = set()
+    for n in ("1", "2", "7"):
+        monkeypatch.setenv("POPRI_THREADS", n)
+        runner = S.StageRunner(tmp_path / "run")
+        assert runner.env.get("POPRI_THREADS") == n
+        keys.add(runner.key(st))
+    assert len(keys) == 1
+    assert "POPRI_THREADS" not in S.KEYED_ENV and "POPRI_THREADS" in S.RECORDED_ENV
+
+
+@pytest.mark.heavy  # make test-heavy: a run killed at 1 thread and resumed at 2 (about 3 min
+# on 2 cores); the fast test above checks the key it rests on
 def test_a_resume_with_another_thread_count_reuses_every_finished_stage(
         tiny_inputs, tiny_lm, tiny_st_model, tmp_path):
     """Killed after round 1's DP scores at POPRI_THREADS=1, resumed at 2: the finished stages

@@ -20,10 +20,13 @@ accountant (opacus RDP, as POPri D.1 / PrE-Text D.1, or dp-accounting PLD) is
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 from popri.core.errors import ConfigError, InputError, PopriError
-from popri.core.io import read_json
+from popri.core.io import atomic_write, read_json
+from popri.core.runtime import cache_dir
 from popri.kit import DPRelease, RunPaths
 from popri.methods.fred import stats as F
 from popri.methods.steps import select_settings
@@ -41,6 +44,42 @@ class BudgetError(ConfigError):
 
 #: relative slack of the budget guard (the calibration's own tolerance is far below it)
 BUDGET_RTOL = 1e-6
+#: POPRI_CALIBRATION_CACHE=0: every plan searches for its z (no memo)
+MEMO_ENV = "POPRI_CALIBRATION_CACHE"
+
+
+class CalibrationMemo:
+    """:class:`popri.privacy.calibration.Memo` on disk: one small JSON file per key under
+    ``$POPRI_CACHE/calibration/``, written atomically.  Whatever it holds is checked by
+    ``calibrate`` before use, so a missing, unreadable or edited file costs a search, never a
+    wrong z; a directory that cannot be written is skipped."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = root
+
+    def _dir(self) -> Path:
+        if self.root is None:
+            self.root = cache_dir() / "calibration"
+        return self.root
+
+    def get(self, key: str) -> float | None:
+        try:
+            d = json.loads((self._dir() / f"{key}.json").read_text())
+            return float(d["z"]) if d.get("key") == key else None
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+    def put(self, key: str, z: float) -> None:
+        try:
+            self._dir().mkdir(parents=True, exist_ok=True)
+            with atomic_write(self._dir() / f"{key}.json") as fh:
+                json.dump({"key": key, "z": z}, fh)
+        except OSError:
+            pass  # a read-only or full cache: the next plan searches again
+
+
+def calibration_memo() -> CalibrationMemo | None:
+    return None if os.environ.get(MEMO_ENV, "1") == "0" else CalibrationMemo()
 
 
 class Budget:
@@ -246,7 +285,7 @@ class Budget:
                             for e in self.method.round_entries(c, t, noise, clients)] + list(fixed)
 
                 return calibrate(pr.epsilon, pr.delta, entries_at, pr.accountant,
-                                 convention=pr.convention)
+                                 convention=pr.convention, memo=calibration_memo())
 
             def score_entries_at(z):
                 # the entries the rounds will record (their mechanism, sampling, relation and
@@ -256,7 +295,7 @@ class Budget:
                         for t in range(1, c.rounds + 1)] + list(fixed)
 
             return calibrate(pr.epsilon, pr.delta, score_entries_at, pr.accountant,
-                             convention=pr.convention)
+                             convention=pr.convention, memo=calibration_memo())
         except A.ParameterError as e:
             raise ConfigError(f"no noise multiplier meets the budget: {e.message}",
                               field="privacy.epsilon") from None

@@ -31,8 +31,11 @@ Two kinds of calibration, with distinct names:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from typing import Any, Callable, Iterable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Callable, Iterable, Protocol
 
 from popri.privacy.accounting import (
     ORDERS,
@@ -97,28 +100,91 @@ def solve(f: Callable[[float], float], target: float, tol: float = 1e-4) -> floa
     return bisect(f, target, *bracket(f, target), tol)[1]
 
 
+# --------------------------------------------------------------------------- memo
+class Memo(Protocol):
+    """Where :func:`calibrate` may keep the z it found under a key of everything that decides
+    it (:func:`calibration_key`), so that a later call skips the search (popri run's planning:
+    a search is ~20 compositions, 5-10 s of opacus' fractional RDP orders on one CPU core; the
+    pipeline passes a directory under POPRI_CACHE, :class:`popri.pipeline.budget.Budget`).  A
+    z read back is used only once :func:`calibrate` has checked it again: never a claim."""
+
+    def get(self, key: str) -> float | None: ...
+
+    def put(self, key: str, z: float) -> None: ...
+
+
+def _plain(entry: Any) -> Any:
+    if hasattr(entry, "to_dict"):
+        return entry.to_dict()
+    return dict(entry) if isinstance(entry, dict) else list(entry)
+
+
+def _lib(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def calibration_key(eps: float, delta: float, entries_at: Callable[[float], Iterable[Any]],
+                    accountant: str, tol: float, orders, interval: float | None,
+                    convention: str | None) -> str:
+    """A digest of a calibration's inputs: the target, the accountant and its settings, the
+    accounting libraries' versions, and the prospective entries at two noise multipliers (their
+    mechanism, sampling, relation, sensitivity, rate, steps and popri's version)."""
+    probe = {str(z): [_plain(e) for e in entries_at(z)] for z in (1.0, 2.0)}
+    what = {"eps": eps, "delta": delta, "accountant": accountant, "tol": tol,
+            "orders": list(orders), "interval": interval, "convention": convention,
+            "libs": [_lib("opacus"), _lib("dp-accounting")], "entries": probe}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
+
+
 # --------------------------------------------------------------------------- composed releases
 def calibrate(eps: float, delta: float, entries_at: Callable[[float], Iterable[Any]],
               accountant: str = "rdp", tol: float = 1e-4, *, orders=ORDERS,
               value_discretization_interval: float | None = None,
-              convention: str | None = None) -> float:
+              convention: str | None = None, memo: Memo | None = None) -> float:
     """Smallest z (to ``tol``) with ``compose(entries_at(z), delta, accountant).epsilon <= eps``.
 
     ``entries_at(z)``: the prospective ledger entries (LedgerEntry objects, dicts or (z, q,
     steps) tuples, any registered mechanism) when the calibrated releases use noise multiplier
     z.  PLD brackets on a 1e-3 grid, then refines at 1e-4 (or uses
-    ``value_discretization_interval`` throughout when given)."""
+    ``value_discretization_interval`` throughout when given).
+
+    ``memo`` (:class:`Memo`): a z kept under the same :func:`calibration_key` is returned only
+    if it still passes the search's own end test -- epsilon at z <= eps, and at z - tol above
+    it (tol-tight) -- two compositions instead of ~20; otherwise the search runs and its z is
+    kept.  The search's answer is a function of the key, so the memo changes no result."""
     check(eps=eps, delta=delta, accountant=accountant)
     if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise ParameterError("tol", f"must be > 0 (got {tol})")
     fine = value_discretization_interval or PLD_INTERVAL
-    coarse = value_discretization_interval or PLD_SEARCH_INTERVAL
 
     def at(interval):
         return lambda z: compose(entries_at(z), delta, accountant, orders=orders,
                                  value_discretization_interval=interval, alone=False,
                                  convention=convention).epsilon
 
+    if memo is None:
+        return _search(eps, entries_at, accountant, tol, orders, value_discretization_interval,
+                       at)
+    key = calibration_key(eps, delta, entries_at, accountant, tol, orders,
+                          value_discretization_interval, convention)
+    z = memo.get(key)
+    final = at(fine if accountant == "pld" else None)  # what the search's last bisection used
+    if (isinstance(z, float) and math.isfinite(z) and z > 0 and final(z) <= eps
+            and (z - tol <= 0 or final(z - tol) > eps)):
+        return z
+    z = _search(eps, entries_at, accountant, tol, orders, value_discretization_interval, at)
+    memo.put(key, z)
+    return z
+
+
+def _search(eps, entries_at, accountant, tol, orders, value_discretization_interval,
+            at) -> float:
+    """:func:`calibrate`'s search: bracket, bisect (PLD: on the coarse grid, then refined)."""
+    fine = value_discretization_interval or PLD_INTERVAL
+    coarse = value_discretization_interval or PLD_SEARCH_INTERVAL
     f = at(coarse if accountant == "pld" else None)
     try:
         lo, hi = bisect(f, eps, *bracket(f, eps), tol)
