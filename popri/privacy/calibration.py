@@ -37,6 +37,7 @@ import math
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Iterable, Protocol
 
+from popri.core.version import __version__
 from popri.privacy.accounting import (
     ORDERS,
     PLD_INTERVAL,
@@ -129,13 +130,13 @@ def _lib(name: str) -> str | None:
 def calibration_key(eps: float, delta: float, entries_at: Callable[[float], Iterable[Any]],
                     accountant: str, tol: float, orders, interval: float | None,
                     convention: str | None) -> str:
-    """A digest of a calibration's inputs: the target, the accountant and its settings, the
-    accounting libraries' versions, and the prospective entries at two noise multipliers (their
-    mechanism, sampling, relation, sensitivity, rate, steps and popri's version)."""
+    """A digest of a calibration's inputs: the target, the accountant and its settings, popri's
+    and the accounting libraries' versions, and the prospective entries at two noise
+    multipliers (their mechanism, sampling, relation, sensitivity, rate and steps)."""
     probe = {str(z): [_plain(e) for e in entries_at(z)] for z in (1.0, 2.0)}
     what = {"eps": eps, "delta": delta, "accountant": accountant, "tol": tol,
             "orders": list(orders), "interval": interval, "convention": convention,
-            "libs": [_lib("opacus"), _lib("dp-accounting")], "entries": probe}
+            "libs": [__version__, _lib("opacus"), _lib("dp-accounting")], "entries": probe}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=repr).encode()).hexdigest()
 
 
