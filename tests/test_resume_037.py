@@ -43,7 +43,7 @@ def _ids(ledger: Path) -> list[str]:
     return sorted({e.release_id for e in read_ledger(ledger)})
 
 
-def test_every_stage_and_the_stage_zygote_run_popri_without_the_current_directory():
+def test_every_stage_runs_popri_without_the_current_directory():
     """The fast half of the next test: a stage's interpreter never puts the working directory
     first on sys.path (``-P``, or the bootstrap that drops it), where a run directory named
     ``popri`` would shadow the package."""

@@ -160,6 +160,7 @@ def calibrate(eps: float, delta: float, entries_at: Callable[[float], Iterable[A
     if not (isinstance(tol, (int, float)) and tol > 0 and math.isfinite(tol)):
         raise ParameterError("tol", f"must be > 0 (got {tol})")
     fine = value_discretization_interval or PLD_INTERVAL
+    coarse = value_discretization_interval or PLD_SEARCH_INTERVAL
 
     def at(interval):
         return lambda z: compose(entries_at(z), delta, accountant, orders=orders,
@@ -167,8 +168,7 @@ def calibrate(eps: float, delta: float, entries_at: Callable[[float], Iterable[A
                                  convention=convention).epsilon
 
     if memo is None:
-        return _search(eps, entries_at, accountant, tol, orders, value_discretization_interval,
-                       at)
+        return _search(at, eps, tol, accountant, orders, fine, coarse)
     key = calibration_key(eps, delta, entries_at, accountant, tol, orders,
                           value_discretization_interval, convention)
     z = memo.get(key)
@@ -176,16 +176,15 @@ def calibrate(eps: float, delta: float, entries_at: Callable[[float], Iterable[A
     if (isinstance(z, float) and math.isfinite(z) and z > 0 and final(z) <= eps
             and (z - tol <= 0 or final(z - tol) > eps)):
         return z
-    z = _search(eps, entries_at, accountant, tol, orders, value_discretization_interval, at)
+    z = _search(at, eps, tol, accountant, orders, fine, coarse)
     memo.put(key, z)
     return z
 
 
-def _search(eps, entries_at, accountant, tol, orders, value_discretization_interval,
-            at) -> float:
-    """:func:`calibrate`'s search: bracket, bisect (PLD: on the coarse grid, then refined)."""
-    fine = value_discretization_interval or PLD_INTERVAL
-    coarse = value_discretization_interval or PLD_SEARCH_INTERVAL
+def _search(at, eps: float, tol: float, accountant: str, orders, fine: float,
+            coarse: float) -> float:
+    """:func:`calibrate`'s search over ``at(interval)``'s epsilon(z): bracket, bisect (PLD: on
+    the ``coarse`` grid, then refined on the ``fine`` one)."""
     f = at(coarse if accountant == "pld" else None)
     try:
         lo, hi = bisect(f, eps, *bracket(f, eps), tol)
