@@ -389,10 +389,14 @@ def _tag(gen: list[str], match: bool = False) -> str:
 def collect_draws(runs: Path) -> list[dict]:
     """Per run with extra draws: draw 0 (the run's own) and each draw's method minus T = 0 --
     `popri run`'s own (``draws: D``: RUN/eval/control-dK.json) or this script's
-    (RUN/study_draws/dK) -- and per final-set variant (``--draw-gen``) its own draws."""
+    (RUN/study_draws/dK) -- and per final-set variant (``--draw-gen``) its own draws.
+
+    Only a finished run counts (its results.json written, as in :func:`collect`): a running
+    run's eval/control-dK.json files can all be there before its last stages end, and counting
+    them would judge a seed whose row the first table does not show yet."""
     rows = []
     for d in sorted(runs.glob("*-s*")):
-        if not (d / "eval" / "control.json").is_file():
+        if not (d / "results.json").is_file() or not (d / "eval" / "control.json").is_file():
             continue
         name, seed = d.name.rsplit("-s", 1)
         variants: dict[str, dict[int, tuple]] = {"": {0: _control(d / "eval" / "control.json")}}

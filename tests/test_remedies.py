@@ -467,3 +467,27 @@ def test_probe_curves_read_every_finished_comparison_run_in_round_order(tmp_path
     assert L.probe_figure(curves, png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     assert not L.probe_figure({}, tmp_path / "none.png") and not (tmp_path / "none.png").exists()
+
+
+def test_the_draws_table_counts_a_run_only_once_it_finished(tmp_path):
+    """A running run (no results.json yet) whose draw evaluations are all written is left out
+    of the draws table and so of the verdict, as it is left out of the first table (collect):
+    a seed is judged with its row, never before it."""
+    L = _study()
+
+    def run(name, diffs, done):
+        d = tmp_path / name
+        (d / "eval").mkdir(parents=True)
+        (d / "eval" / "control.json").write_text(json.dumps(_ctl(diffs[0])))
+        for k, x in enumerate(diffs[1:], 1):
+            (d / "eval" / f"control-d{k}.json").write_text(json.dumps(_ctl(x)))
+        if done:
+            (d / "results.json").write_text(json.dumps({"method": "popri"}))
+
+    run("deb-eps1-s0", [0.001, 0.002, 0.003], done=True)
+    run("deb-eps1-s2", [0.013, 0.004, 0.011], done=False)  # draws done, last stages running
+    got = {(r["setting"], r["seed"]) for r in L.collect_draws(tmp_path)}
+    assert got == {("deb-eps1", 0)}
+    (tmp_path / "deb-eps1-s2" / "results.json").write_text(json.dumps({"method": "popri"}))
+    got = {(r["setting"], r["seed"]) for r in L.collect_draws(tmp_path)}
+    assert got == {("deb-eps1", 0), ("deb-eps1", 2)}
