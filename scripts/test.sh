@@ -84,8 +84,10 @@ if [ -n "$VLLM_BUILD" ]; then
     [ "$rc" -eq 0 ] && rc=1
   else
     grep -v "WARNING: Location" "$VLLM_LOG" | tail -n 3 >&2
+    # the two tests side by side (xdist, as the main suite): each spends most of its time
+    # starting an engine or a server, one process at a time
     "${VLLM_VENV:-.venv-vllm}/bin/python" -m pytest -q -p no:cacheprovider -m "not heavy" \
-      -rs tests/test_vllm_real.py
+      "${XDIST[@]}" -rs tests/test_vllm_real.py
     v_rc=$?
     echo "test: the vLLM tests exited $v_rc after $(( $(date +%s) - start ))s" >&2
     [ "$rc" -eq 0 ] && rc=$v_rc

@@ -258,3 +258,25 @@ def pytest_collection_modifyitems(config, items):
     (longest-first scheduling)."""
     items[:] = ([i for i in items if i.get_closest_marker("slow")]
                 + [i for i in items if not i.get_closest_marker("slow")])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """``POPRI_TEST_TIMES=DIR``: each worker appends one JSON line per test (node id, worker,
+    start, seconds: setup + call + teardown) to DIR/<worker>.jsonl -- the timeline of a run,
+    read by scripts/test_timeline.py (where each worker's time goes; which tests to start
+    first)."""
+    out = os.environ.get("POPRI_TEST_TIMES")
+    if not out:
+        yield
+        return
+    import time
+
+    t0 = time.time()
+    yield
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    line = json.dumps({"test": item.nodeid, "worker": worker, "start": t0,
+                       "seconds": round(time.time() - t0, 3)})
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{worker}.jsonl"), "a") as f:
+        f.write(line + "\n")

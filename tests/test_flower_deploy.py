@@ -318,6 +318,7 @@ def test_popri_round_on_a_loopback_deployment_equals_in_process(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.min_flower
 def test_popri_and_pe_rounds_via_popri_score_federation_on_a_loopback_deployment(tmp_path):
     """The user's command for a deployment round: `popri score --engine flower --federation
     popri --supernodes 3` with NO --private -- each SuperNode holds one client's embeddings

@@ -58,3 +58,34 @@ def test_a_base_too_long_for_a_socket_path_falls_back_to_tmp(tmp_path):
 def test_the_users_own_setting_is_kept(tmp_path):
     d, said = _child(str(tmp_path), VLLM_RPC_BASE_PATH=str(tmp_path / "mine"))
     assert d == "None" and said == str(tmp_path / "mine")
+
+
+def test_inprocess_asks_vllm_for_no_engine_processes_and_keeps_the_users_setting(monkeypatch):
+    """POPRI_VLLM_INPROCESS=1: the engine is built with VLLM_ENABLE_V1_MULTIPROCESSING=0 in
+    the environment vLLM reads at its start (the engine core and worker in popri's process); a
+    value the user set is kept; unset, nothing is asked.  A stand-in LLM records what it saw
+    (the real engine's samples in both modes: tests/test_vllm_real.py)."""
+    from popri.models import backends
+
+    seen = []
+
+    class LLM:
+        def __init__(self, **kw):
+            seen.append((os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"), kw))
+
+    monkeypatch.setattr(backends, "_import_vllm", lambda: (LLM, object))
+    monkeypatch.setattr(backends.llm, "resolve", lambda m: m)
+    monkeypatch.setattr(backends, "private_ipc_dir", lambda: None)
+
+    def build(**env):
+        monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+        monkeypatch.delenv("POPRI_VLLM_INPROCESS", raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        backends.VllmBackend("m", None, bf16=False, params={}, seed=0, marker="x")
+        return seen[-1][0]
+
+    assert build() is None
+    assert build(POPRI_VLLM_INPROCESS="0") is None
+    assert build(POPRI_VLLM_INPROCESS="1") == "0"
+    assert build(POPRI_VLLM_INPROCESS="yes", VLLM_ENABLE_V1_MULTIPROCESSING="1") == "1"

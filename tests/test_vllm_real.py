@@ -114,17 +114,19 @@ def _rows(path) -> list[dict]:
 def test_gen_in_process_vllm_is_seeded_per_row_and_applies_the_adapter(
         vllm_lm, omega, adapter, tmp_path):
     """`popri gen --backend vllm` on the real engine: the schema and stats of the transformers
-    backend, byte-identical reruns (per-row seeds), the round adapter by LoRARequest changes the
-    samples (another seed: test_gen_in_process_vllm_merge_mode, heavy; one engine start less
-    here, ~40 s on 2 cores)."""
+    backend, byte-identical reruns (per-row seeds) -- the rerun with the engine in popri's own
+    process (POPRI_VLLM_INPROCESS=1), so the two modes give the same samples --, the round
+    adapter by LoRARequest changes the samples (another seed: test_gen_in_process_vllm_merge_mode,
+    heavy; one engine start less here).  Only the first run spawns vLLM's engine processes
+    (~68 s on 2 cores; in process ~32 s)."""
     a, b = (tmp_path / f"{x}.jsonl" for x in "ab")
     # the engine's temporary directory (short: a socket path under it must fit in 107
     # characters): vLLM's ZMQ sockets go to popri's private directory there, removed at exit
     tmp = Path(tempfile.mkdtemp(prefix="t", dir="/tmp"))
     try:
-        for out, seed in ((a, 5), (b, 5)):
-            p = _gen(omega, vllm_lm, out, "--backend", "vllm", seed=seed,
-                     environ=env(TMPDIR=str(tmp)))
+        for out, inproc in ((a, "0"), (b, "1")):
+            p = _gen(omega, vllm_lm, out, "--backend", "vllm", seed=5,
+                     environ=env(TMPDIR=str(tmp), POPRI_VLLM_INPROCESS=inproc))
             assert p.returncode == 0, p.stderr[-3000:]
         left = [f for f in tmp.rglob("*") if f.is_socket() or f.name.startswith("pv")]
         assert left == [], left
@@ -142,7 +144,8 @@ def test_gen_in_process_vllm_is_seeded_per_row_and_applies_the_adapter(
     assert set(sa) == set(st) and sa["backend"] == "vllm" and sa["samples"] == 6
     assert sa["generated_tokens"] > 0
     lo = tmp_path / "lora.jsonl"
-    p = _gen(omega, vllm_lm, lo, "--backend", "vllm", "--adapter", adapter)
+    p = _gen(omega, vllm_lm, lo, "--backend", "vllm", "--adapter", adapter,
+             environ=env(POPRI_VLLM_INPROCESS="1"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert all(r["adapter"] == adapter for r in _rows(lo))
     assert [r["text"] for r in _rows(lo)] != [r["text"] for r in _rows(a)]

@@ -56,7 +56,7 @@ from popri.privacy.ledger import LockedLedgers, read_ledger
 KEYED_ENV: tuple[str, ...] = ("POPRI_CPU_BF16",)
 #: POPRI_* settings a stage inherits that define no output (threads, logging, caches, test hooks)
 PASSED_ENV = ("POPRI_THREADS", "POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "POPRI_FAULT",
-              "POPRI_VLLM_KV_GIB", "POPRI_VLLM_EAGER")
+              "POPRI_VLLM_KV_GIB", "POPRI_VLLM_EAGER", "POPRI_VLLM_INPROCESS")
 #: recorded in each stage's marker and attempt (what it ran with), never in its key
 RECORDED_ENV = ("POPRI_THREADS",)
 #: set in a stage's environment to popri run's pid: the stage dies with it (popri.cli.process)
