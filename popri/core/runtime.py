@@ -18,6 +18,12 @@ PARENT_ENV = "POPRI_DIE_WITH"
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
+def env_on(name: str) -> bool:
+    """A switch in the environment: ``1``, ``true``, ``yes`` or ``on`` (any case, spaces
+    ignored) turns it on; anything else, or unset, leaves it off."""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def set_threads(n: int | None) -> None:
     if not n:
         return

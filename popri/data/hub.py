@@ -29,10 +29,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
-import os
 from pathlib import Path
 
-from popri.core import log
+from popri.core import log, runtime
 from popri.core.artifacts import file_digest
 from popri.core.errors import InputError, MissingResourceError
 from popri.data.sources import TABLE_BUILDERS, Document, SourceData
@@ -51,8 +50,7 @@ HUB_DEFAULTS: dict[str, dict] = {
 
 
 def hub_offline() -> bool:
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(runtime.env_on(v) for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def available(name: str) -> tuple[bool, str]:

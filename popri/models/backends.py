@@ -295,10 +295,6 @@ def private_ipc_dir(base: str | None = None) -> str | None:
     return None
 
 
-def _env_on(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 class VllmBackend:
     """vLLM offline engine; one SamplingParams per row with seed
     ``derive_seed(seed, attempt, prompt_id, sample_idx)``, so samples do not depend on batching.
@@ -335,9 +331,9 @@ class VllmBackend:
             self.llm = model_obj
         else:
             kwargs.update(cpu_engine_args(max_model_len))
-            if _env_on("POPRI_VLLM_EAGER"):
+            if runtime.env_on("POPRI_VLLM_EAGER"):
                 kwargs["enforce_eager"] = True  # no compilation / graphs: a faster start
-            if _env_on("POPRI_VLLM_INPROCESS"):  # read by vllm.envs when the engine starts
+            if runtime.env_on("POPRI_VLLM_INPROCESS"):  # read by vllm.envs when the engine starts
                 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             private_ipc_dir()  # its sockets where they are removed at exit, not in /tmp
             self.llm = LLM(model=path, seed=seed, dtype="bfloat16" if bf16 else "auto",
