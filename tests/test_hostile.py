@@ -542,6 +542,45 @@ def test_sigterm_removes_temporary_files_and_exits_143(tmp_path):
     assert list(out.iterdir()) == []
 
 
+# CI, 2026-12-02: the SIGTERM above exited -2 (SIGINT) instead of 143 once.  CPython remembers a
+# KeyboardInterrupt that passed through an ``exec``/``eval`` of a string (dataclasses and
+# namedtuple build methods that way, so a lazy import can be where the signal lands), even when
+# caught, and under ``python -m`` kills the process with SIGINT after finalising.  Put the
+# signal exactly there, in a module run as ``python -m`` as the tests run popri.
+_SIGNAL_IN_EXEC = r"""
+import sys
+from pathlib import Path
+
+from popri.cli import app, process
+
+out = Path(sys.argv[1])
+real = process._check_release_env
+def check():
+    real()
+    import popri.core.io as io
+    with io.atomic_write(out / "a.jsonl") as fh:
+        fh.write("{}\n")
+        exec("import os, signal\nos.kill(os.getpid(), signal.SIG)\nfor _ in range(10**7): pass")
+process._check_release_env = check
+sys.argv = ["popri", "--version"]
+app.main()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_landing_inside_exec_still_exits_128_plus_signal(tmp_path, sig):
+    mod = tmp_path / "mod"
+    mod.mkdir()
+    (mod / "sig_in_exec.py").write_text(_SIGNAL_IN_EXEC.replace("signal.SIG)", f"signal.{sig.name})"))
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run([sys.executable, "-m", "sig_in_exec", str(out)], capture_output=True,
+                       text=True, env=_env(PYTHONPATH=str(mod)), timeout=120)
+    assert r.returncode == 128 + sig, (r.returncode, r.stderr)
+    assert r.stderr == f"popri: terminated ({sig.name})\n"
+    assert list(out.iterdir()) == []  # the atexit sweep ran: no temporary file left
+
+
 # The window CI hit once (2026-11-30): SIGTERM landed after the temporary file was created and
 # before its writer had it in hand, so no ``except`` knew to remove it.  These tests put an
 # interrupt at exactly those points (as the creating os.open returns, where Python runs a

@@ -151,7 +151,10 @@ def main(argv: list[str] | None = None) -> None:
     handled like Ctrl-C (temporary files removed) with exit 128 + signal
     (:mod:`popri.cli.process`)."""
     process.prepare()
-    sys.exit(process.run(command(), argv))
+    code = process.run(command(), argv)
+    if process.interrupted() and argv is None:  # the console script, not a library's call
+        process.exit_interrupted(code)
+    sys.exit(code)
 
 
 def command():
