@@ -778,8 +778,11 @@ def table(rows: list[dict]) -> str:
         groups.setdefault(r["setting"], []).append(r)
     multi = {k: v for k, v in groups.items() if len(v) > 1}
     if multi:
-        out += ["", "| setting | seeds | cos change (mean, SE over seeds) | minus T=0 (mean, "
-                "SE within / between seeds) |", "|---|---|---|---|"]
+        # each row's own diff is its first draw (the table above); every draw is in the
+        # draws table and the verdicts below
+        out += ["", "| setting | seeds | cos change (mean, SE over seeds) | minus T=0, each "
+                "seed's first draw (mean, SE within / between seeds; the verdicts use every "
+                "draw) |", "|---|---|---|---|"]
         for k, v in multi.items():
             dc = [x["dcos"] for x in v if x["dcos"] is not None]
             dd = [x["diff"] for x in v if x["diff"] is not None]

@@ -491,3 +491,19 @@ def test_the_draws_table_counts_a_run_only_once_it_finished(tmp_path):
     (tmp_path / "deb-eps1-s2" / "results.json").write_text(json.dumps({"method": "popri"}))
     got = {(r["setting"], r["seed"]) for r in L.collect_draws(tmp_path)}
     assert got == {("deb-eps1", 0), ("deb-eps1", 2)}
+
+
+def test_the_per_setting_summary_says_it_reads_each_seed_s_first_draw():
+    """learning_study.table's summary over seeds averages each row's own ``diff``, the run's
+    first draw; its header says so (issue44.md's summary read +0.0086 for Debian beside the
+    verdict's +0.0015 over every draw, under a header that did not say which)."""
+    L = _study()
+    keys = ("epsilon", "q", "selection", "cos0", "cosT", "dcos_se", "dmmd", "dmmd_se", "d2_0",
+            "d2_T", "ppl0", "pplT", "hold_margin", "hold_acc", "acc", "acc_t0", "diff_se")
+    rows = [{**dict.fromkeys(keys), "setting": "deb-eps1", "seed": s, "rounds": 3, "dcos": 0.1,
+             "diff": d, "diff_se": 0.001, "minutes": 1.0, "draws_d": [d, -d, 0.0]}
+            for s, d in ((0, 0.004), (1, 0.002))]
+    out = L.table(rows)
+    head = next(ln for ln in out.splitlines() if ln.startswith("| setting | seeds |"))
+    assert "first draw" in head and "verdicts use every draw" in head
+    assert "| deb-eps1 | 2 | 0.1000 (0.0000) | +0.0030 (" in out
