@@ -548,6 +548,7 @@ def test_sigterm_removes_temporary_files_and_exits_143(tmp_path):
 # caught, and under ``python -m`` kills the process with SIGINT after finalising.  Put the
 # signal exactly there, in a module run as ``python -m`` as the tests run popri.
 _SIGNAL_IN_EXEC = r"""
+import signal
 import sys
 from pathlib import Path
 
@@ -562,6 +563,9 @@ def check():
         fh.write("{}\n")
         exec("import os, signal\nos.kill(os.getpid(), signal.SIG)\nfor _ in range(10**7): pass")
 process._check_release_env = check
+# popri keeps a signal its parent ignored (`nohup make test` ignores SIGHUP): the default here
+for sig in (signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_DFL)
 sys.argv = ["popri", "--version"]
 app.main()
 """
