@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
     process.prepare()
     code = process.run(command(), argv)
     if process.interrupted() and argv is None:  # the console script, not a library's call
-        process.exit_interrupted(code)
+        # not sys.exit: CPython may turn it into death by SIGINT (see exit_as_interpreter)
+        runtime.exit_as_interpreter(code)
     sys.exit(code)
 
 

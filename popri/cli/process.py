@@ -316,30 +316,3 @@ def interrupted() -> bool:
     """True once :func:`run` ended on an interrupt (Ctrl-C, or SIGTERM / SIGHUP turned into one)."""
     return bool(_INTERRUPTED or _SIGNALLED)
 
-
-def exit_interrupted(code: int):
-    """Exit with CODE after an interrupt, doing what the interpreter does at exit (non-daemon
-    threads joined, ``atexit`` handlers run -- :func:`popri.core.io.sweep_temporaries` among
-    them --, standard streams flushed) and then ``os._exit(code)``.
-
-    Why not ``sys.exit(code)``: CPython remembers a KeyboardInterrupt that escaped any
-    ``exec``/``eval`` of a string (``run_eval_code_obj`` sets ``_Py_UnhandledKeyboardInterrupt``;
-    dataclasses and namedtuple build their methods that way, so a lazy import can be where SIGTERM
-    lands) even when our caller caught it, and after finalising kills the process with SIGINT:
-    the parent saw -2 instead of 143 (CI, 2026-12-02).  The zygote's children exit this way too
-    (popri.pipeline.zygote_server._child)."""
-    import atexit
-    import threading
-
-    try:
-        shutdown = getattr(threading, "_shutdown", None)
-        if shutdown is not None:
-            shutdown()
-        atexit._run_exitfuncs()
-    finally:
-        for s in (sys.stdout, sys.stderr):
-            try:
-                s.flush()
-            except Exception:
-                pass
-        os._exit(code & 0xFF)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 #: set in a stage's environment to the pid of the process it must die with (popri run, or the
 #: stage zygote that popri run started): popri.cli.process makes the stage die with it
@@ -129,3 +130,34 @@ def die_with_parent() -> None:
                 return
 
     threading.Thread(target=watch, name="popri-parent-watchdog", daemon=True).start()
+
+
+def exit_as_interpreter(code: int) -> NoReturn:
+    """End the process with CODE as the interpreter would at exit -- non-daemon threads joined,
+    ``atexit`` handlers run (popri.core.io.sweep_temporaries among them), standard streams
+    flushed (a failed flush turns an exit 0 into 120, as Python's) -- but through ``os._exit``,
+    so nothing CPython remembers can change the exit status afterwards.
+
+    Used where that matters: a forked stage of the zygote (popri.pipeline.zygote_server), and
+    popri's entry after an interrupt (popri.cli.app.main).  CPython remembers a
+    KeyboardInterrupt that passed out of an ``exec``/``eval`` of a string (``run_eval_code_obj``
+    sets ``_Py_UnhandledKeyboardInterrupt``; dataclasses and namedtuple build their methods that
+    way, so a lazy import can be where a signal lands) even when the caller caught it, and under
+    ``python -m`` then kills the process with SIGINT after finalising: a SIGTERMed stage that
+    returned 143 was seen to exit -2 (CI, 2026-12-02)."""
+    import atexit
+    import threading
+
+    try:
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()  # non-daemon threads, as at interpreter exit
+        atexit._run_exitfuncs()
+    finally:
+        for s in (sys.stdout, sys.stderr):
+            try:
+                if s is not None:
+                    s.flush()
+            except Exception:
+                code = code or 120
+        os._exit(code & 0xFF if code >= 0 else 1)

@@ -11,7 +11,7 @@ import signal
 import socket
 import sys
 
-from popri.core.runtime import PARENT_ENV
+from popri.core.runtime import PARENT_ENV, exit_as_interpreter
 
 #: the longest message either side sends (a stage's argv and environment)
 MAX_MSG = 1 << 20
@@ -99,20 +99,13 @@ def _child(sock: socket.socket, req: dict, fds: list[int]) -> None:
 
             traceback.print_exc()
             code = 1
-        import threading
-
-        shutdown = getattr(threading, "_shutdown", None)
-        if shutdown is not None:
-            shutdown()  # non-daemon threads, as at interpreter exit
-        import atexit
-
-        atexit._run_exitfuncs()
-    finally:
+        exit_as_interpreter(code)  # threads joined, atexit, streams flushed; never returns
+    finally:  # only when becoming the stage failed: no atexit of a stage that never ran
         for s in (sys.stdout, sys.stderr):
             try:
                 s.flush()
             except Exception:
-                code = code or 120  # as the interpreter when flushing stdout fails
+                pass
         os._exit(code & 0xFF if code >= 0 else 1)
 
 
