@@ -315,4 +315,3 @@ def run(cmd, argv: list[str] | None) -> int:
 def interrupted() -> bool:
     """True once :func:`run` ended on an interrupt (Ctrl-C, or SIGTERM / SIGHUP turned into one)."""
     return bool(_INTERRUPTED or _SIGNALLED)
-
