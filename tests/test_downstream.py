@@ -379,3 +379,57 @@ def test_smollm2_accuracy_plausible_and_one_epoch_trains(tmp_path):
                               val_records=test, epochs=1, batch_size=20, micro_batch_size=20)
     assert res["metrics"][0]["steps"] == 3
     assert res["metrics"][0]["val_loss"] < res["initial"]["val_loss"] + 0.05
+
+
+# --------------------------------------------------------------------------- common random numbers
+def test_two_arms_with_the_same_streams_start_alike_and_batch_alike(tiny_lm, tmp_path):
+    """Issue 65's common random numbers: two arms (different texts, same N, same seed) start
+    from identical trainable weights and take their samples in identical batches -- recorded as
+    fingerprints in metrics.json and checked here against the weights and orders themselves; a
+    different seed changes both (LoRA's initialisation, the order)."""
+    import torch
+
+    kw = dict(model=tiny_lm, epochs=2, batch_size=4, bf16=False, lr=1e-2, lora=True)
+    arms = {"popri": records(12), "t0": [{**r, "text": r["text"].upper()} for r in records(12)]}
+    seen: dict[str, dict] = {}
+    real_epoch = ds._epoch
+
+    def spy(m, opt, seqs, perm, spec, **k):
+        seen.setdefault(k["title"], []).append(list(perm))
+        return real_epoch(m, opt, seqs, perm, spec, **k)
+
+    inits: dict[str, dict] = {}
+    real_adamw = torch.optim.AdamW
+
+    def adamw(params, **k):  # the trainable weights as the optimiser first gets them
+        params = list(params)
+        inits.setdefault("cur", []).append([p.detach().clone() for p in params])
+        return real_adamw(params, **k)
+
+    def train(name, recs, seed):
+        inits.pop("cur", None)
+        seen.clear()
+        ds._epoch, torch.optim.AdamW = spy, adamw
+        try:
+            ds.train_downstream(recs, out_dir=str(tmp_path / name), seed=seed, **kw)
+        finally:
+            ds._epoch, torch.optim.AdamW = real_epoch, real_adamw
+        meta = json.loads((tmp_path / name / "metrics.json").read_text())
+        return meta["streams"], inits["cur"][0], dict(seen)
+
+    a, wa, oa = train("popri", arms["popri"], 7)
+    b, wb, ob = train("t0", arms["t0"], 7)
+    c, wc, oc = train("other-seed", arms["popri"], 8)
+    assert len(wa) > 0 and all(torch.equal(x, y) for x, y in zip(wa, wb))
+    assert oa == ob and len(oa) == 2  # both epochs' batches, in the same order
+    assert a["init_sha256"] == b["init_sha256"] and a["order_sha256"] == b["order_sha256"]
+    assert a["seed"] == 7 and a["precision"] == "fp32"
+    assert not all(torch.equal(x, y) for x, y in zip(wa, wc))  # LoRA's B = 0, A is random
+    assert oa != oc
+    assert c["init_sha256"] != a["init_sha256"] and c["order_sha256"] != a["order_sha256"]
+    # the fingerprint is of the weights themselves: a change of one number changes it
+    w = [(f"p{i}", x.clone()) for i, x in enumerate(wa)]
+    assert ds.stream_fingerprint(w) == ds.stream_fingerprint([(n, x.clone()) for n, x in w])
+    w[0][1].view(-1)[0] += 1
+    assert ds.stream_fingerprint(w) != ds.stream_fingerprint([(f"p{i}", x) for i, x in
+                                                               enumerate(wa)])

@@ -243,3 +243,12 @@ def test_slow_embedded_default_reduced_on_real_models(tmp_path):
     # the control row (the untuned generator) on the real models, and its learning line
     assert "t0" in m and 0.0 < m["t0"]["accuracy"] < 1.0
     assert "learning: POPri minus its T = 0 row" in r.stdout
+    # issue 65's common random numbers on the real models: the method, its control and the
+    # size-matched eps = inf row start from the same weights and take the same batches
+    streams = {a: json.loads((tmp_path / "run" / "downstream" / a / "metrics.json")
+                             .read_text())["streams"] for a in ("popri", "t0", "epsinf")}
+    assert len({(s["init_sha256"], s["order_sha256"], s["seed"]) for s in streams.values()}) == 1
+    (row,) = res["draws"]
+    assert set(row["arms"]) == {"popri", "t0"} and row["streams"] == {
+        "generation": 0, "training": 0, "test": 0}
+    assert row["arms"]["t0"]["accuracy"] == m["t0"]["accuracy"]

@@ -211,9 +211,11 @@ def check_field(f: dataclasses.Field, v: Any, where: str | None = None) -> None:
         if not ok:
             raise ConfigError(f"must be {range_text(lo, hi, lo_open, hi_open)} (got {v!r})",
                               field=where)
-    if md.get("choices") and v not in md["choices"]:
-        raise ConfigError(f"must be one of {', '.join(map(str, md['choices']))} (got {v!r})",
-                          field=where)
+    if md.get("choices"):  # a list field: each of its items
+        for x in (v if isinstance(v, (list, tuple)) else (v,)):
+            if x not in md["choices"]:
+                raise ConfigError(f"must be one of {', '.join(map(str, md['choices']))} "
+                                  f"(got {x!r})", field=where)
     if md.get("nonempty") and not str(v).strip():
         raise ConfigError("must not be empty", field=where)
 

@@ -63,9 +63,12 @@ from popri.specs.training import DownstreamSpec, EvalSpec
 
 
 # --------------------------------------------------------------------------- records
-def load_records(src, split: str, *, max_samples: int | None = None) -> tuple[list[dict], str]:
+def load_records(src, split: str, *, max_samples: int | None = None,
+                 sample_seed: int | None = None) -> tuple[list[dict], str]:
     """``src``: a list of dicts with ``text``, a federated dataset directory (its ``split``) or a
-    JSONL path.  Returns (records, source name)."""
+    JSONL path.  Returns (records, source name): all of them, the first ``max_samples``, or with
+    ``sample_seed`` a seeded random sample of ``max_samples`` in their file order (the same
+    records for every model evaluated with that seed: the arms stay paired)."""
     if isinstance(src, (str, os.PathLike)):
         recs, source = text_records(str(src), split)
     else:
@@ -73,7 +76,11 @@ def load_records(src, split: str, *, max_samples: int | None = None) -> tuple[li
         for i, r in enumerate(recs, start=1):
             if not isinstance(r, dict) or not isinstance(r.get("text"), str):
                 raise InputError("missing required field", path=source, line=i, field="text")
-    if max_samples is not None:
+    if max_samples is not None and sample_seed is not None and max_samples < len(recs):
+        keep = np.sort(np.random.default_rng(sample_seed).choice(len(recs), max_samples,
+                                                                 replace=False))
+        recs = [recs[i] for i in keep]
+    elif max_samples is not None:
         recs = recs[:max_samples]
     return recs, source
 
@@ -258,7 +265,8 @@ def evaluate_next_token(model_or_path, records, spec: EvalSpec | None = None, *,
     bos_token, eos_token, bootstrap = spec.bos_token, spec.eos_token, spec.bootstrap
     runtime.configure_torch()
     device = device or llm.default_device()
-    recs, source = load_records(records, split, max_samples=spec.max_samples)  # fails fast
+    recs, source = load_records(records, split, max_samples=spec.max_samples,  # fails fast
+                                sample_seed=spec.sample_seed)
     if not recs:
         raise InputError("no records to evaluate", path=source)
     name = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
@@ -304,6 +312,7 @@ def evaluate_next_token(model_or_path, records, spec: EvalSpec | None = None, *,
         "accuracy_se": bootstrap_se(per, bootstrap, seed) if bootstrap else None,
         "bootstrap": int(bootstrap),
         "seed": int(seed),
+        "sample_seed": spec.sample_seed,
         "model": str(name) if name is not None else getattr(model, "name_or_path", None),
         "adapter": adapter,
         "source": source,
@@ -392,6 +401,34 @@ def _epoch(m, opt, seqs: list, perm, spec: DownstreamSpec, *, pad: int, device: 
     return ep_loss, ep_tok, ep_steps
 
 
+def stream_fingerprint(named_tensors) -> str:
+    """sha256 (16 hex digits) of named tensors' names, dtypes, shapes and bytes: the downstream
+    model's initial trainable weights in ``metrics.json``'s ``streams`` (issue 65's common
+    random numbers: two arms with the same seed start from the same weights)."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in named_tensors:
+        a = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{a.dtype}|{tuple(a.shape)}|".encode())
+        h.update(a.view(-1).view(torch.uint8).numpy().tobytes()
+                 if a.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def order_fingerprint(perms) -> str:
+    """sha256 (16 hex digits) of the epochs' sample orders (the batches, in order): the data
+    order stream of ``metrics.json``'s ``streams``."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in perms:
+        h.update(np.asarray(p, dtype=np.int64).tobytes() + b"|")
+    return h.hexdigest()[:16]
+
+
 def _save(m, tok, metrics: dict, out) -> None:
     """The model (or adapter), its tokenizer and ``metrics.json`` into ``out``, atomically."""
     tmp = outdir.staging_dir(out)
@@ -449,6 +486,7 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
         m = get_peft_model(m, lora_config(m, spec))
     params = [p for p in m.parameters() if p.requires_grad]
     n_trainable = sum(p.numel() for p in params)
+    init_sha = stream_fingerprint((n, p) for n, p in m.named_parameters() if p.requires_grad)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=spec.weight_decay)
     # the checkpoint's tokenizer declares the START / EOS tokens it was trained with, so that
     # evaluating it with the defaults uses the same sequences
@@ -460,9 +498,11 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     seqs = encode(tok, [r["text"] for r in recs], max_length)
     rng = np.random.default_rng(seed)
     steps_per_epoch = math.ceil(len(seqs) / batch_size)
+    # the precision the steps compute in (llm.autocast's rule), not the flag asked for
+    precision = "bf16 autocast" if llm.use_bf16(bf16, device) else "fp32"
     log.info(f"train-downstream: {len(seqs)} samples from {train_src}, {steps_per_epoch} steps/epoch "
              f"x {epochs} epochs, {'LoRA r=%d' % spec.lora_r if lora else 'full'} ({n_trainable:,} "
-             f"trainable), lr {lr:g}, batch {batch_size}, bf16 {bf16}")
+             f"trainable), lr {lr:g}, batch {batch_size}, {precision} on {device}")
 
     val_spec = EvalSpec(max_length=max_length, count_eos=count_eos, bf16=bf16,
                         batch_size=spec.eval_batch_size, bootstrap=0)
@@ -475,12 +515,16 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     if initial:
         log.info(f"train-downstream: initial val accuracy {initial['val_accuracy']:.4f} "
                  f"loss {initial['val_loss']:.4f}")
-    history, best, best_state, step = [], None, None, 0
+    history, best, best_state, step, perms = [], None, None, 0, []
     for epoch in range(1, epochs + 1):
         if spec.max_steps is not None and step >= spec.max_steps:
             break
         t0 = time.perf_counter()
-        ep_loss, ep_tok, ep_steps = _epoch(m, opt, seqs, rng.permutation(len(seqs)), spec,
+        perm = rng.permutation(len(seqs))
+        # the batches this epoch takes (max_steps may stop it early)
+        perms.append(perm if spec.max_steps is None
+                     else perm[:max(spec.max_steps - step, 0) * batch_size])
+        ep_loss, ep_tok, ep_steps = _epoch(m, opt, seqs, perm, spec,
                                            pad=pad, device=device, step=step,
                                            title=f"epoch {epoch}")
         step += ep_steps
@@ -511,6 +555,11 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
         "seed": seed, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
         "select_by": spec.select_by if val else "last", "best_epoch": best["epoch"],
         "initial": initial, "history": history,
+        # issue 65: the random streams this model was trained with, as fingerprints: two arms
+        # that share them (same seed, same N) start from the same weights and see their
+        # samples in the same batches; what differs between them is only the text
+        "streams": {"seed": int(seed), "init_sha256": init_sha,
+                    "order_sha256": order_fingerprint(perms), "precision": precision},
     }
     if not lora:  # no adapter: its settings did not apply
         metrics.update(lora_r=None, lora_alpha=None, target_modules=None)

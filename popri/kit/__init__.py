@@ -11,7 +11,7 @@ Below every method (``popri.methods``), above nothing but ``core``: :mod:`popri.
 """
 
 from popri.kit.notes import fmt, pair_fields, released_line, selection_note
-from popri.kit.seeds import draw_seed, final_seed, round_seed
+from popri.kit.seeds import draw_seed, final_seed, round_seed, sample_seed
 from popri.kit.stage import (
     Z_LATER,
     DPRelease,
@@ -24,5 +24,5 @@ from popri.kit.stage import (
 )
 
 __all__ = ["Stage", "DPRelease", "RunPaths", "Z_LATER", "settings", "redrawn", "take_call",
-           "take_stage", "round_seed", "final_seed", "draw_seed", "released_line",
+           "take_stage", "round_seed", "final_seed", "draw_seed", "sample_seed", "released_line",
            "selection_note", "fmt", "pair_fields"]

@@ -4,7 +4,8 @@
     python -m pytest -q tests/test_run.py -k draws
 
 Round t's stages take :func:`round_seed` (seed, t), the final synthetic set :func:`final_seed`,
-draw k of a stage :func:`draw_seed` (its seed, k): no two of them share a seed.
+draw k of a stage :func:`draw_seed` (its seed, k), the test sample of draw k
+:func:`sample_seed` (seed, k): no two of them share a seed.
 """
 
 from __future__ import annotations
@@ -30,4 +31,14 @@ def draw_seed(seed: int, k: int) -> int:
     if k == 0:
         return int(seed)
     h = hashlib.sha256(f"popri-draw:{int(seed)}:{int(k)}".encode()).digest()
+    return int.from_bytes(h[:4], "big") >> 1
+
+
+def sample_seed(seed: int, k: int) -> int:
+    """The seed of draw ``k``'s (0, 1, ...) sample of test records (``draw_sources: test``,
+    issue 65): sha256 of ("popri-test-sample", seed, k) cut to 31 bits, a stream apart from
+    the bootstrap's (which ``seed`` itself seeds) and from every stage seed."""
+    import hashlib
+
+    h = hashlib.sha256(f"popri-test-sample:{int(seed)}:{int(k)}".encode()).digest()
     return int.from_bytes(h[:4], "big") >> 1

@@ -19,6 +19,7 @@ from popri.kit import (
     Stage,
     draw_seed,
     redrawn,
+    sample_seed,
     settings,
     take_stage,
 )
@@ -33,6 +34,7 @@ from popri.specs.commands.eval import (
 )
 from popri.specs.commands.score import ScoreCall
 from popri.specs.commands.train_downstream import TrainDownstreamCall
+from popri.specs.run import DRAW_SOURCES
 from popri.specs.training import DownstreamSpec, GapSpec
 
 def is_file_source(src: str) -> bool:
@@ -170,11 +172,12 @@ def downstream_evaluation(run: RunContext) -> Iterable[Stage]:
             outputs=[str(out)], inputs=[*inputs, priv])
         return st, str(out)
 
-    def evaluate(name: str, model: str, inputs: list[str]):
+    def evaluate(name: str, model: str, inputs: list[str], k: int = 0):
         per = E / f"{name}.clients.jsonl"
         st = Stage(f"eval-{name}", EvalAccuracyCall(
             model=model, data=priv, split="test", max_length=ds.max_length,
-            bootstrap=ds.bootstrap, max_samples=ds.eval_max_samples, per_client_out=str(per), seed=c.seed,
+            bootstrap=ds.bootstrap, max_samples=ds.eval_max_samples,
+            sample_seed=eval_sample_seed(c, k), per_client_out=str(per), seed=c.seed,
             json_out=True),
             outputs=[str(E / f"{name}.json"), str(per)], inputs=[*inputs, priv],
             stdout_to=str(E / f"{name}.json"))
@@ -237,39 +240,64 @@ def synthetic_stage(run: RunContext) -> Stage:
     raise ConfigError(f"{run.cfg.method}'s recipe writes no {want}: nothing to redraw",
                       field="draws")
 
+def draw_streams(cfg, k: int) -> dict[str, int]:
+    """Which draw of each random source (``DRAW_SOURCES``) draw ``k`` takes: ``k`` for those in
+    ``draw_sources``, 0 (draw 0's, held) for the others; results.json's ``draws[k].streams``."""
+    return {s: (k if s in cfg.draw_sources else 0) for s in DRAW_SOURCES}
+
+
+def eval_sample_seed(cfg, k: int) -> int | None:
+    """The seed of the test records draw ``k`` evaluates every arm on (:func:`sample_seed`):
+    None -- the first ``downstream.eval_max_samples`` records, as ever -- unless
+    ``draw_sources`` holds test, then every draw's own sample, draw 0's included (so that draw
+    0 is drawn as the others are)."""
+    return sample_seed(cfg.seed, draw_streams(cfg, k)["test"]) if "test" in cfg.draw_sources \
+        else None
+
+
 def draw_stages(run: RunContext, name: str, synthetic: Stage, train, evaluate,
                 diff) -> Iterable[Stage]:
-    """Draws 1 .. draws-1 of the final set and of its T = 0 control (``draws``, issue 24):
-    both generation stages with seed :func:`draw_seed` (stage seed, k) (RUN/draws/dK/),
-    each set trained downstream with ``draw_seed(seed, k)`` and evaluated, and their paired difference (RUN/eval/control-dK.json); the
+    """Draws 1 .. draws-1 of the final set and of its T = 0 control (``draws``, issue 24),
+    each redrawing the sources of ``draw_sources`` (issue 65) and holding the others at draw
+    0's: generation -- both sets' generation stages with seed :func:`draw_seed` (stage seed, k)
+    (RUN/draws/dK/), else draw 0's two sets; training -- each set trained downstream with
+    ``draw_seed(seed, k)``, else with draw 0's seed (draw 0's models themselves when the sets
+    are draw 0's too); test -- every arm evaluated on the draw's own test sample
+    (:func:`eval_sample_seed`).  Then their paired difference (RUN/eval/control-dK.json); the
     builders are :meth:`downstream_evaluation`'s."""
     c, E = run.cfg, run.paths.eval
     control = run.method.control(run)
     if control is None:  # draws redraw a method's set against its control
         return
+    gen, trn = "generation" in c.draw_sources, "training" in c.draw_sources
+    held = {name: str(run.paths.synthetic), "t0": control.outputs[0]}  # draw 0's sets
     for k in range(1, c.draws):
         D = run.paths.root / "draws" / f"d{k}"
-        per = {}
+        per: dict[str, str] = {}
         sets = {who: redrawn(st, k, D / Path(st.outputs[0]).name, f"{st.name}-d{k}")
-                for who, st in ((name, synthetic), ("t0", control))}
+                for who, st in ((name, synthetic), ("t0", control))} if gen else {}
         match = c.final_match_tokens  # the control's tokens cut the method's pool
-        if match:
+        if match and gen:
             yield sets["t0"]
             yield sets[name]
             sets[name] = take_stage(f"synthetic-take-d{k}", sets[name].outputs[0],
                                     sets["t0"].outputs[0], D / run.paths.synthetic.name,
                                     c.downstream.model)
         for who in (name, "t0"):
-            tag, syn = f"{who}-d{k}", sets[who]
-            if not match or who == name:
-                yield syn
-            tr, ck = train(tag, syn.outputs[0], [syn.outputs[0]],
-                           seed=draw_seed(c.seed, k))
-            yield tr
-            ev, per[who] = evaluate(tag, ck, [ck])
+            tag = f"{who}-d{k}"
+            if gen and (not match or who == name):
+                yield sets[who]
+            data = sets[who].outputs[0] if gen else held[who]
+            if gen or trn:
+                tr, ck = train(tag, data, [data], seed=draw_seed(c.seed, k) if trn else c.seed)
+                yield tr
+            else:  # the same sets, the same seed: draw 0's models, on another test sample
+                ck = str(run.paths.root / "downstream" / who)
+            ev, per[who] = evaluate(tag, ck, [ck], k)
             yield ev
         yield diff(f"control-diff-d{k}", per[name], per["t0"], E / f"control-d{k}.json")
 
 
 __all__ = ["is_file_source", "fetch_text", "embed_private", "gen_settings", "score_call", "score_stage",
-           "exact_stage", "downstream_evaluation", "synthetic_stage", "draw_stages"]
+           "exact_stage", "downstream_evaluation", "synthetic_stage", "draw_stages",
+           "draw_streams", "eval_sample_seed"]

@@ -221,6 +221,16 @@ def check(cfg: RunConfig) -> None:
                           f"control: true and a method with a T = 0 row (popri, pe-sft); "
                           f"{cfg.method}" + ("" if cfg.control else " with control: false"),
                           field="draws")
+    if cfg.draw_sources and len(set(cfg.draw_sources)) != len(cfg.draw_sources):
+        raise ConfigError(f"names a source twice: {', '.join(cfg.draw_sources)}",
+                          field="draw_sources")
+    if not cfg.draw_sources and cfg.draws > 1:
+        raise ConfigError("draws > 1 need a source to redraw (generation, training, test)",
+                          field="draw_sources")
+    if "test" in cfg.draw_sources and cfg.downstream.eval_max_samples is None:
+        raise ConfigError("test redraws which downstream.eval_max_samples test records are "
+                          "evaluated: it needs that cap (null evaluates all of them, every draw)",
+                          field="draw_sources")
     # issue 44's remedies act on the rounds' ranked samples and the generator's final set
     for key, on in (("dpo.pair_rule", dp.pair_rule == "fluent"),
                     ("dpo.fluency_gate", bool(dp.fluency_gate)),

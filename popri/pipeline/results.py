@@ -19,6 +19,7 @@ from popri.core.io import read_json
 from popri.core.version import __version__
 from popri.eval.stats import MIN_DRAWS
 from popri.kit import fmt, released_line, selection_note
+from popri.methods.steps import draw_streams
 from popri.models import llm
 from popri.pipeline.config import to_dict
 from popri.pipeline.recipes import METHODS
@@ -104,6 +105,7 @@ def _evaluation_results(run, out: dict) -> None:
                                     if (E / f"control-d{k}.json").exists()]
         if len(draws) > 1:
             out["control"]["draws"] = draws_summary(draws)
+        out["draws"] = draw_rows(run)
     for name in (c.method, "t0", "eps0", "epsinf"):
         f = E / f"{name}.json"
         if f.exists():
@@ -114,6 +116,33 @@ def _evaluation_results(run, out: dict) -> None:
         out["gap_closed"] = read_json(E / "gap.json")
     if (E / "fid.json").exists():
         out["fid_to_val"] = read_json(E / "fid.json").get("fid")
+
+ARM_FIELDS = ("accuracy", "accuracy_se", "loss", "tokens", "clients", "sample_seed")
+
+
+def draw_rows(run) -> list[dict]:
+    """results.json's ``draws`` (issue 65): one row per finished draw of both synthetic sets
+    (draw 0 first) with each arm's accuracy, its SE over test clients, loss (mean NLL per
+    target token), tokens and test clients, the paired difference and its SE over test
+    clients, and which draw of each random source it took (:func:`draw_streams`): the rows a
+    variance decomposition reads, for both arms and every draw."""
+    c, E = run.cfg, run.paths.eval
+    rows = []
+    for k in range(c.draws):
+        sfx = "" if k == 0 else f"-d{k}"
+        if not (E / f"control{sfx}.json").exists():
+            continue
+        d = read_json(E / f"control{sfx}.json")
+        arms = {}
+        for who in (c.method, "t0"):
+            if (E / f"{who}{sfx}.json").exists():
+                r = read_json(E / f"{who}{sfx}.json")
+                arms[who] = {f: r.get(f) for f in ARM_FIELDS}
+        rows.append({"draw": k, "streams": draw_streams(c, k), "arms": arms,
+                     "acc_minus_control": d.get("acc_minus_control"),
+                     "acc_minus_control_se": d.get("acc_minus_control_se")})
+    return rows
+
 
 def identity(run) -> dict:
     """results.json's ``run``: which popri, which code, which command, which settings, and

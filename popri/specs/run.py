@@ -291,6 +291,9 @@ class ProbeConfig(Spec):
     perplexity: bool = param(True, "Also the public model's perplexity of the sample.")
 
 
+#: the random sources a draw can redraw (``draw_sources``), each its own seed stream
+DRAW_SOURCES = ("generation", "training", "test")
+
 #: the largest run seed: its stage seeds (seed * 1000 + 999 at most) stay below 2**32
 SEED_MAX = (2 ** 32 - 1 - 999) // 1000
 
@@ -335,6 +338,14 @@ class RunConfig(Spec):
                        "the draws and its SE is between draws: the synthetic set's sampling "
                        "noise, which the SE over test clients of one draw leaves out (issue 24).",
                        lo=1, hi=100)
+    draw_sources: tuple[str, ...] = param(
+        ("generation", "training"), "What each draw k >= 1 redraws, the other sources held at "
+        "draw 0's (issue 65: the variance of the paired difference one source at a time): "
+        "generation (the sampling seeds of both final sets), training (the downstream model's "
+        "initialisation and batch order), test (which downstream.eval_max_samples test records "
+        "every arm is evaluated on: with it, each draw -- draw 0 included -- evaluates a seeded "
+        "sample of the test split, the same for all arms). Comma-separated.", sep=",",
+        choices=DRAW_SOURCES)
     # release mode: every DP stage (and every stage that samples clients) gets --release: OS
     # CSPRNG noise, nothing reproducible from a seed.  false = research mode: noise is seeded and
     # reproducible from the sidecars (fine for experiments, not for releasing data).

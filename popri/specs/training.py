@@ -242,6 +242,10 @@ class EvalSpec(BootstrapSpec, SequenceSpec, PrecisionSpec):
 
     batch_size: int = param(32, "Sequences per forward pass.", lo=1)
     max_samples: int | None = param(None, "Evaluate the first N records only.", lo=1)
+    sample_seed: int | None = param(
+        None, "With --max-samples: a seeded random sample of N records (their file order kept) "
+        "instead of the first N -- another draw of the test set, the same for every model "
+        "evaluated with this seed (popri run's draw_sources: test, issue 65).", lo=0)
 
 
 @dataclass(frozen=True)
