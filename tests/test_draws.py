@@ -149,3 +149,77 @@ def test_results_keep_every_draw_of_both_arms(tmp_path):
                                         "tokens": 900, "clients": 40,
                                         "sample_seed": sample_seed(0, 2)}
     assert rows[1]["arms"]["t0"]["loss"] == 5.1 and rows[1]["acc_minus_control"] == 0.03
+
+
+@pytest.mark.slow
+def test_a_curve_run_on_tiny_models_is_paired_across_arms_sizes_and_draws(
+        tmp_path, run_popri, tiny_lm, tiny_st_model):
+    """``num_synthetic: [6, 12]`` with 2 draws on tiny models: every arm at every n and draw
+    trained with the draw's streams (the method and its control: the same initial weights and
+    batches), the curve and its summary in results.json, and the report draws the curve."""
+    from test_run_e2e import tiny_inputs as _inputs, tiny_overrides
+
+    data, pub = _inputs.__wrapped__(tmp_path, run_popri)
+    run = tmp_path / "run"
+    ov = [o for o in tiny_overrides(run, data, pub, tiny_lm, tiny_st_model)
+          if not o.startswith("num_synthetic=")]
+    ov += ["rounds=1", "draws=2", "num_synthetic=[6,12]", "probe.enabled=false",
+           "dpo.select_checkpoint=false"]
+    p = run_popri(["run", *[f"--set={o}" for o in ov]])
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads((run / "results.json").read_text())
+    D = run / "downstream"
+
+    def streams(tag):
+        return json.loads((D / tag / "metrics.json").read_text())["streams"]
+
+    for sfx in ("", "-d1"):
+        for at in ("-n6", ""):
+            a, b = streams(f"popri{at}{sfx}"), streams(f"t0{at}{sfx}")
+            assert a == b, (at, sfx)
+        # the draw's own training stream at both sizes; another size, another order
+        assert streams(f"popri-n6{sfx}")["seed"] == streams(f"popri{sfx}")["seed"]
+        assert streams(f"popri-n6{sfx}")["order_sha256"] != streams(f"popri{sfx}")["order_sha256"]
+    assert streams("popri-n6")["seed"] != streams("popri-n6-d1")["seed"]
+    assert streams("epsinf-n6")["order_sha256"] == streams("popri-n6")["order_sha256"]
+    m6 = json.loads((D / "popri-n6" / "metrics.json").read_text())
+    assert m6["n_train"] == 6
+    curve = res["curve"]
+    got = {(r["arm"], r["n"], r["draw"]) for r in curve if not r.get("ceiling")}
+    assert got == {(a, n, k) for a in ("popri", "t0") for n in (6, 12) for k in (0, 1)} | {
+        (a, n, 0) for a in ("epsinf", "eps0") for n in (6, 12)}
+    (top,) = [r for r in curve if r.get("ceiling")]
+    assert top["arm"] == "epsinf" and top["n"] > 12
+    r6 = next(r for r in curve if (r["arm"], r["n"], r["draw"]) == ("popri", 6, 1))
+    ctl = json.loads((run / "eval" / "control-n6-d1.json").read_text())
+    assert r6["acc_minus_control"] == ctl["acc_minus_control"] and r6["n_train"] == 6
+    s = {(r["what"], r["arm"], r["n"]): r for r in res["scaling"]}
+    assert s[("accuracy", "popri", 6)]["draws"] == 2
+    assert s[("accuracy", "popri", 6)]["se_kind"] == "between draws"
+    assert s[("minus_control", "popri", 12)]["mean"] == pytest.approx(
+        res["control"]["draws"]["mean"])
+    assert s[("accuracy", "epsinf", 6)]["se_kind"] == "over test clients"
+    rep = tmp_path / "report"
+    p = run_popri(["report", str(run), "--out", str(rep)])
+    assert p.returncode == 0, p.stderr[-2000:]
+    pngs = [f.name for f in rep.rglob("*-curve.png")]
+    assert len(pngs) == 1, sorted(f.name for f in rep.rglob("*.png"))
+
+
+def test_runs_diff_compares_curves_point_by_point():
+    from types import SimpleNamespace
+
+    from popri.pipeline.runs import curve_points, headline_keys
+
+    res = {"method": "popri", "scaling": [
+        {"arm": "popri", "n": 96, "what": "accuracy", "mean": 0.20, "se": 0.004},
+        {"arm": "popri", "n": 96, "what": "minus_control", "mean": -0.01, "se": 0.003},
+        {"arm": "t0", "n": 1536, "what": "accuracy", "mean": 0.25, "se": 0.002}]}
+    pts = curve_points(res)
+    assert pts == {"curve.popri.n96.accuracy": 0.20, "curve.popri.n96.accuracy_se": 0.004,
+                   "curve.popri.n96.minus_control": -0.01,
+                   "curve.popri.n96.minus_control_se": 0.003,
+                   "curve.t0.n1536.accuracy": 0.25, "curve.t0.n1536.accuracy_se": 0.002}
+    keys = [k for k, _ in headline_keys(SimpleNamespace(results=res),
+                                        SimpleNamespace(results={"method": "popri"}))]
+    assert "curve.popri.n96.minus_control" in keys and "curve.popri.n1536.accuracy" in keys

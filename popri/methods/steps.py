@@ -228,6 +228,50 @@ def downstream_evaluation(run: RunContext) -> Iterable[Stage]:
             control=per["t0"] if control else None, seed=c.seed, json_out=True),
             outputs=[str(E / "gap.json")], inputs=list(per.values()),
             stdout_to=str(E / "gap.json"))
+    if c.curve and model is None:  # issue 65: the learning curve in N, draw 0's
+        sets = {name: syn, **({"t0": ctl.outputs[0]} if ctl is not None else {}),
+                **({"epsinf": priv} if c.baselines else {})}
+        yield from curve_stages(run, name, sets, 0, train, evaluate, diff)
+        if c.baselines:  # the ceiling: eps = inf on all of the private training text
+            st, top = train("epsinf-all", priv, [], train_split="train")
+            yield st
+            st, _ = evaluate("epsinf-all", top, [top])
+            yield st
+
+
+def curve_sizes(cfg) -> list[int]:
+    """The curve's sizes below ``num_synthetic`` (the rows at N are the run's own), ascending."""
+    return sorted(n for n in cfg.curve if n < cfg.num_synthetic)
+
+
+def curve_stages(run: RunContext, name: str, sets: dict[str, str], k: int, train, evaluate,
+                 diff, *, seed: int | None = None, reuse: bool = False) -> Iterable[Stage]:
+    """Draw ``k``'s learning curve (``curve``, issue 65): for each size n below N, every arm
+    of ``sets`` (who -> its draw-k training data: the synthetic sets, and the private train
+    split for eps = inf at draw 0) trained on the first n samples (nested prefixes of the
+    set at N: one generation, paired across n) with the draw's training ``seed`` and
+    evaluated on the draw's test sample, then the method minus its T = 0 control at n
+    (RUN/eval/control-nN[-dK].json).  ``reuse``: the draw redraws only the test sample, so
+    draw 0's models at n are evaluated again."""
+    c, E = run.cfg, run.paths.eval
+    sfx = "" if k == 0 else f"-d{k}"
+    for n in curve_sizes(c):
+        per: dict[str, str] = {}
+        for who, data in sets.items():
+            tag = f"{who}-n{n}{sfx}"
+            if reuse:
+                ck = str(run.paths.root / "downstream" / f"{who}-n{n}")
+            else:
+                priv = who == "epsinf"
+                st, ck = train(tag, data, [] if priv else [data], max_samples=n,
+                               **({"seed": seed} if seed is not None else {}),
+                               **({"train_split": "train"} if priv else {}))
+                yield st
+            ev, per[who] = evaluate(tag, ck, [ck], k)
+            yield ev
+        if "t0" in per:
+            yield diff(f"control-diff-n{n}{sfx}", per[name], per["t0"],
+                       E / f"control-n{n}{sfx}.json")
 
 def synthetic_stage(run: RunContext) -> Stage:
     """The method's own stage writing RUN/synthetic.jsonl (its recipe's, rebuilt; with
@@ -283,21 +327,26 @@ def draw_stages(run: RunContext, name: str, synthetic: Stage, train, evaluate,
             sets[name] = take_stage(f"synthetic-take-d{k}", sets[name].outputs[0],
                                     sets["t0"].outputs[0], D / run.paths.synthetic.name,
                                     c.downstream.model)
+        data_of: dict[str, str] = {}
+        seed = draw_seed(c.seed, k) if trn else c.seed
         for who in (name, "t0"):
             tag = f"{who}-d{k}"
             if gen and (not match or who == name):
                 yield sets[who]
-            data = sets[who].outputs[0] if gen else held[who]
+            data = data_of[who] = sets[who].outputs[0] if gen else held[who]
             if gen or trn:
-                tr, ck = train(tag, data, [data], seed=draw_seed(c.seed, k) if trn else c.seed)
+                tr, ck = train(tag, data, [data], seed=seed)
                 yield tr
             else:  # the same sets, the same seed: draw 0's models, on another test sample
                 ck = str(run.paths.root / "downstream" / who)
             ev, per[who] = evaluate(tag, ck, [ck], k)
             yield ev
         yield diff(f"control-diff-d{k}", per[name], per["t0"], E / f"control-d{k}.json")
+        if c.curve:
+            yield from curve_stages(run, name, data_of, k, train, evaluate, diff, seed=seed,
+                                    reuse=not (gen or trn))
 
 
 __all__ = ["is_file_source", "fetch_text", "embed_private", "gen_settings", "score_call", "score_stage",
            "exact_stage", "downstream_evaluation", "synthetic_stage", "draw_stages",
-           "draw_streams", "eval_sample_seed"]
+           "draw_streams", "eval_sample_seed", "curve_sizes", "curve_stages"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from popri.core.errors import ConfigError
+from popri.methods.base import Method
 from popri.pipeline.recipes import METHODS
 from popri.privacy.accounting import ParameterError
 from popri.privacy.calibration import gaussian_multiplier as fred_z
@@ -135,6 +136,7 @@ def load(path: str | None, overrides: Sequence[str] = (), *, base: RunConfig | N
         set_keys.append(k.strip())
     _fixed_count_replaces_the_default_rate(raw, set_keys)
     try:
+        _sizes_make_a_curve(raw)
         cfg = RunConfig.from_dict(raw)
     except ConfigError as e:
         if e.path is not None:
@@ -144,6 +146,34 @@ def load(path: str | None, overrides: Sequence[str] = (), *, base: RunConfig | N
         where = f"--set {src[-1]}" if src else path
         raise ConfigError(e.message, path=where, field=e.field) from None
     return cfg
+
+
+def _sizes_make_a_curve(raw: dict) -> None:
+    """``num_synthetic: [96, 384, 1536]`` (a list of final-set sizes, issue 65) is
+    ``num_synthetic: 1536`` (the largest, generated once) with ``curve: [96, 384, 1536]``;
+    anything else is left to the field's own check."""
+    n = raw.get("num_synthetic")
+    if isinstance(n, str) and "," in n:  # --set num_synthetic=96,384,1536
+        n = [x.strip() for x in n.split(",")]
+    if not isinstance(n, (list, tuple)):
+        return
+    if "curve" in raw:
+        raise ConfigError("give the sizes once: a list num_synthetic is the curve itself",
+                          field="curve")
+    sizes = []
+    for x in n:
+        try:
+            v = int(x)
+        except (TypeError, ValueError):
+            raise ConfigError(f"expects an int or a list of ints, got {n!r}",
+                              field="num_synthetic") from None
+        if isinstance(x, bool) or isinstance(x, float) and x != v:
+            raise ConfigError(f"expects an int or a list of ints, got {n!r}",
+                              field="num_synthetic")
+        sizes.append(v)
+    if not sizes:
+        raise ConfigError("an empty list of sizes", field="num_synthetic")
+    raw["num_synthetic"], raw["curve"] = max(sizes), sorted(set(sizes))
 
 
 def _fixed_count_replaces_the_default_rate(raw: dict, set_keys: list[str] | None) -> None:
@@ -221,6 +251,22 @@ def check(cfg: RunConfig) -> None:
                           f"control: true and a method with a T = 0 row (popri, pe-sft); "
                           f"{cfg.method}" + ("" if cfg.control else " with control: false"),
                           field="draws")
+    if cfg.curve:
+        m = METHODS[cfg.method]
+        if any(n < 1 or n > cfg.num_synthetic for n in cfg.curve):
+            raise ConfigError(f"every size must be in 1 .. num_synthetic ({cfg.num_synthetic}), "
+                              f"got {', '.join(map(str, cfg.curve))}", field="curve")
+        if len(set(cfg.curve)) != len(cfg.curve):
+            raise ConfigError("names a size twice", field="curve")
+        if not m.writes_synthetic or type(m).evaluation is not Method.evaluation:
+            raise ConfigError(f"a curve trains the downstream model on prefixes of the "
+                              f"synthetic set; {cfg.method} evaluates otherwise", field="curve")
+        if cfg.final_match_tokens:
+            raise ConfigError("final_match_tokens matches the final set's tokens at N alone; "
+                              "a curve's prefixes would not be matched", field="curve")
+        if cfg.release:
+            raise ConfigError("a curve is an evaluation on the private test split: research "
+                              "mode only", field="curve")
     if cfg.draw_sources and len(set(cfg.draw_sources)) != len(cfg.draw_sources):
         raise ConfigError(f"names a source twice: {', '.join(cfg.draw_sources)}",
                           field="draw_sources")

@@ -19,7 +19,7 @@ from popri.core.io import read_json
 from popri.core.version import __version__
 from popri.eval.stats import MIN_DRAWS
 from popri.kit import fmt, released_line, selection_note
-from popri.methods.steps import draw_streams
+from popri.methods.steps import curve_sizes, draw_streams
 from popri.models import llm
 from popri.pipeline.config import to_dict
 from popri.pipeline.recipes import METHODS
@@ -106,6 +106,9 @@ def _evaluation_results(run, out: dict) -> None:
         if len(draws) > 1:
             out["control"]["draws"] = draws_summary(draws)
         out["draws"] = draw_rows(run)
+    if c.curve:
+        out["curve"] = curve_rows(run)
+        out["scaling"] = scaling_summary(out["curve"])
     for name in (c.method, "t0", "eps0", "epsinf"):
         f = E / f"{name}.json"
         if f.exists():
@@ -142,6 +145,84 @@ def draw_rows(run) -> list[dict]:
                      "acc_minus_control": d.get("acc_minus_control"),
                      "acc_minus_control_se": d.get("acc_minus_control_se")})
     return rows
+
+
+def _trained_on(run, tag: str) -> dict:
+    """The samples and target tokens a downstream model trained on (its metrics.json)."""
+    f = run.paths.root / "downstream" / tag / "metrics.json"
+    if not f.exists():
+        return {}
+    m = read_json(f)
+    hist = m.get("history") or [{}]
+    return {"n_train": m.get("n_train"), "train_tokens": hist[0].get("train_tokens")}
+
+
+def curve_rows(run) -> list[dict]:
+    """results.json's ``curve`` (issue 65): one row per arm, size n and draw: ``arm``, ``n``,
+    ``draw``, ``accuracy``, ``accuracy_se`` (over test clients), ``loss``, the ``n_train``
+    samples and ``train_tokens`` it trained on, and for the method ``acc_minus_control`` with
+    its paired SE; eps = 0 (no training) at every n, and eps = inf on all of the private
+    training text as the ``ceiling`` row."""
+    c, E = run.cfg, run.paths.eval
+    sizes = [*curve_sizes(c), c.num_synthetic]
+    rows = []
+    for k in range(c.draws):
+        sfx = "" if k == 0 else f"-d{k}"
+        for n in sizes:
+            at = "" if n == c.num_synthetic else f"-n{n}"
+            arms = (c.method, "t0") + (("epsinf", "eps0") if k == 0 else ())
+            for who in arms:
+                tag = "eps0" if who == "eps0" else f"{who}{at}{sfx}"
+                f = E / f"{tag}.json"
+                if not f.exists():
+                    continue
+                r = read_json(f)
+                row = {"arm": who, "n": n, "draw": k,
+                       **{x: r.get(x) for x in ("accuracy", "accuracy_se", "loss")},
+                       **({} if who == "eps0" else _trained_on(run, tag))}
+                d = E / f"control{at}{sfx}.json"
+                if who == c.method and d.exists():
+                    dd = read_json(d)
+                    row.update(acc_minus_control=dd.get("acc_minus_control"),
+                               acc_minus_control_se=dd.get("acc_minus_control_se"))
+                rows.append(row)
+    if (E / "epsinf-all.json").exists():
+        r = read_json(E / "epsinf-all.json")
+        t = _trained_on(run, "epsinf-all")
+        rows.append({"arm": "epsinf", "n": t.get("n_train"), "draw": 0, "ceiling": True,
+                     **{x: r.get(x) for x in ("accuracy", "accuracy_se", "loss")}, **t})
+    return rows
+
+
+def scaling_summary(rows: list[dict]) -> list[dict]:
+    """results.json's ``scaling``: per arm and n, the accuracy's mean over the draws and its SE
+    -- between draws from 2 draws on (``se_kind: between draws``), else one draw's SE over
+    test clients (``over test clients``: no verdict) -- and the method minus its control the
+    same way; the rows ``popri report`` draws as the curve."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if not r.get("ceiling"):
+            groups.setdefault((r["arm"], r["n"]), []).append(r)
+    out = []
+    for (arm, n), rs in groups.items():
+        for what, key, se_key in (("accuracy", "accuracy", "accuracy_se"),
+                                  ("minus_control", "acc_minus_control",
+                                   "acc_minus_control_se")):
+            vals = [float(r[key]) for r in rs if r.get(key) is not None]
+            if not vals:
+                continue
+            if len(vals) >= 2:
+                se, kind = statistics.stdev(vals) / len(vals) ** 0.5, "between draws"
+            else:
+                se = rs[0].get(se_key)
+                kind = "over test clients"
+            toks = [r["train_tokens"] for r in rs if r.get("train_tokens") is not None]
+            out.append({"arm": arm, "n": n, "what": what, "mean": statistics.fmean(vals),
+                        "se": se, "se_kind": kind, "draws": len(vals),
+                        "train_tokens": statistics.fmean(toks) if toks else None})
+    return sorted(out, key=lambda r: (r["what"], r["arm"], r["n"]))
 
 
 def identity(run) -> dict:

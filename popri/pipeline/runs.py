@@ -271,7 +271,22 @@ def jsonable(x: Any) -> Any:
 
 # --------------------------------------------------------------------------- diff
 #: results.json fields that are not metrics (identity, timings, notes, settings echoed)
-_NOT_METRICS = ("run.", "stage_seconds.", "run_dir", "budget.", "mode_note", "note")
+_NOT_METRICS = ("run.", "stage_seconds.", "run_dir", "budget.", "mode_note", "note",
+                "curve[", "scaling[")  # the curve: compared as its points (curve_points)
+
+
+def curve_points(results: dict) -> dict[str, Any]:
+    """The learning curve of a results.json (``scaling``, issue 65) as flat metric keys that
+    ``popri runs diff`` compares point by point: ``curve.ARM.nN.accuracy`` (the mean over
+    draws) and ``curve.ARM.nN.minus_control`` (the method minus its T = 0 control, paired),
+    each with its ``_se``."""
+    out: dict[str, Any] = {}
+    for r in results.get("scaling") or []:
+        if not isinstance(r, dict) or r.get("what") not in ("accuracy", "minus_control"):
+            continue
+        k = f"curve.{r.get('arm')}.n{r.get('n')}.{r['what']}"
+        out[k], out[k + "_se"] = r.get("mean"), r.get("se")
+    return out
 
 #: relative difference below which two epsilons are the same (the accountants' precision:
 #: the RDP order grid and the calibration's bisection leave ~1e-5 between equal budgets)
@@ -374,6 +389,13 @@ def headline_keys(a: LoadedRun, b: LoadedRun) -> list[tuple[str, str]]:
             ("control.draws.mean", "minus its T = 0 row, mean over draws"),
             ("gap_closed.gap_closed", "gap closed"), ("fid_to_val", "FID to val"),
             ("precision", "numeric path")]
+    sizes = sorted({int(r["n"]) for res in (a.results, b.results)
+                    for r in res.get("scaling") or []
+                    if isinstance(r, dict) and isinstance(r.get("n"), int)})
+    for m in names:  # the learning curve, point by point (issue 65)
+        for n in sizes:
+            out += [(f"curve.{m}.n{n}.accuracy", f"{m} accuracy at N = {n}"),
+                    (f"curve.{m}.n{n}.minus_control", f"{m} minus T = 0 at N = {n}")]
     return out
 
 
@@ -409,6 +431,8 @@ def diff(a: LoadedRun, b: LoadedRun, *, everything: bool = False,
               if (everything or not _same(pa.get(k), pb.get(k))) and _keep(k, keys)]
     ma = {k: v for k, v in flatten(a.results).items() if not k.startswith(_NOT_METRICS)}
     mb = {k: v for k, v in flatten(b.results).items() if not k.startswith(_NOT_METRICS)}
+    ma.update(curve_points(a.results))
+    mb.update(curve_points(b.results))
     mkeys = sorted(set(ma) | set(mb))
     metrics, differ = [], 0
     for k in mkeys:
@@ -444,6 +468,8 @@ def diff_rows(d: dict, a: LoadedRun, b: LoadedRun, *, everything: bool = False,
         return [(h["key"], h["a"], h["b"], h["change"], h["decimals"], h["differs"])
                 for h in d["headline"]]
     ma, mb = flatten(a.results), flatten(b.results)
+    ma.update(curve_points(a.results))
+    mb.update(curve_points(b.results))
     out = []
     for k, x, y, ch in d["metrics"]:
         nd = decimals(_se(k, ma, mb))

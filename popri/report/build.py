@@ -55,7 +55,7 @@ from popri.report.verdict import fig_paired_differences
 from popri.report.verdict import verdict
 from popri.core import outdir
 from popri.report.compare import _fig_methods, _fig_privacy_utility, _table_text
-from popri.report.figures import _fig_downstream, _fig_method_rounds, _fig_prefs_hist, _fig_probe_distance, _fig_probe_quality, _fig_scores, _fig_steps, _fig_tuning, _new_fig
+from popri.report.figures import _fig_curve, _fig_downstream, _fig_method_rounds, _fig_prefs_hist, _fig_probe_distance, _fig_probe_quality, _fig_scores, _fig_steps, _fig_tuning, _new_fig
 from popri.report.page import _Fig, _Report
 from popri.report.pca import _fig_pca
 from popri.report.privacy import _fig_epsilon, _privacy_spent
@@ -209,6 +209,12 @@ def _run_section(report: _Report, run: _Run, tables: dict[str, str]) -> dict | N
     if own is not None:
         fig(sec, f"{s}-{own.name}.png", own.title, own.caption,
             lambda: _fig_method_rounds(run, own, facts))
+    fig(sec, f"{s}-curve.png", "Learning curve in N",
+        "test accuracy of every arm trained on the first n samples of its set (nested "
+        "prefixes of one generation: paired across n), log x; band +-1 SE between draws (one "
+        "draw: its SE over test clients, no verdict); dots: single draws; star: eps = inf on "
+        "all the private training text; right: the method minus its T = 0 control.",
+        lambda: _fig_curve(run, facts))
     fig(sec, f"{s}-downstream.png", "Downstream training",
         "validation next-token accuracy and loss per epoch of each downstream model "
         "(downstream/NAME/metrics.json), in the colour of its method.",

@@ -318,6 +318,9 @@ def _fig_downstream(run: _Run):
             m = _read_json(d / "metrics.json") if d.is_dir() else None
             if isinstance(m, dict) and isinstance(m.get("history"), list) and m["history"]:
                 runs.append((d.name, m))
+    # a learning curve's models (NAME-nN, epsinf-all) are drawn by _fig_curve, not here
+    runs = [(n, m) for n, m in runs if not re.search(r"-n\d+(-d\d+)?$", n)
+            and n != "epsinf-all"]
     if not runs:
         return None
     order = {k: i for i, k in enumerate([run.method, "t0", "eps0", "epsinf"])}
@@ -375,4 +378,81 @@ def _fig_downstream(run: _Run):
     if hs:  # one legend for both panels, below them: never over a line
         fig.legend(hs, ls_, loc="outside lower center", ncol=min(4, len(hs)), frameon=False)
     fig.suptitle(f"{run.label}: downstream model training")
+    return fig
+
+
+def _fig_curve(run: _Run, facts=None):
+    """The learning curve in N (issue 65; results.json ``scaling`` and ``curve``): accuracy
+    against the final set's size on a log axis, one line per arm with a band of +-1 SE (between
+    draws from two draws on, else one draw's SE over test clients), each draw a faint dot,
+    eps = 0 a dashed level and eps = inf on all the private training text a star; beside it the
+    method minus its T = 0 control at each n, paired, with its band."""
+    res = run.results or {}
+    summ = [r for r in res.get("scaling") or [] if isinstance(r, dict)]
+    rows = [r for r in res.get("curve") or [] if isinstance(r, dict)]
+    acc = [r for r in summ if r.get("what") == "accuracy" and _num(r.get("mean")) is not None]
+    if len({r.get("n") for r in acc}) < 2:
+        return None
+    diff = [r for r in summ if r.get("what") == "minus_control"
+            and _num(r.get("mean")) is not None]
+    fig, axes = _new_fig(2 if diff else 1, width=11.5 if diff else 7.0, height=4.4)
+    ax = axes[0]
+    arms = [a for a in dict.fromkeys([run.method, "t0", "epsinf", "eps0"]
+                                     + [r["arm"] for r in acc]) if any(r["arm"] == a for r in acc)]
+    kinds = {r.get("se_kind") for r in acc}
+    for arm in arms:
+        pts = sorted((r["n"], r["mean"], _num(r.get("se")) or 0.0) for r in acc
+                     if r["arm"] == arm)
+        col, lab = style.colour(arm), style.method_label(arm)
+        xs, ys, ses = (np.array(v, dtype=float) for v in zip(*pts))
+        if arm == "eps0":  # no training: one level
+            ax.axhline(ys.mean(), color=col, ls="--", lw=1.2, label=lab)
+            continue
+        ax.plot(xs, ys, marker="o", lw=1.8, color=col, label=lab)
+        ax.fill_between(xs, ys - ses, ys + ses, color=col, alpha=0.18, lw=0)
+        dots = [(r["n"], r["accuracy"]) for r in rows if r.get("arm") == arm
+                and not r.get("ceiling") and _num(r.get("accuracy")) is not None]
+        if len(dots) > len(pts):  # more than one draw: each a dot
+            ax.plot(*zip(*dots), ls="none", marker=".", ms=5, color=col, alpha=0.45)
+    top = [r for r in rows if r.get("ceiling") and _num(r.get("accuracy")) is not None]
+    for r in top:
+        ax.plot([r["n"]], [r["accuracy"]], marker="*", ms=14, ls="none",
+                color=style.colour("epsinf"),
+                label=f"{style.method_label('epsinf')}, all {r['n']} private texts")
+    ns = sorted({float(r["n"]) for r in acc} | {float(r["n"]) for r in top})
+    ax.set_xscale("log")
+    ax.set_xticks(ns, [str(int(x)) for x in ns])
+    ax.minorticks_off()
+    ax.set_xlabel("final synthetic set size N (log scale)")
+    ax.set_ylabel("next-token accuracy (test)")
+    one = [style.method_label(a) for a in arms if a != "eps0" and all(
+        r.get("se_kind") != "between draws" for r in acc if r["arm"] == a)]
+    band = ("+-1 SE between draws" if not one else
+            "+-1 SE over test clients: one draw, no verdict" if kinds == {"over test clients"}
+            else f"+-1 SE between draws;\n{', '.join(one)}: one draw's SE over test clients")
+    ax.set_title(f"Accuracy vs N (band: {band})", fontsize=9)
+    ax.legend(fontsize=8, frameon=False, loc="best")
+    if diff:
+        bx = axes[1]
+        pts = sorted((r["n"], r["mean"], _num(r.get("se")) or 0.0) for r in diff)
+        xs, ys, ses = (np.array(v, dtype=float) for v in zip(*pts))
+        col = style.colour(run.method)
+        bx.axhline(0, color="0.5", lw=1)
+        bx.plot(xs, ys, marker="o", lw=1.8, color=col,
+                label=f"{style.method_label(run.method)} minus T = 0")
+        bx.fill_between(xs, ys - ses, ys + ses, color=col, alpha=0.18, lw=0)
+        bx.set_xscale("log")
+        bx.set_xticks(xs, [str(int(x)) for x in xs])
+        bx.minorticks_off()
+        bx.set_xlabel("final synthetic set size N (log scale)")
+        bx.set_ylabel("accuracy difference (paired)")
+        dk = {r.get("se_kind") for r in diff}
+        bx.set_title("Method minus its T = 0 control (band: +-1 SE "
+                     + ("between draws)" if dk == {"between draws"}
+                        else "over test clients: one draw, no verdict)"), fontsize=10)
+        bx.legend(fontsize=8, frameon=False, loc="best")
+        if facts is not None:
+            for n, y, se in pts:
+                facts(f"minus T = 0 at N = {int(n)}", f"{y:+.4f} +- {se:.4f}")
+    fig.suptitle(f"{run.label}: learning curve in N")
     return fig

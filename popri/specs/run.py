@@ -313,6 +313,12 @@ class RunConfig(Spec):
     prompts: int = param(12, "POPri K (paper: 1800).", lo=1)
     samples_per_prompt: int = same(GenSpec, "samples_per_prompt", 6)   # paper J = 10
     num_synthetic: int = param(64, "Final N (paper: 1,000,000).", lo=1)
+    curve: tuple[int, ...] = param(
+        (), "The learning curve's final-set sizes (issue 65): every arm -- the method, its T = 0 "
+        "control, eps = inf -- is also trained and evaluated on the first n samples of its set "
+        "for each n here below num_synthetic (nested prefixes of one generation of the "
+        "largest: the curve is paired, as the draws are). 'num_synthetic: [96, 384, 1536]' "
+        "says the same: num_synthetic 1536 and this curve. Comma-separated.", sep=",")
     final_top_p: float | None = param(
         None, "Nucleus sampling (top-p) of the final synthetic set and of its T = 0 control "
         "(null: generator.top_p, as POPri). A popri remedy (issue 44): the tuned generator's "
