@@ -164,7 +164,7 @@ def test_a_curve_run_on_tiny_models_is_paired_across_arms_sizes_and_draws(
     ov = [o for o in tiny_overrides(run, data, pub, tiny_lm, tiny_st_model)
           if not o.startswith("num_synthetic=")]
     ov += ["rounds=1", "draws=2", "num_synthetic=[6,12]", "probe.enabled=false",
-           "dpo.select_checkpoint=false"]
+           "dpo.select_checkpoint=false", "downstream.quality=true"]
     p = run_popri(["run", *[f"--set={o}" for o in ov]])
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads((run / "results.json").read_text())
@@ -199,6 +199,18 @@ def test_a_curve_run_on_tiny_models_is_paired_across_arms_sizes_and_draws(
     assert s[("minus_control", "popri", 12)]["mean"] == pytest.approx(
         res["control"]["draws"]["mean"])
     assert s[("accuracy", "epsinf", 6)]["se_kind"] == "over test clients"
+    # the second opinion at every arm, size and draw: MAUVE on the downstream model's features
+    q = json.loads((run / "eval" / "quality-t0-d1.json").read_text())
+    assert [x["n"] for x in q["sizes"]] == [6, 12] and q["private_diagnostic"] is True
+    t6 = next(r for r in curve if (r["arm"], r["n"], r["draw"]) == ("t0", 6, 1))
+    assert t6["mauve"] == q["sizes"][0]["mauve"] and 0 < t6["mauve"] <= 1
+    assert t6["distinct_2"] == q["sizes"][0]["distinct_2"]
+    assert t6["perplexity"] == pytest.approx(np.exp(t6["loss"]))
+    assert s[("mauve", "popri", 12)]["draws"] == 2
+    assert res["quality"]["popri"]["mauve"] == json.loads(
+        (run / "eval" / "quality-popri.json").read_text())["mauve"]
+    assert res["draws"][1]["arms"]["t0"]["mauve"] == q["mauve"]
+    assert any("MAUVE" in x for x in res["research_reads"])
     rep = tmp_path / "report"
     p = run_popri(["report", str(run), "--out", str(rep)])
     assert p.returncode == 0, p.stderr[-2000:]

@@ -31,6 +31,7 @@ from popri.specs.commands.eval import (
     EvalDiffCall,
     EvalFidCall,
     EvalGapCall,
+    EvalQualityCall,
 )
 from popri.specs.commands.score import ScoreCall
 from popri.specs.commands.train_downstream import TrainDownstreamCall
@@ -191,6 +192,7 @@ def downstream_evaluation(run: RunContext) -> Iterable[Stage]:
 
     ctl = run.method.control(run) if c.control else None
     per = {}
+    quality = []  # the second opinion (downstream.quality): after the accuracy stages
     if model is not None:  # DP-FL: the method trained the model itself
         ckpt = str(model)
         st, per[name] = evaluate(name, ckpt, [str(Path(ckpt).parent)])
@@ -200,15 +202,18 @@ def downstream_evaluation(run: RunContext) -> Iterable[Stage]:
         yield st
         st, per[name] = evaluate(name, ckpt, [ckpt])
         yield st
+        quality.append(quality_stage(run, name, syn, 0))
     st = ctl
     control = st is not None
     if control:  # the untuned generator's T = 0 row (issue 24): same prompts, N, recipe
         if not c.final_match_tokens:  # else the recipe's: its tokens cut the final set
             yield st
-        st, ck = train("t0", st.outputs[0], [st.outputs[0]])
+        t0_set = st.outputs[0]
+        st, ck = train("t0", t0_set, [t0_set])
         yield st
         st, per["t0"] = evaluate("t0", ck, [ck])
         yield st
+        quality.append(quality_stage(run, "t0", t0_set, 0))
         yield diff("control-diff", per[name], per["t0"], E / "control.json")
         if c.draws > 1:
             yield from draw_stages(run, name, synthetic_stage(run), train, evaluate, diff)
@@ -228,6 +233,8 @@ def downstream_evaluation(run: RunContext) -> Iterable[Stage]:
             control=per["t0"] if control else None, seed=c.seed, json_out=True),
             outputs=[str(E / "gap.json")], inputs=list(per.values()),
             stdout_to=str(E / "gap.json"))
+    if ds.quality:
+        yield from quality
     if c.curve and model is None:  # issue 65: the learning curve in N, draw 0's
         sets = {name: syn, **({"t0": ctl.outputs[0]} if ctl is not None else {}),
                 **({"epsinf": priv} if c.baselines else {})}
@@ -237,6 +244,21 @@ def downstream_evaluation(run: RunContext) -> Iterable[Stage]:
             yield st
             st, _ = evaluate("epsinf-all", top, [top])
             yield st
+
+
+def quality_stage(run: RunContext, who: str, data: str, k: int) -> Stage:
+    """``popri eval quality`` of arm ``who``'s draw-``k`` set (``downstream.quality``, issue
+    65): MAUVE against draw k's test records on the downstream model's features, and
+    diversity, at N and at each size of the curve (RUN/eval/quality-WHO[-dK].json)."""
+    c, ds = run.cfg, run.cfg.downstream
+    tag = who if k == 0 else f"{who}-d{k}"
+    out = run.paths.eval / f"quality-{tag}.json"
+    return Stage(f"quality-{tag}", EvalQualityCall(
+        samples=data, reference=str(run.paths.private), split="test",
+        max_reference=ds.eval_max_samples, reference_seed=eval_sample_seed(c, k),
+        model=ds.model, embed_model=c.embedder, sizes=tuple(curve_sizes(c)) or None,
+        seed=c.seed, json_out=True),
+        outputs=[str(out)], inputs=[data, str(run.paths.private)], stdout_to=str(out))
 
 
 def curve_sizes(cfg) -> list[int]:
@@ -342,6 +364,9 @@ def draw_stages(run: RunContext, name: str, synthetic: Stage, train, evaluate,
             ev, per[who] = evaluate(tag, ck, [ck], k)
             yield ev
         yield diff(f"control-diff-d{k}", per[name], per["t0"], E / f"control-d{k}.json")
+        if c.downstream.quality and gen:  # held sets: draw 0's quality holds (test redraws
+            for who in (name, "t0"):      # only change its reference sample)
+                yield quality_stage(run, who, data_of[who], k)
         if c.curve:
             yield from curve_stages(run, name, data_of, k, train, evaluate, diff, seed=seed,
                                     reuse=not (gen or trn))
@@ -349,4 +374,4 @@ def draw_stages(run: RunContext, name: str, synthetic: Stage, train, evaluate,
 
 __all__ = ["is_file_source", "fetch_text", "embed_private", "gen_settings", "score_call", "score_stage",
            "exact_stage", "downstream_evaluation", "synthetic_stage", "draw_stages",
-           "draw_streams", "eval_sample_seed", "curve_sizes", "curve_stages"]
+           "draw_streams", "eval_sample_seed", "curve_sizes", "curve_stages", "quality_stage"]

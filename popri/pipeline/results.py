@@ -87,6 +87,8 @@ def research_reads(run) -> list[str]:
                      + "".join(f", {x}" for x in extra) + ")")
     if (E / "fid.json").exists():
         reads.append("the FID to the private validation split")
+    if any(E.glob("quality-*.json")):
+        reads.append("MAUVE of the synthetic sets against the private test split")
     if (run.run / "probe").is_dir() and any((run.run / "probe").glob("round*.json")):
         reads.append("the per-round probe (the private validation split)")
     if run.select == "private":
@@ -106,6 +108,9 @@ def _evaluation_results(run, out: dict) -> None:
         if len(draws) > 1:
             out["control"]["draws"] = draws_summary(draws)
         out["draws"] = draw_rows(run)
+    q = {who: quality_at(run, who, 0) for who in (c.method, "t0")}
+    if any(q.values()):
+        out["quality"] = {who: v for who, v in q.items() if v}
     if c.curve:
         out["curve"] = curve_rows(run)
         out["scaling"] = scaling_summary(out["curve"])
@@ -121,6 +126,27 @@ def _evaluation_results(run, out: dict) -> None:
         out["fid_to_val"] = read_json(E / "fid.json").get("fid")
 
 ARM_FIELDS = ("accuracy", "accuracy_se", "loss", "tokens", "clients", "sample_seed")
+
+#: what results.json keeps of ``popri eval quality`` (downstream.quality) per arm, draw and n
+QUALITY_FIELDS = ("mauve", "distinct_1", "distinct_2", "distinct_3", "self_cosine",
+                  "embedding_spread", "mean_words")
+
+
+def quality_at(run, who: str, k: int, n: int | None = None) -> dict:
+    """Arm ``who``'s quality at draw ``k`` and size ``n`` (None: N), from
+    RUN/eval/quality-WHO[-dK].json (held sets: draw 0's); {} when not measured."""
+    E = run.paths.eval
+    f = E / f"quality-{who}{'' if k == 0 else f'-d{k}'}.json"
+    if not f.exists():
+        f = E / f"quality-{who}.json"
+        if not f.exists():
+            return {}
+    q = read_json(f)
+    n = run.cfg.num_synthetic if n is None else n
+    row = next((r for r in q.get("sizes") or [] if r.get("n") == n), None)
+    if row is None and n == run.cfg.num_synthetic:
+        row = q
+    return {x: row.get(x) for x in QUALITY_FIELDS} if row else {}
 
 
 def draw_rows(run) -> list[dict]:
@@ -141,10 +167,22 @@ def draw_rows(run) -> list[dict]:
             if (E / f"{who}{sfx}.json").exists():
                 r = read_json(E / f"{who}{sfx}.json")
                 arms[who] = {f: r.get(f) for f in ARM_FIELDS}
+                arms[who]["perplexity"] = _ppl(r.get("loss"))
+                arms[who].update(quality_at(run, who, k))
         rows.append({"draw": k, "streams": draw_streams(c, k), "arms": arms,
                      "acc_minus_control": d.get("acc_minus_control"),
                      "acc_minus_control_se": d.get("acc_minus_control_se")})
     return rows
+
+
+def _ppl(loss) -> float | None:
+    """The downstream model's test perplexity: exp of its mean NLL per target token."""
+    import math
+
+    try:
+        return math.exp(float(loss)) if loss is not None and float(loss) < 700 else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _trained_on(run, tag: str) -> dict:
@@ -179,7 +217,9 @@ def curve_rows(run) -> list[dict]:
                 r = read_json(f)
                 row = {"arm": who, "n": n, "draw": k,
                        **{x: r.get(x) for x in ("accuracy", "accuracy_se", "loss")},
-                       **({} if who == "eps0" else _trained_on(run, tag))}
+                       "perplexity": _ppl(r.get("loss")),
+                       **({} if who == "eps0" else _trained_on(run, tag)),
+                       **(quality_at(run, who, k, n) if who in (c.method, "t0") else {})}
                 d = E / f"control{at}{sfx}.json"
                 if who == c.method and d.exists():
                     dd = read_json(d)
@@ -209,15 +249,18 @@ def scaling_summary(rows: list[dict]) -> list[dict]:
     for (arm, n), rs in groups.items():
         for what, key, se_key in (("accuracy", "accuracy", "accuracy_se"),
                                   ("minus_control", "acc_minus_control",
-                                   "acc_minus_control_se")):
+                                   "acc_minus_control_se"),
+                                  ("perplexity", "perplexity", None),
+                                  ("mauve", "mauve", None), ("distinct_2", "distinct_2", None),
+                                  ("self_cosine", "self_cosine", None)):
             vals = [float(r[key]) for r in rs if r.get(key) is not None]
             if not vals:
                 continue
             if len(vals) >= 2:
                 se, kind = statistics.stdev(vals) / len(vals) ** 0.5, "between draws"
             else:
-                se = rs[0].get(se_key)
-                kind = "over test clients"
+                se = rs[0].get(se_key) if se_key else None
+                kind = "over test clients" if se_key else "one draw"
             toks = [r["train_tokens"] for r in rs if r.get("train_tokens") is not None]
             out.append({"arm": arm, "n": n, "what": what, "mean": statistics.fmean(vals),
                         "se": se, "se_kind": kind, "draws": len(vals),

@@ -181,6 +181,11 @@ class DownstreamConfig(Spec):
     eval_max_samples: int | None = param(400, "Cap test/val samples for CPU runs (None = all).",
                                          lo=1)
     bootstrap: int = same(BootstrapSpec, "bootstrap")
+    quality: bool = param(False, "Also a second opinion on every synthetic set and draw (and at "
+                          "each size of the curve): MAUVE against the private test records on "
+                          "the downstream model's features, distinct-1/2/3 and the embedding "
+                          "spread ('popri eval quality', issue 65; a research read). Adds about "
+                          "a featurisation of the set and the test records per arm and draw.")
 
 
 @dataclass(frozen=True)

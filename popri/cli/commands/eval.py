@@ -43,7 +43,10 @@ from popri.specs.commands.eval import (
     EvalGapCall,
     EvalInstructCall,
     EvalProbeCall,
+    EvalQualityCall,
 )
+from popri.eval import quality as Q
+from popri.eval.downstream import load_records
 
 eval_app = typer.Typer(
     help="Utility of synthetic data: next-token accuracy of the downstream model (POPri / "
@@ -286,6 +289,51 @@ def fluency(
                    f"degenerate {res['degenerate_share']:.3f}  texts {res['texts']}")
 
 
+@command(EvalQualityCall)
+def quality(
+    samples: str, samples_split: str, reference: str, split: str,
+    max_reference: Optional[int], reference_seed: Optional[int], model: str,
+    embed_model: Optional[str], sizes: Optional[tuple], bf16: bool, seed: int, json_out: bool
+) -> None:
+    """MAUVE of a synthetic set against reference text on a language model's features (the
+    downstream model's, not the reward's embedder), and the set's diversity: distinct-1/2/3,
+    the mean pairwise cosine and spread of its sentence embeddings (popri/eval/quality.py);
+    with --sizes, also at each prefix of the set.  The reference of 'popri run' is the private
+    test split: the output says private_diagnostic true (a research read, never a release)."""
+    recs, src = load_records(samples, samples_split)
+    texts = [r["text"] for r in recs]
+    if len(texts) < 2:
+        raise InputError(f"need at least 2 samples, got {len(texts)}", path=src)
+    ref, ref_src = load_records(reference, split, max_samples=max_reference,
+                                sample_seed=reference_seed)
+    if len(ref) < 2:
+        raise InputError(f"need at least 2 reference records, got {len(ref)}", path=ref_src)
+    try:
+        sizes = tuple(int(x) for v in (sizes or ()) for x in str(v).split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"expects comma-separated sample counts, got {sizes!r}",
+                         field="sizes") from None
+    if sizes and any(n < 2 or n > len(texts) for n in sizes):
+        raise InputError(f"every size must be in 2 .. {len(texts)} (the samples), got "
+                         f"{', '.join(map(str, sizes))}", field="sizes")
+    feats = Q.lm_features(model, texts, bf16=bf16)
+    ref_feats = Q.lm_features(model, [r["text"] for r in ref], bf16=bf16)
+    emb = as_embedding_set(samples, records=recs, model=embed_model, what="samples").embeddings
+    rows = Q.set_quality(texts, feats, ref_feats, emb, [*(sizes or ()), len(texts)], seed=seed)
+    res = {"private_diagnostic": True, "note": "MAUVE reads the reference (popri run: the "
+           "private test split) without noise: a research measurement, never a release",
+           "samples": src, "reference": ref_src, "n_reference": len(ref),
+           "reference_seed": reference_seed, "features": f"{model}: final hidden state, last "
+           "token", "seed": seed, **rows[-1], "sizes": rows}
+    if json_out:
+        typer.echo(dumps(res))
+    else:
+        for r in rows:
+            typer.echo(f"n {r['n']}: MAUVE {Q.fmt(r['mauve'])}  distinct-1/2/3 "
+                       f"{Q.fmt(r['distinct_1'], 3)}/{Q.fmt(r['distinct_2'], 3)}/"
+                       f"{Q.fmt(r['distinct_3'], 3)}  self-cosine {Q.fmt(r['self_cosine'], 3)}")
+
+
 def register(app: typer.Typer) -> None:
     eval_app.command("accuracy", help=unwrap(_ACC_HELP.strip()))(accuracy)
     eval_app.command("probe", help=unwrap(probe.__doc__.strip()))(probe)
@@ -294,4 +342,5 @@ def register(app: typer.Typer) -> None:
     eval_app.command("fid", help=unwrap(fid.__doc__.strip()))(fid)
     eval_app.command("gap", help=unwrap(gap.__doc__.strip()))(gap)
     eval_app.command("instruct", help=unwrap(instruct.__doc__.strip()))(instruct)
+    eval_app.command("quality", help=unwrap(quality.__doc__.strip()))(quality)
     app.add_typer(eval_app, name="eval")

@@ -136,3 +136,34 @@ class EvalProbeCall(Call):
     bf16: bool = same(PrecisionSpec, 'bf16')
     seed: int = seed_param('Seed of the bootstrap.')
     json_out: bool = json_param('Print a JSON object.')
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalQualityCall(Call):
+    """``popri eval quality``."""
+
+    command: ClassVar[str] = 'eval quality'
+    samples: str = param(help="The synthetic set: JSONL with 'text', or a dataset dir's "
+                         "--samples-split.", positional=True, metavar='SAMPLES')
+    samples_split: str = param('train', 'Split of a dataset-dir SAMPLES (eps = inf: the '
+                               'private training text).')
+    reference: str = param(help="The reference text: a dataset dir (its --split) or JSONL with "
+                           "'text' (popri run: the private test split).")
+    split: str = param('test', 'Split of a dataset-dir reference.')
+    max_reference: int | None = same(EvalSpec, 'max_samples',
+                                     help='Reference records: the first N (or a sample: '
+                                          '--reference-seed).')
+    reference_seed: int | None = same(EvalSpec, 'sample_seed',
+                                      help='With --max-reference: a seeded random sample of N '
+                                           "records (eval accuracy's --sample-seed: the same "
+                                           'records).')
+    model: str = param('smollm2-135m', "The language model whose final hidden state at each "
+                       "text's last token is MAUVE's feature (the downstream model's).",
+                       short='-m')
+    embed_model: str | None = param(None, 'Sentence embedder of the diversity spread (default '
+                                    'all-MiniLM-L6-v2).', envvar='POPRI_EMBED_MODEL')
+    sizes: tuple[int, ...] | None = param(None, 'Also each prefix of SAMPLES of these sizes '
+                                          '(comma-separated: a learning curve).', sep=',')
+    bf16: bool = same(PrecisionSpec, 'bf16', False)
+    seed: int = seed_param("Seed of MAUVE's k-means.")
+    json_out: bool = json_param('Print a JSON object.')
