@@ -101,6 +101,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "eval accuracy": (
         "popri eval accuracy --model runs/downstream --data data/sotu --split test --json",
     ),
+    "eval quality": (
+        "popri eval quality runs/x/synthetic.jsonl --reference data/sotu --max-reference 400 "
+        "--sizes 96,384 --json",
+    ),
     "eval probe": ("popri eval probe runs/r1/probe.jsonl --target data/sotu --split val",),
     "eval fluency": (
         "popri eval fluency runs/r1/prefs.jsonl --json",

@@ -429,6 +429,20 @@ def order_fingerprint(perms) -> str:
     return h.hexdigest()[:16]
 
 
+def _taken(perm, spec: DownstreamSpec, step: int):
+    """The part of an epoch's sample order its batches take (``max_steps`` may stop it)."""
+    return perm if spec.max_steps is None else perm[:max(spec.max_steps - step, 0)
+                                                    * spec.batch_size]
+
+
+def streams(seed: int, init_sha: str, perms, precision: str) -> dict:
+    """``metrics.json``'s ``streams`` (issue 65): the random streams a model was trained with,
+    as fingerprints.  Two arms that share them (same seed, same N) started from the same
+    weights and saw their samples in the same batches: only their text differed."""
+    return {"seed": int(seed), "init_sha256": init_sha,
+            "order_sha256": order_fingerprint(perms), "precision": precision}
+
+
 def _save(m, tok, metrics: dict, out) -> None:
     """The model (or adapter), its tokenizer and ``metrics.json`` into ``out``, atomically."""
     tmp = outdir.staging_dir(out)
@@ -521,9 +535,7 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
             break
         t0 = time.perf_counter()
         perm = rng.permutation(len(seqs))
-        # the batches this epoch takes (max_steps may stop it early)
-        perms.append(perm if spec.max_steps is None
-                     else perm[:max(spec.max_steps - step, 0) * batch_size])
+        perms.append(_taken(perm, spec, step))
         ep_loss, ep_tok, ep_steps = _epoch(m, opt, seqs, perm, spec,
                                            pad=pad, device=device, step=step,
                                            title=f"epoch {epoch}")
@@ -555,11 +567,7 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
         "seed": seed, "bos_token": tok.bos_token, "eos_token": tok.eos_token,
         "select_by": spec.select_by if val else "last", "best_epoch": best["epoch"],
         "initial": initial, "history": history,
-        # issue 65: the random streams this model was trained with, as fingerprints: two arms
-        # that share them (same seed, same N) start from the same weights and see their
-        # samples in the same batches; what differs between them is only the text
-        "streams": {"seed": int(seed), "init_sha256": init_sha,
-                    "order_sha256": order_fingerprint(perms), "precision": precision},
+        "streams": streams(seed, init_sha, perms, precision),
     }
     if not lora:  # no adapter: its settings did not apply
         metrics.update(lora_r=None, lora_alpha=None, target_modules=None)
