@@ -186,3 +186,14 @@ def test_cli_pipe_out_file_and_errors(tmp_path, run_popri):
     # too few samples per prompt for the rank
     p = run_popri(["prefs", "build", "--samples", sp, "--scores", npy, "--rejected-rank", "6"])
     assert p.returncode == 2 and "nothing to pair" in p.stderr
+
+
+def test_two_inputs_from_stdin_are_refused_by_name(tmp_path, run_popri):
+    """Hostile case B07 (issue 66): `prefs build --samples - --scores -` said "sample id ... has
+    no score in -"; standard input is read once: refused by name, nothing written."""
+    out = tmp_path / "pairs.jsonl"
+    p = run_popri(["prefs", "build", "--samples", "-", "--scores", "-", "--out", out],
+                  input='{"id": "r1-p0-s0", "prompt_id": 0, "text": "x"}\n')
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "only one input can be '-'" in p.stderr and "--samples and --scores are both" in p.stderr
+    assert not out.exists()

@@ -201,3 +201,20 @@ def test_draws_summary_and_learning_line():
     line = next(x for x in results_table(r).splitlines() if x.startswith("learning:"))
     assert "over 3 draws" in line and "+0.0100 +- 0.0115" in line
     assert "-0.0100, +0.0100, +0.0300" in line
+
+
+@pytest.mark.parametrize("text,field,lines", [
+    ("run_dir: runs/x\nprivacy:\n  epsilon: 1\nprivacy:\n  epsilon: 100\n", "privacy", (4, 2)),
+    ("privacy:\n  epsilon: 1\n  epsilon: 100\n", "privacy.epsilon", (3, 2)),
+    ("score:\n  clip: 1\ndpo:\n  beta: 0.1\n  lr: 1e-4\n  beta: 0.5\n", "dpo.beta", (6, 4)),
+])
+def test_a_key_given_twice_in_a_yaml_config_is_an_error(tmp_path, text, field, lines):
+    """Hostile case N5 (issue 66): YAML keeps the last of two equal keys, so a config with
+    `privacy.epsilon` twice silently ran at epsilon 100; now a config error naming both."""
+    f = tmp_path / "dup.yaml"
+    f.write_text(text)
+    with pytest.raises(PopriError, match=rf"field '{field}': duplicate key on line "
+                                         rf"{lines[0]} \(first on line {lines[1]}\)"):
+        C.load(str(f))
+    f.write_text("privacy:\n  epsilon: 2\nscore:\n  clip: 1\n")  # the same key in two sections
+    assert C.load(str(f)).privacy.epsilon == 2

@@ -295,6 +295,20 @@ def test_bad_input_one_line_no_output(name, tmp_path, run_popri):
     assert old.read_bytes() == before
 
 
+def test_aggregate_refuses_a_threshold_on_cosine_uploads(sets, tmp_path, run_popri):
+    """Hostile case J04 (issue 66): `aggregate --threshold 1` on cosine uploads applied
+    max(x - 1, 0) and zeroed most scores; now refused as `score -H 1` is, nothing written."""
+    priv_p, syn_p, *_ = sets
+    run_popri(score_args(priv_p, syn_p, tmp_path / "a.npy", "--per-client-out",
+                         tmp_path / "pa.npy"), check=True)
+    p = run_popri(["aggregate", tmp_path / "pa.npy", "--threshold", "1", "--out",
+                   tmp_path / "j04.npy"])
+    assert p.returncode == 2 and "field 'threshold'" in p.stderr
+    assert "nn-histogram only" in p.stderr and p.stderr.count("\n") == 1
+    assert not (tmp_path / "j04.npy").exists() and not (tmp_path / "j04.json").exists()
+    assert len(read_ledger(tmp_path / "ledger.jsonl")) == 1  # score's release alone
+
+
 def test_aggregate_rejects_mismatched_shards(sets, tmp_path, run_popri):
     priv_p, syn_p, *_ = sets
     run_popri(score_args(priv_p, syn_p, tmp_path / "a.npy", "--per-client-out", tmp_path / "pa.npy"),
@@ -346,3 +360,16 @@ def test_per_client_out_alone_records_the_release(sets, tmp_path, run_popri):
     assert entry["noise_multiplier"] == 2 and entry["sensitivity"] == 1.0
     assert sorted(x.name for x in (tmp_path / "up").iterdir()) == ["clients.json", "clients.npy",
                                                                    "ledger.jsonl"]
+
+
+def test_a_text_that_is_not_a_string_is_named_as_such_before_any_release(sets, tmp_path,
+                                                                         run_popri):
+    """Hostile case P07 (issue 66): `"text": 12345` in --synthetic said "missing required
+    field"; it is there, and not a string: one line naming file, line and field, no release."""
+    priv_p, *_ = sets
+    bad = write_jsonl(tmp_path / "textnum.jsonl", [{"id": "a", "text": "fine"},
+                                                   {"id": "b", "text": 12345}])
+    p = run_popri(score_args(priv_p, bad, tmp_path / "s.npy"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert f"{bad}:2: field 'text': must be a string (got int)" in p.stderr
+    assert not (tmp_path / "s.npy").exists() and not (tmp_path / "ledger.jsonl").exists()

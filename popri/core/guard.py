@@ -93,6 +93,19 @@ def _key(path: str):
         return ("path", os.path.abspath(path))
 
 
+def check_one_stdin(**inputs: str | os.PathLike | None) -> None:
+    """Refuse two inputs given as '-' (hostile case B07, issue 66): standard input can be read
+    only once, so the second would read nothing; the error names both options."""
+    dash = [name.replace("_", "-") for name, v in inputs.items() if v is not None
+            and str(v) == "-"]
+    if len(dash) > 1:
+        opts = [f"--{d}" for d in dash]
+        said = (" and ".join(opts) + " are both" if len(opts) == 2
+                else ", ".join(opts) + " are all")
+        raise InputError(f"only one input can be '-' (standard input is read once): {said} "
+                         f"'-'; give the others as files", field=dash[1])
+
+
 def check_outputs(outputs: Iterable[str | os.PathLike | None],
                   inputs: Iterable[str | os.PathLike | None], *,
                   companions: bool | Literal["embeddings", "scores"] = True) -> None:

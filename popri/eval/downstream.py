@@ -74,6 +74,9 @@ def load_records(src, split: str, *, max_samples: int | None = None,
     else:
         recs, source = list(src), "<records>"
         for i, r in enumerate(recs, start=1):
+            if isinstance(r, dict) and "text" in r and not isinstance(r["text"], str):
+                raise InputError(f"must be a string (got {type(r['text']).__name__})",
+                                 path=source, line=i, field="text")
             if not isinstance(r, dict) or not isinstance(r.get("text"), str):
                 raise InputError("missing required field", path=source, line=i, field="text")
     if max_samples is not None and sample_seed is not None and max_samples < len(recs):

@@ -255,6 +255,10 @@ def aggregate_uploads(files: Sequence[str], spec: "AggregateSpec", *, out: str) 
     params = first["params"]
     mode = first["mode"]
     side0 = artifacts.json_sidecar(files[0])
+    if spec.threshold is not None and mode != "nn-histogram":  # as `popri score -H` refuses
+        raise InputError(f"applies to --mode nn-histogram only (these uploads are {mode}: "
+                         f"max(x - H, 0) would zero their scores)", path=files[0],
+                         field="threshold")
     if params.get("reduce") not in (None, "mean", "sum"):
         raise InputError(f"must be mean or sum (got {params['reduce']!r})", path=side0,
                          field="params.reduce")

@@ -236,6 +236,9 @@ def as_embedding_set(path: str, *, spec: EmbedSpec | None = None, model: str | N
         es = embedding_rows_to_set(recs, src)
     else:
         for i, r in enumerate(recs, start=1):
+            if "text" in r and not isinstance(r["text"], str):
+                raise InputError(f"must be a string (got {type(r['text']).__name__})",
+                                 path=src, line=i, field="text")
             if not isinstance(r.get("text"), str):
                 raise InputError("missing required field (need 'text' or 'embedding')",
                                  path=src, line=i, field="text")

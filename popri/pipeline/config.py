@@ -83,6 +83,38 @@ def _control_char(s: str) -> str | None:
         c, f"the control character U+{ord(c):04X}")
 
 
+class DuplicateKey(Exception):
+    """A mapping of a YAML config names a key twice (YAML's last-wins would hide it)."""
+
+    def __init__(self, field: str, line: int, first: int):
+        super().__init__(f"duplicate key on line {line} (first on line {first}): YAML would "
+                         f"silently keep the last value")
+        self.field = field
+
+
+def check_unique_keys(text: str) -> None:
+    """Refuse a YAML document whose mapping names a key twice (hostile case N5, issue 66:
+    ``privacy.epsilon`` given twice silently took the last, epsilon 100): :class:`DuplicateKey`
+    naming the dotted key and both lines.  The composed node tree is walked before loading."""
+    import yaml
+
+    def walk(node, trail: tuple) -> None:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else repr(k)
+                if key in seen:
+                    raise DuplicateKey(".".join((*trail, str(key))), k.start_mark.line + 1,
+                                       seen[key] + 1)
+                seen[key] = k.start_mark.line
+                walk(v, (*trail, str(key)))
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                walk(v, (*trail, str(i)))
+
+    walk(yaml.compose(text, Loader=yaml.SafeLoader), ())
+
+
 def load_yaml_mapping(path: str) -> dict:
     """A YAML file whose top level is a mapping, or one clear ConfigError (exit 2)."""
     import yaml
@@ -93,7 +125,11 @@ def load_yaml_mapping(path: str) -> dict:
     if p.is_dir():
         raise ConfigError("is a directory, expected a YAML file", path=path)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        text = p.read_text(encoding="utf-8")
+        check_unique_keys(text)
+        data = yaml.safe_load(text) or {}
+    except DuplicateKey as e:
+        raise ConfigError(str(e), path=path, field=e.field) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"malformed YAML: {' '.join(str(e).split())}", path=path) from None
     except (OSError, UnicodeDecodeError, RecursionError) as e:

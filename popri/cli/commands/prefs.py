@@ -14,7 +14,7 @@ import typer
 from popri.cli.options import unwrap
 from popri.core import io, log
 from popri.core.errors import InputError
-from popri.core.guard import check_outputs
+from popri.core.guard import check_one_stdin, check_outputs
 from popri.methods.popri.pool import pool_file
 from popri.methods.popri.prefs import build_pairs_file, load_fluency, read_samples
 from popri.methods.popri.prefs import gate as gate_samples
@@ -53,6 +53,7 @@ def build(
 ) -> None:
     if fluency and spec.pair_rule != "fluent":
         raise InputError("--fluency is read only by --pair-rule fluent", field="--fluency")
+    check_one_stdin(samples=samples, scores=scores, true_scores=true_scores, fluency=fluency)
     check_outputs([out, report_out], [samples, scores, true_scores, fluency])
     report = build_pairs_file(samples, scores, spec, out=out, report_out=report_out,
                               true_scores=true_scores, fluency=fluency)
@@ -93,6 +94,7 @@ def pool(
     if spec.pool == "static":
         raise InputError("static is no evolving pool (gen reads Omega itself): give union or "
                          "chosen", field="--pool")
+    check_one_stdin(samples=samples, scores=scores, base=base)
     check_outputs([out], [samples, scores, base])
     r = pool_file(samples, scores, base, mode=spec.pool, round_no=round_, out=out, split=split,
                   min_size=min_size)
@@ -112,6 +114,7 @@ on stderr."""
 
 @command(PrefsGateCall)
 def gate(samples: str, fluency: str, out: str, *, spec: GateSpec) -> None:
+    check_one_stdin(samples=samples, fluency=fluency)
     check_outputs([out], [samples, fluency])
     recs = read_samples(samples)
     kept, r = gate_samples(recs, load_fluency(fluency), spec.drop,
