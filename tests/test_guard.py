@@ -336,3 +336,28 @@ def test_cli_fred_stats_sidecar_over_the_manifest(ds, tiny_st_model, tmp_path, r
     refused(run_popri, ["fred", "stats", "--private", ds, "--non-private", "--model",
                         tiny_st_model, "--out", ds / "manifest.npz"],
             tmp_path, ds / "manifest.npz", ds / "manifest.json")
+
+
+def test_a_users_file_named_like_a_companion_is_never_overwritten(tmp_path, run_popri):
+    """Hostile case D02 (issue 66): `popri embed other.jsonl --out victim.npy` replaced the
+    user's victim.jsonl (their samples) with the embedding set's row sidecar.  A companion
+    that exists without its output beside it was not written with it: refused, kept."""
+    from popri.core.errors import InputError
+    from popri.core.guard import check_outputs
+
+    victim = tmp_path / "victim.jsonl"
+    victim.write_text('{"id": "a", "text": "my own samples"}\n')
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"id": "b", "text": "other text"}\n')
+    p = run_popri(["embed", other, "--out", tmp_path / "victim.npy"])
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "would overwrite" in p.stderr and "victim.jsonl" in p.stderr
+    assert victim.read_text() == '{"id": "a", "text": "my own samples"}\n'
+    assert not (tmp_path / "victim.npy").exists()
+    for comp, kind in (("s.json", "scores"), ("e.meta.json", "embeddings")):
+        (tmp_path / comp).write_text("{}")
+        out = tmp_path / (comp.split(".")[0] + ".npy")
+        with pytest.raises(InputError, match="would overwrite"):
+            check_outputs([out], [], companions=kind)
+        out.write_bytes(b"")  # the output beside it: a pair popri wrote, replaced as before
+        check_outputs([out], [], companions=kind)

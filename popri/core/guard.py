@@ -145,3 +145,12 @@ def check_outputs(outputs: Iterable[str | os.PathLike | None],
                                  "another name", path=out)
         for f, k in zip(files, keys):
             written.setdefault(k, (i, f))
+        # a companion already there without its output beside it was not written with it:
+        # a user's file of that name (hostile case D02, issue 66: `embed other.jsonl --out
+        # victim.npy` replaced the user's victim.jsonl with the set's row sidecar)
+        if not os.path.lexists(out):
+            for f in files[1:]:
+                if os.path.lexists(f):
+                    raise InputError(f"would overwrite {f}, which popri did not write with "
+                                     f"{out} (there is no {Path(out).name} beside it): move it "
+                                     "or choose another name", path=out)
