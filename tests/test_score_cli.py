@@ -373,3 +373,17 @@ def test_a_text_that_is_not_a_string_is_named_as_such_before_any_release(sets, t
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
     assert f"{bad}:2: field 'text': must be a string (got int)" in p.stderr
     assert not (tmp_path / "s.npy").exists() and not (tmp_path / "ledger.jsonl").exists()
+
+
+def test_duplicate_synthetic_ids_are_refused_before_the_release(sets, tmp_path, run_popri):
+    """Hostile case P06 (issue 66): all ids `same` -- `score` spent a release (a ledger entry)
+    and `prefs build` refused the file afterwards; now `score` refuses it first."""
+    priv_p, *_ = sets
+    dup = write_jsonl(tmp_path / "dupid.jsonl", [{"id": "same", "text": f"sample {i}"}
+                                                 for i in range(3)])
+    p = run_popri(score_args(priv_p, dup, tmp_path / "p06" / "scores.npy"))
+    assert p.returncode == 2 and p.stderr.count("popri: error:") == 1, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.rstrip("\n").splitlines()[-1].startswith(
+        "popri: error:")
+    assert f"{dup}:2: field 'id': id 'same' appears twice (rows 1 and 2)" in p.stderr
+    assert not (tmp_path / "p06").exists() or not any((tmp_path / "p06").iterdir())

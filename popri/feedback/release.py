@@ -263,6 +263,14 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     rel.check_ledgers()  # a broken ledger fails now, before anything is computed
 
     syn = load_set(synthetic, model=model, split=split, what="synthetic", private=False)
+    seen_ids: dict = {}
+    for i, sid in enumerate(syn.ids, start=1):  # before any budget is spent (hostile case P06)
+        if sid in seen_ids:
+            raise InputError(f"id {sid!r} appears twice (rows {seen_ids[sid]} and {i}): the "
+                             "scores of one id could not be told apart downstream",
+                             path=artifacts.sidecar_path(syn.source)
+                             if syn.source.endswith(".npy") else syn.source, line=i, field="id")
+        seen_ids[sid] = i
     deployed = spec.federation is not None
     priv, codes, clients = _clients(spec, private, syn, model=model, split=split)
     N = len(clients)
