@@ -198,3 +198,18 @@ def test_rerun_keeps_the_users_files_and_drops_the_old_figures(two_runs, tmp_pat
     assert not (out / "popri-eps4-epsilon.png").exists()  # the earlier report's own figures
     assert (out / "popri-eps1-epsilon.png").is_file()
     assert not list(tmp_path.glob(".r.*"))  # no staging directory left
+
+
+def test_the_same_run_named_twice_is_reported_once(two_runs, tmp_path, run_popri):
+    """Hostile case H05 (issue 66): `popri report R R` made a report of 2 runs with every
+    figure twice; the repeat (also by another path to the same directory) is reported once."""
+    a = two_runs[0]
+    other = Path(a).parent / "." / Path(a).name
+    p = run_popri(["report", a, other, a, "--out", tmp_path / "rep", "--json"])
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    md = (tmp_path / "rep" / "report.md").read_text(encoding="utf-8")
+    assert "again: reported once" in p.stderr
+    assert sum(1 for f in res["figures"] if f.endswith("-epsilon.png")) == 1
+    runs_line = next(x for x in md.splitlines() if x.startswith("Runs: "))
+    assert runs_line.count("popri-eps1") == 1 and "," not in runs_line

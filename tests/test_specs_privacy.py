@@ -223,3 +223,22 @@ def test_account_and_audit_specs_round_trip(path, spec, rename):
     extra = ["runs/"] if path[-1] == "ledger" else []
     params = _parse(path, [*extra, *argv])
     assert build(type(spec), **_fields(type(spec), params, rename)) == spec
+
+
+def test_the_readmes_default_relation_claim_is_true_of_every_default():
+    """Hostile case L10 (issue 66): README said every default is add/remove one client, but
+    `popri fred stats` defaults to FreD's replace one sample.  The claim now names the
+    exception, and the code keeps both sides of it true."""
+    from pathlib import Path
+
+    from popri.methods.steps import select_settings
+    from popri.pipeline import config as C
+    from popri.specs.privacy import FredStatsSpec
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    assert "every method's default: add/remove one client" in text
+    assert "`popri fred stats` alone keeps FreD's replace-one-sample" in text
+    assert FredStatsSpec.DEFAULTS["relation"] == "replace-one"
+    assert FredStatsSpec.DEFAULTS["level"] == "sample"
+    sel = select_settings(C.load(None))  # popri run's own FreD release: user level, add/remove
+    assert (sel["relation"], sel["level"]) == ("add-remove", "user")

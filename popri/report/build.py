@@ -53,7 +53,7 @@ from popri.core.io import atomic_write
 from popri.report.samples import samples as read_samples
 from popri.report.verdict import fig_paired_differences
 from popri.report.verdict import verdict
-from popri.core import outdir
+from popri.core import log, outdir
 from popri.report.compare import _fig_methods, _fig_privacy_utility, _table_text
 from popri.report.figures import _fig_curve, _fig_downstream, _fig_method_rounds, _fig_prefs_hist, _fig_probe_distance, _fig_probe_quality, _fig_scores, _fig_steps, _fig_tuning, _new_fig
 from popri.report.page import _Fig, _Report
@@ -333,6 +333,22 @@ def _carry_over(old: Path, new: Path) -> None:
             link_or_copy(e, new / e.name)
 
 
+def unique_runs(run_dirs) -> list[str]:
+    """The run directories once each, in the order given (hostile case H05, issue 66: the
+    same run named twice, or by two paths, made a report of "2 runs" with every figure twice);
+    a repeat is said on stderr."""
+    seen: dict[str, str] = {}
+    out = []
+    for d in run_dirs:
+        key = os.path.realpath(str(d))
+        if key in seen:
+            log.warn(f"report: {d} is {seen[key]} again: reported once")
+            continue
+        seen[key] = str(d)
+        out.append(str(d))
+    return out
+
+
 def build_report(run_dirs: list[str], out: str) -> dict:
     """Write report.md, report.html and the figures (PNG) of ``run_dirs`` into ``out``.
     Returns {"figures": [file names], "notes": [...], "not_shown", "verdicts", "epsilon",
@@ -345,6 +361,7 @@ def build_report(run_dirs: list[str], out: str) -> dict:
     import matplotlib
 
     matplotlib.use("Agg", force=False)
+    run_dirs = unique_runs(run_dirs)
     dest = check_out(out, list(run_dirs))
     tmp = outdir.staging_dir(dest)
     try:
