@@ -387,3 +387,28 @@ def test_duplicate_synthetic_ids_are_refused_before_the_release(sets, tmp_path, 
         "popri: error:")
     assert f"{dup}:2: field 'id': id 'same' appears twice (rows 1 and 2)" in p.stderr
     assert not (tmp_path / "p06").exists() or not any((tmp_path / "p06").iterdir())
+
+
+def test_an_unfinished_run_shows_the_epsilon_its_ledgers_hold(sets, tmp_path, run_popri):
+    """Hostile case F02 (issue 66): `runs list` / `runs show` of a run killed after its first
+    release said "(unfinished)" / nothing of the epsilon, while `account ledger` counted the
+    release; both now show the epsilon spent so far and its relation."""
+    priv_p, syn_p, *_ = sets
+    run = tmp_path / "killed"
+    (run / "round1").mkdir(parents=True)
+    (run / "config.resolved.json").write_text(json.dumps(
+        {"method": "popri", "privacy": {"epsilon": 1.0, "accountant": "rdp"}}))
+    run_popri(score_args(priv_p, syn_p, run / "round1" / "scores.npy", "--sample-rate", "0.5",
+                         z="2"), check=True)
+    acc = json.loads(run_popri(["account", "ledger", run, "--json"], check=True).stdout)
+    eps = acc["epsilon"]
+    assert eps > 0
+    p = run_popri(["runs", "list", tmp_path, "--json"], check=True)
+    (row,) = json.loads(p.stdout)
+    assert row["finished"] is False and row["epsilon"] == pytest.approx(eps)
+    assert "add/remove" in row["neighbouring"]
+    p = run_popri(["runs", "list", tmp_path], check=True)
+    assert f"{eps:.4g}"[:4] in p.stdout and "(unfinished)" in p.stdout
+    p = run_popri(["runs", "show", run], check=True)
+    assert "epsilon spent so far: " in p.stdout and "unknown" not in p.stdout
+    assert "add/remove" in p.stdout

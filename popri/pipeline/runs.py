@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from popri.core.errors import InputError
+from popri.core.errors import InputError, PopriError
+from popri.privacy.ledger import total as ledger_total
 
 
 @dataclass
@@ -201,14 +202,36 @@ SUMMARY_KEYS = ("run_dir", "method", "finished", "epsilon", "neighbouring", "dp_
                 "git_commit", "started", "ended", "config_hash")
 
 
+def spent_so_far(run: LoadedRun) -> dict | None:
+    """What an unfinished run has spent (hostile case F02, issue 66: a run killed after its
+    first release showed "epsilon unknown" while its ledgers held the release): every
+    ledger.jsonl under the run composed as ``popri account ledger RUN`` does, with the run's
+    accountant and convention; None when no release is recorded (or the ledgers cannot be
+    totalled)."""
+    if not run.path.is_dir() or not any(run.path.rglob("ledger.jsonl")):
+        return None
+    pr = obj(run.config.get("privacy"))
+    try:
+        c = ledger_total([run.path], accountant=pr.get("accountant") or "rdp",
+                         convention=pr.get("convention")).composition
+    except (PopriError, ValueError) as e:
+        run.notes.append(f"{run.path}: the epsilon spent so far could not be totalled ({e})")
+        return None
+    return {"epsilon": c.epsilon, "delta": c.delta, "guarantee": c.label,
+            "entries": c.entries}
+
+
 def summary(run: LoadedRun) -> dict:
-    """One line of ``popri runs list``: where, what, how private, how good, when."""
+    """One line of ``popri runs list``: where, what, how private, how good, when; an
+    unfinished run's epsilon is what its ledgers hold so far (:func:`spent_so_far`)."""
     r, c = run.results, run.config
     ident = obj(r.get("run"))
     budget = r.get("budget")
+    spent = None if run.finished else spent_so_far(run)
     return {"run_dir": str(run.path), "method": r.get("method") or c.get("method"),
-            "finished": run.finished, "epsilon": r.get("epsilon"),
-            "neighbouring": r.get("neighbouring"),
+            "finished": run.finished,
+            "epsilon": r.get("epsilon") if spent is None else spent["epsilon"],
+            "neighbouring": r.get("neighbouring") if spent is None else spent["guarantee"],
             "dp_guarantee": r.get("dp_guarantee", True) if r else None,
             "budget": ((budget.get("epsilon") if isinstance(budget, dict) else budget)
                        if r else obj(c.get("privacy")).get("epsilon")),

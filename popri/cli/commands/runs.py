@@ -72,7 +72,8 @@ def list_cmd(dirs: List[str], as_json: bool) -> None:
             continue
         lines.append((R.fmt(r["run_dir"], width=None), R.fmt(r["method"]),
                       f"{R.fmt(r['epsilon'])} / {R.fmt(r['budget'])}"
-                      if r["finished"] else "(unfinished)",
+                      if r["finished"] else "(unfinished)" if r["epsilon"] is None
+                      else f"{R.fmt(r['epsilon'])} / {R.fmt(r['budget'])} (unfinished)",
                       R.fmt_se(r["accuracy"], r["accuracy_se"]),
                       R.fmt_se(r["gap_closed"], r["gap_closed_se"]),
                       R.fmt_se(r["minus_t0"], r["minus_t0_se"]), R.fmt(r["seed"]),
@@ -109,6 +110,13 @@ def show_cmd(run_dir: str, as_json: bool, every: bool) -> None:
     if not run.finished:
         typer.echo(f"{run.path}: not finished (no results.json); method "
                    f"{R.fmt(run.config.get('method'))}")
+        spent = R.spent_so_far(run)
+        typer.echo(f"epsilon spent so far: {R.fmt(spent['epsilon'])} at delta "
+                   f"{R.fmt(spent['delta'])}, {spent['guarantee']} ({spent['entries']} "
+                   f"ledger entries; popri account ledger {run.path})" if spent else
+                   "epsilon spent so far: unknown (its ledgers could not be totalled: popri "
+                   f"account ledger {run.path} says why)" if any(run.path.rglob("ledger.jsonl"))
+                   else "epsilon spent so far: 0 (no release recorded in its ledgers)")
     else:
         typer.echo(_results_table(run))
         ident = run.results.get("run")
