@@ -137,10 +137,10 @@ def quality_at(run, who: str, k: int, n: int | None = None) -> dict:
     RUN/eval/quality-WHO[-dK].json (held sets: draw 0's); {} when not measured."""
     E = run.paths.eval
     f = E / f"quality-{who}{'' if k == 0 else f'-d{k}'}.json"
+    if not f.exists() and "generation" not in run.cfg.draw_sources:
+        f = E / f"quality-{who}.json"  # the draw's sets are draw 0's
     if not f.exists():
-        f = E / f"quality-{who}.json"
-        if not f.exists():
-            return {}
+        return {}
     q = read_json(f)
     n = run.cfg.num_synthetic if n is None else n
     row = next((r for r in q.get("sizes") or [] if r.get("n") == n), None)
