@@ -147,7 +147,8 @@ def test_results_keep_every_draw_of_both_arms(tmp_path):
     assert rows[0]["streams"] == {"generation": 0, "training": 0, "test": 0}
     assert rows[1]["arms"]["popri"] == {"accuracy": 0.32, "accuracy_se": 0.004, "loss": 5.1,
                                         "tokens": 900, "clients": 40,
-                                        "sample_seed": sample_seed(0, 2)}
+                                        "sample_seed": sample_seed(0, 2),
+                                        "perplexity": pytest.approx(np.exp(5.1))}
     assert rows[1]["arms"]["t0"]["loss"] == 5.1 and rows[1]["acc_minus_control"] == 0.03
 
 

@@ -234,6 +234,19 @@ def _log_release(spec: ScoreSpec, rel: Release, flower, part, entry, *, reduce: 
                      f"{c.label}); 'popri account ledger' totals every round")
 
 
+def _unique_ids(syn) -> None:
+    """Refuse synthetic samples whose ids repeat (hostile case P06, issue 66): their scores
+    could not be told apart downstream, so no release is spent on them."""
+    seen: dict = {}
+    for i, sid in enumerate(syn.ids, start=1):
+        if sid in seen:
+            raise InputError(f"id {sid!r} appears twice (rows {seen[sid]} and {i}): the "
+                             "scores of one id could not be told apart downstream",
+                             path=artifacts.sidecar_path(syn.source)
+                             if syn.source.endswith(".npy") else syn.source, line=i, field="id")
+        seen[sid] = i
+
+
 def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, *,
                    out: str | None = None, per_client_out: str | None = None,
                    ledger_dir: str | None = None, seed: int = 0, round_: int = 0,
@@ -263,14 +276,7 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     rel.check_ledgers()  # a broken ledger fails now, before anything is computed
 
     syn = load_set(synthetic, model=model, split=split, what="synthetic", private=False)
-    seen_ids: dict = {}
-    for i, sid in enumerate(syn.ids, start=1):  # before any budget is spent (hostile case P06)
-        if sid in seen_ids:
-            raise InputError(f"id {sid!r} appears twice (rows {seen_ids[sid]} and {i}): the "
-                             "scores of one id could not be told apart downstream",
-                             path=artifacts.sidecar_path(syn.source)
-                             if syn.source.endswith(".npy") else syn.source, line=i, field="id")
-        seen_ids[sid] = i
+    _unique_ids(syn)  # before any budget is spent (hostile case P06)
     deployed = spec.federation is not None
     priv, codes, clients = _clients(spec, private, syn, model=model, split=split)
     N = len(clients)
