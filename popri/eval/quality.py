@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from popri.core import log, runtime
-from popri.eval.downstream import encode, load_model, padding_id
+from popri.eval.downstream import encode, load_model, make_batch, padding_id
 from popri.eval.probe import distinct_n, unit_rows
 from popri.models import llm
 
@@ -46,11 +46,27 @@ def lm_features(model: str, texts: Sequence[str], *, max_length: int = FEATURE_T
     """The final-layer hidden state at each text's last token under ``model`` (MAUVE's
     featurisation, arXiv:2102.01454 section 4.1), float64 [n, d]; texts framed as the
     downstream model sees them (popri.eval.downstream.encode)."""
+    (out,) = lm_features_of(model, [texts], max_length=max_length, batch_size=batch_size,
+                            device=device, bf16=bf16)
+    return out
+
+
+def lm_features_of(model: str, groups: Sequence[Sequence[str]], *,
+                   max_length: int = FEATURE_TOKENS, batch_size: int = 32,
+                   device: str | None = None, bf16: bool = False) -> list[np.ndarray]:
+    """:func:`lm_features` of several groups of texts (a set and its reference) with one
+    load of ``model``."""
     torch = runtime.configure_torch()
     device = device or llm.default_device()
     m, tok = load_model(model, device=device)
     m.eval()
-    seqs = encode(tok, list(texts), max_length)
+    return [_features(m, tok, torch, list(texts), max_length, batch_size, device, bf16)
+            for texts in groups]
+
+
+def _features(m, tok, torch, texts: list[str], max_length: int, batch_size: int, device: str,
+              bf16: bool) -> np.ndarray:
+    seqs = encode(tok, texts, max_length)
     pad = padding_id(tok)
     out = np.zeros((len(seqs), int(m.config.hidden_size)), dtype=np.float64)
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
@@ -58,12 +74,7 @@ def lm_features(model: str, texts: Sequence[str], *, max_length: int = FEATURE_T
         task = prog.add_task("features", total=len(seqs))
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
-            width = max(len(seqs[i][0]) for i in idx)
-            ids = torch.full((len(idx), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(idx), width), dtype=torch.long)
-            for r, i in enumerate(idx):
-                ids[r, :len(seqs[i][0])] = torch.tensor(seqs[i][0])
-                mask[r, :len(seqs[i][0])] = 1
+            ids, mask, _ = make_batch([seqs[i] for i in idx], pad)  # right-padded
             with llm.autocast(device, bf16):
                 h = m(input_ids=ids.to(device), attention_mask=mask.to(device),
                       output_hidden_states=True).hidden_states[-1]
@@ -126,4 +137,4 @@ def fmt(x, nd: int = 4) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-__all__ = ["FEATURE_TOKENS", "lm_features", "mauve_score", "diversity", "set_quality", "fmt"]
+__all__ = ["FEATURE_TOKENS", "lm_features", "lm_features_of", "mauve_score", "diversity", "set_quality", "fmt"]

@@ -26,19 +26,19 @@ def draw_seed(seed: int, k: int) -> int:
     stream of its own, sha256 of ("popri-draw", seed, k) cut to 31 bits, so that no draw shares
     a seed with a round, the final set or a draw of another run seed (``seed + k`` did:
     draw k of run seed s was round k - 1 of run seed s + 1)."""
-    import hashlib
-
-    if k == 0:
-        return int(seed)
-    h = hashlib.sha256(f"popri-draw:{int(seed)}:{int(k)}".encode()).digest()
-    return int.from_bytes(h[:4], "big") >> 1
+    return int(seed) if k == 0 else _stream("popri-draw", seed, k)
 
 
 def sample_seed(seed: int, k: int) -> int:
     """The seed of draw ``k``'s (0, 1, ...) sample of test records (``draw_sources: test``,
     issue 65): sha256 of ("popri-test-sample", seed, k) cut to 31 bits, a stream apart from
     the bootstrap's (which ``seed`` itself seeds) and from every stage seed."""
+    return _stream("popri-test-sample", seed, k)
+
+
+def _stream(tag: str, seed: int, k: int) -> int:
+    """sha256 of "TAG:seed:k" cut to 31 bits: a seed stream of its own per tag."""
     import hashlib
 
-    h = hashlib.sha256(f"popri-test-sample:{int(seed)}:{int(k)}".encode()).digest()
+    h = hashlib.sha256(f"{tag}:{int(seed)}:{int(k)}".encode()).digest()
     return int.from_bytes(h[:4], "big") >> 1

@@ -316,8 +316,7 @@ def quality(
     if sizes and any(n < 2 or n > len(texts) for n in sizes):
         raise InputError(f"every size must be in 2 .. {len(texts)} (the samples), got "
                          f"{', '.join(map(str, sizes))}", field="sizes")
-    feats = Q.lm_features(model, texts, bf16=bf16)
-    ref_feats = Q.lm_features(model, [r["text"] for r in ref], bf16=bf16)
+    feats, ref_feats = Q.lm_features_of(model, [texts, [r["text"] for r in ref]], bf16=bf16)
     emb = as_embedding_set(samples, records=recs, model=embed_model, what="samples").embeddings
     rows = Q.set_quality(texts, feats, ref_feats, emb, [*(sizes or ()), len(texts)], seed=seed)
     res = {"private_diagnostic": True, "note": "MAUVE reads the reference (popri run: the "
