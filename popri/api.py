@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from popri.core import log
 from popri.feedback.release import release_scores
 from popri.pipeline.config import RunConfig, load
 from popri.pipeline.driver import Run
@@ -40,8 +41,13 @@ def account(*paths: str, delta: float | None = None, accountant: str = "rdp",
     (ledger files, directories -- every ledger.jsonl below --, or score sidecars); a release
     recorded twice counts once.  Returns :class:`popri.privacy.accounting.Composition`, whose
     ``neighbouring`` names the relation it holds under and ``label`` says it in words
-    (``convention="papers"``: NOT a DP guarantee)."""
-    return total(paths, delta=delta, accountant=accountant, convention=convention).composition
+    (``convention="papers"``: NOT a DP guarantee).  A file under ``paths`` whose chain holds a
+    not-dp link (popri.core.provenance) is named on stderr, ``NOT A DP GUARANTEE: FILE:
+    LINK``, as ``popri account ledger`` prints it: the epsilon does not cover it."""
+    t = total(paths, delta=delta, accountant=accountant, convention=convention)
+    for line in t.not_dp_lines():
+        log.warn(line)
+    return t.composition
 
 
 def epsilon(noise_multiplier: float, sample_rate: float, steps: int,
@@ -161,10 +167,15 @@ def load_run(path: str):
     ``.notes``; :class:`popri.pipeline.runs.LoadedRun`.  A metrics.jsonl line that is not a
     JSON object with an integer ``round`` is skipped with a warning (and a note); an
     unreadable config.resolved.json / results.json, or one that is not a JSON object, raises
-    :class:`popri.core.errors.InputError`."""
+    :class:`popri.core.errors.InputError`.  ``.guarantee`` says whether its epsilon is a DP
+    guarantee for what it releases; when it is not, a warning says ``NOT A DP GUARANTEE`` and
+    why (the papers' convention, a not-dp link in the release's chain: issue 66)."""
     import warnings
 
     run = _load(path)
     for note in run.notes:  # metrics.jsonl lines skipped (torn, not an object, no round)
         warnings.warn(note, stacklevel=2)
+    g = run.guarantee
+    if not g["dp_guarantee"]:
+        warnings.warn(f"{run.path}: NOT A DP GUARANTEE: " + "; ".join(g["links"]), stacklevel=2)
     return run

@@ -418,7 +418,8 @@ def test_cli_stdout_then_out_file_num_samples_same_bytes(omega_file, tiny_lm, tm
     assert q.stdout == "" and "gen: 5 samples from 3 prompts" in q.stderr
     want = "".join(l + "\n" for l in p.stdout.splitlines()[:5]).encode()
     assert (tmp_path / "o" / "b.jsonl").read_bytes() == want
-    assert os.listdir(tmp_path / "o") == ["b.jsonl"]  # no temp file left behind
+    # no temp file left behind; the set and its privacy provenance (issue 66)
+    assert sorted(os.listdir(tmp_path / "o")) == ["b.jsonl", "b.jsonl.provenance.json"]
 
 
 def test_cli_bad_input_one_line_nothing_written(omega_file, tmp_path, run_popri):

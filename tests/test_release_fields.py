@@ -104,7 +104,27 @@ WEIGHTS_STATE = {"kind", "round", "client", "base_model", "lora", "lora.lora_r",
 FFP_ROUND = {"round", "method", "beta", "weights", "noise_multiplier", "clip", "privacy",
              "mode", "release_id", "base_model", "neighbouring", "sensitivity"}
 FFP_MODEL_METRICS = {"model", "base_model", "lora", "trainable_parameters", "method", "round"}
-MARKER = {"format", "kind", "popri_version"}
+#: the marker's "files": the names of the files popri wrote in the directory (H08, issue 66)
+MARKER = {"format", "kind", "popri_version", "files"}
+#: a privacy-provenance companion (issue 66): the status of a public or DP output, the release
+#: ids its chain holds, and the output's size / mtime / hash (the output is itself released)
+PROVENANCE = {"format", "format_version", "status", "entries", "links", "pending", "file",
+              "file.size", "file.mtime_ns", "file.sha256"}
+
+
+def _provenance(path: Path) -> bool:
+    return path.name == "provenance.json" or path.name.endswith(".provenance.json")
+
+
+def check_provenance(path: Path) -> None:
+    """A companion in release mode: only its allowlisted keys, and a released output's status
+    is dp or public (or private, for the clients' own files)."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    extra = sorted(keys(doc) - PROVENANCE)
+    assert not extra, f"{path}: fields outside the provenance allowlist: {extra}"
+    assert doc["status"] in ("dp", "public", "private") and not doc["pending"], (path, doc)
+    if doc["status"] == "private":
+        assert doc["file"] is None, f"{path}: a private file's size is not written"
 
 #: relative path (glob) -> allowed JSON keys (None: not JSON, allowed as a whole)
 ALLOW = {
@@ -146,6 +166,9 @@ ALLOW["score-flower"] = {"fw/scores.npy": None,
 def check_files(root: Path, allow: dict) -> None:
     """Every file under ``root`` is allowed, and so is every key of every JSON in it."""
     seen = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    for f in [f for f in seen if _provenance(root / f)]:
+        check_provenance(root / f)
+        seen.remove(f)
     unknown = [f for f in seen if f not in allow]
     assert not unknown, f"files written in release mode that no allowlist covers: {unknown}"
     for f in seen:
@@ -395,6 +418,10 @@ RESULTS = {"accountant", "budget", "budget.accountant", "budget.delta", "budget.
            "methods", "mode", "mode_note", "noise_multiplier", "num_synthetic", "prompts",
            "precision",  # the machine's numeric path (cpu fp32, ...): public (issue 43)
            "recovery_rate_note", "recovery_rate_per_round", "released", "rounds", "run",
+           # what the release may be published as (issue 66): its status and release ids
+           "release_provenance", "release_provenance.path", "release_provenance.status",
+           "release_provenance.entries", "release_provenance.links",
+           "release_provenance.dp_guarantee",
            "run.command", "run.config_hash", "run.ended", "run.git_commit", "run.invocations",
            "run.popri_version", "run.stages_cached", "run.stages_copied", "run.stages_ran",
            "run.started",
@@ -423,7 +450,9 @@ PRIVACY = {"accountant", "delta", "entries", "epsilon", "groups", "groups[].entr
            "modes", "modes.release", "modes.research", "neighbouring", "order",
            # public labels of the total (issue 36): the relation and the proof each group's
            # epsilon stands on, and whether the total is a DP guarantee at all
-           "dp_guarantee", "guarantee", "groups[].neighbouring", "groups[].proof"}
+           "dp_guarantee", "guarantee", "groups[].neighbouring", "groups[].proof",
+           # the files under the run whose chain is not-dp (issue 66): none in release mode
+           "not_dp", "not_dp[].path", "not_dp[].status", "not_dp[].links"}
 #: the DP stages' own outputs, by file name: the released vector, its sidecar and the ledger
 DP_OUTPUTS = {"scores.npy": None, "scores.json": _score_side(), "hist.npy": None, "hist.json": _score_side(),
               "ledger.jsonl": _ledger_keys(SCORE_PARAMS | {"noise"}),
@@ -514,7 +543,9 @@ def check_release_run(run: Path, data: Path, log: str) -> None:
     for f in seen:
         path = run / f
         w = whose(f)
-        if f in driver or f.startswith(".stages/"):
+        if _provenance(path):
+            check_provenance(path)
+        elif f in driver or f.startswith(".stages/"):
             want, free = driver.get(f, (STAGE_MARKER, ("hashes", "env")))
             extra = sorted(_json_keys(path, free) - want)
             assert not extra, f"{f}: fields outside the release allowlist: {extra}"

@@ -358,8 +358,11 @@ def test_per_client_out_alone_records_the_release(sets, tmp_path, run_popri):
     (entry,) = read_ledger(tmp_path / "up" / "ledger.jsonl")
     assert json.loads((tmp_path / "up" / "clients.json").read_text())["ledger"] == [entry]
     assert entry["noise_multiplier"] == 2 and entry["sensitivity"] == 1.0
-    assert sorted(x.name for x in (tmp_path / "up").iterdir()) == ["clients.json", "clients.npy",
-                                                                   "ledger.jsonl"]
+    assert sorted(x.name for x in (tmp_path / "up").iterdir()) == [
+        "clients.json", "clients.npy", "clients.npy.provenance.json", "ledger.jsonl"]
+    # the uploads are the clients' own: private, and no size of theirs is kept (issue 66)
+    prov = json.loads((tmp_path / "up" / "clients.npy.provenance.json").read_text())
+    assert prov["status"] == "private" and prov["file"] is None
 
 
 def test_a_text_that_is_not_a_string_is_named_as_such_before_any_release(sets, tmp_path,

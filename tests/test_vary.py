@@ -284,7 +284,7 @@ def test_cli_mask_fill_rows_bytes_stats_and_stdin(in_file, tiny_roberta, tmp_pat
     q = run_popri(["vary", "-", *args, "--out", tmp_path / "o" / "v.jsonl"],
                   input=Path(in_file).read_text(), check=True)
     assert q.stdout == "" and (tmp_path / "o" / "v.jsonl").read_text() == p.stdout
-    assert os.listdir(tmp_path / "o") == ["v.jsonl"]
+    assert sorted(os.listdir(tmp_path / "o")) == ["v.jsonl", "v.jsonl.provenance.json"]
 
 
 def test_cli_fallback_and_no_fallback(in_file, tiny_lm, tmp_path, run_popri):

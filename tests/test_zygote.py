@@ -401,3 +401,34 @@ def test_a_runner_without_a_plan_starts_the_zygote_only_for_its_third_stage(tmp_
         r.close_zygote()
     assert [json.loads((tmp_path / f"e{k}.json").read_text())["noise_multiplier"]
             for k in (0, 1, Z.MIN_STAGES)] == [1.0, 2.0, 1.0 + Z.MIN_STAGES]
+
+
+def test_a_stage_treats_sigint_as_the_run_does(zyg, tmp_path, tiny_lm):
+    """Hostile case S-IGN (issue 66): `popri run ... &` in a script starts with SIGINT ignored,
+    and so does every stage it execs; a forked stage reset it to the default and died on
+    `kill -INT -PGID` (the run: "stage round1-score failed (exit 130)").  A forked stage now
+    ignores it when the run does, and is interrupted by it when the run is."""
+    omega = write_jsonl(tmp_path / "omega.jsonl", [{"id": f"o{i}", "text": t}
+                                                   for i, t in enumerate(TEXTS)])
+    long_gen = ["gen", omega, "-K", 6, "-J", 50, "--model", tiny_lm, "--max-new-tokens", 200,
+                "--min-words", 0, "--out", tmp_path / "s.jsonl"]
+
+    def interrupted(ignored: bool) -> int | None:
+        keep = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored
+                             else signal.default_int_handler)
+        try:
+            with open(os.devnull, "wb") as dn:
+                p = zyg.spawn([str(a) for a in long_gen], env=zyg.env, stdout_fd=dn.fileno())
+        finally:
+            signal.signal(signal.SIGINT, keep)
+        time.sleep(1.5)
+        os.kill(p.pid, signal.SIGINT)
+        try:
+            return p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=30)
+            return None  # still running: SIGINT ignored
+
+    assert interrupted(ignored=True) is None
+    assert interrupted(ignored=False) == 128 + signal.SIGINT

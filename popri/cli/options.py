@@ -26,8 +26,12 @@ from typing import Any, Optional
 
 import typer
 
+from popri.core import provenance
 from popri.core.errors import ConfigError, InputError
+from popri.core.guard import check_writable
 from popri.core.spec import field_default, flag_of, help_of, spec_field
+from popri.privacy.noise import release_mode_from_env
+from popri.specs.commands.flows import FLOWS
 
 
 def option(spec_cls, name: str, *decls: str, **overrides: Any) -> Any:
@@ -150,7 +154,10 @@ def command(call_cls):
             for into in call_cls.into:
                 if into in takes:
                     args[into] = call.settings(into)
-            return fn(**args)
+            flow = FLOWS.get(call_cls.command)
+            if flow is None:
+                return fn(**args)
+            return _with_provenance(flow, call, fn, args)
 
         cmd.call_cls = call_cls  # what the command parses into (tests: argv round trips)
         cmd.__signature__ = inspect.Signature(params)
@@ -158,6 +165,25 @@ def command(call_cls):
         return cmd
 
     return deco
+
+
+def _with_provenance(flow, call, fn, args):
+    """Run ``fn(**args)`` with each output's privacy provenance derived from the inputs'
+    (:mod:`popri.core.provenance`): refused in release mode when a chain is not-dp, each
+    output's companion written with it."""
+    check_writable(getattr(call, n, None) for n in flow.outputs)  # before any work (I06)
+    planned = provenance.derive(flow, call, call.command)
+    warn = provenance.inherited(flow, call, call.command)
+    release = getattr(call, "release", None)
+    provenance.plan(planned, command=call.command,
+                    release=bool(release) if isinstance(release, bool) else release_mode_from_env())
+    ok = False
+    try:
+        result = fn(**args)
+        ok = True
+        return result
+    finally:
+        provenance.finish(planned, provenance.ledger_ids, ok, warn)
 
 
 def escape(text: str) -> str:

@@ -60,10 +60,13 @@ def file_digest(path: str | os.PathLike, h=None) -> str:
 
 def dir_digest(path: str | os.PathLike) -> str:
     """sha256 over a directory tree: each file's relative name and bytes, in sorted order
-    (content, not mtimes: a copied or touched tree keeps its digest)."""
+    (content, not mtimes: a copied or touched tree keeps its digest).  Privacy provenance files
+    (``provenance.json``, ``*.provenance.json``: popri.core.provenance) are marks, not content:
+    left out."""
     root = Path(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+    for f in sorted(p for p in root.rglob("*") if p.is_file()
+                    and p.name != "provenance.json" and not p.name.endswith(".provenance.json")):
         h.update(str(f.relative_to(root)).encode("utf-8") + b"\0")
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(_BUF), b""):

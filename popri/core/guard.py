@@ -154,3 +154,50 @@ def check_outputs(outputs: Iterable[str | os.PathLike | None],
                     raise InputError(f"would overwrite {f}, which popri did not write with "
                                      f"{out} (there is no {Path(out).name} beside it): move it "
                                      "or choose another name", path=out)
+
+
+def _why(where: Path) -> str:
+    """The system's words for a directory popri cannot write into."""
+    try:
+        if os.statvfs(where).f_flag & os.ST_RDONLY:
+            return "Read-only file system"
+    except OSError:
+        pass
+    return f"Permission denied ({where} is not writable)"
+
+
+#: Linux's /dev/full: every write fails with ENOSPC
+_DEV_FULL = (1, 7)
+
+
+def check_writable(outputs: Iterable[str | os.PathLike | None]) -> None:
+    """Refuse, before any work, an output that cannot be written (hostile case I06, issue 66:
+    `gen --out /dev/full` generated everything, then failed): a device that is always full,
+    one opened read-only, or a path whose nearest existing directory is not writable.  Each
+    error names the output; nothing is opened for writing but a device, which opening does
+    not change."""
+    for out in _given(outputs):
+        p = Path(out)
+        try:
+            st = os.stat(p)
+        except OSError:
+            st = None
+        if st is not None and not p.is_dir() and not p.is_file():
+            import stat
+
+            if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) \
+                    == _DEV_FULL:
+                raise InputError("cannot write: No space left on device (it is always full)",
+                                 path=out)
+            if stat.S_ISFIFO(st.st_mode):
+                continue  # opening a FIFO for writing would wait for its reader
+            try:
+                os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError as e:
+                raise InputError(f"cannot write: {e.strerror or e}", path=out) from None
+            continue
+        where = p if st is not None and p.is_dir() else p.parent
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        if where.is_dir() and not os.access(where, os.W_OK | os.X_OK):
+            raise InputError(f"cannot write: {_why(where)}", path=out)

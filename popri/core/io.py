@@ -35,6 +35,7 @@ from typing import IO, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from popri.core import provenance
 from popri.core.errors import InputError
 
 STDIO = "-"
@@ -207,6 +208,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        provenance.before_commit(tmp, dest)
         os.replace(tmp, dest)
         _forget_tmp(tmp)
     except BaseException as e:
@@ -256,6 +258,7 @@ class AtomicOutputs:
                         import shutil
 
                         shutil.copy2(dest, backup)
+                provenance.before_commit(tmp, dest)
                 os.replace(tmp, dest)
                 _forget_tmp(tmp)
                 done.append((dest, backup))

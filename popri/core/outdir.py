@@ -32,6 +32,7 @@ dead processes and moves a ``.NAME.oldPID`` back into place when ``NAME`` is mis
 from __future__ import annotations
 
 import ctypes
+import filecmp
 import errno
 import glob
 import json
@@ -40,6 +41,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, Union
 
+from popri.core import log, provenance
 from popri.core.errors import InputError
 from popri.core.runtime import fault_point
 from popri.core.version import __version__
@@ -67,10 +69,70 @@ def is_ours(path: str | os.PathLike, legacy: Legacy = ()) -> bool:
 
 
 def mark(path: str | os.PathLike, kind: str) -> None:
-    """Write :data:`MARKER` into the (staging) directory ``path``."""
-    (Path(path) / MARKER).write_text(
-        json.dumps({"format": "popri-output", "kind": kind, "popri_version": __version__})
-        + "\n", encoding="utf-8")
+    """Write :data:`MARKER` into the (staging) directory ``path``, with the names of the
+    files popri wrote there (:func:`foreign_files` finds any other on a rerun)."""
+    p = Path(path)
+    files = sorted(str(f.relative_to(p)) for f in p.rglob("*")
+                   if f.is_file() and f.name != MARKER)
+    (p / MARKER).write_text(
+        json.dumps({"format": "popri-output", "kind": kind, "popri_version": __version__,
+                    "files": files}) + "\n", encoding="utf-8")
+
+
+def foreign_files(path: str | os.PathLike) -> list[str]:
+    """Files inside popri's output directory ``path`` that popri did not write there (hostile
+    case H08, issue 66: a user's note inside a run's downstream model directory was deleted by
+    the rerun that replaced it): every file not named in its marker, its marker and privacy
+    provenance (written beside the output) aside.  [] for a marker that lists no files (popri
+    <= 0.3.0, or a directory written in place)."""
+    p = Path(path)
+    try:
+        files = json.loads((p / MARKER).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(files, list):
+        return []
+    known = set(map(str, files))
+    out = []
+    for f in sorted(p.rglob("*")):
+        if not f.is_file() or f.name == MARKER or f.name == "provenance.json" \
+                or f.name.endswith(".provenance.json"):
+            continue
+        rel = str(f.relative_to(p))
+        if rel not in known:
+            out.append(rel)
+    return out
+
+
+def carry_foreign(old: Path, new: Path) -> list[str]:
+    """Move the files of :func:`foreign_files` (a user's, inside popri's output ``old``) into
+    its replacement ``new`` (hard links where possible), each under its own name, so that the
+    swap deletes none of them; said on stderr.  A user's file whose name the new output now
+    uses is refused, not overwritten.  Returns their names."""
+    extra = foreign_files(old)
+    for rel in extra:
+        dst = new / rel
+        if dst.exists() and _same_file(old / rel, dst):
+            continue  # already carried over (popri report keeps the user's files itself)
+        if dst.exists():
+            raise InputError(f"holds {rel}, which popri did not write, and the new output "
+                             "writes a file of that name: move it out first", path=str(old))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(old / rel, dst, follow_symlinks=False)
+        except OSError:
+            shutil.copy2(old / rel, dst, follow_symlinks=False)
+    if extra:
+        log.warn(f"{old}: kept {len(extra)} file(s) popri did not write there ({extra[0]}"
+                 + (", ..." if len(extra) > 1 else "") + ") in the new output")
+    return extra
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b) or filecmp.cmp(a, b, shallow=False)
+    except OSError:
+        return False
 
 
 def _ledger_inside(p: Path) -> Path | None:
@@ -232,6 +294,9 @@ def replace(src: str | os.PathLike, dest: str | os.PathLike, *, kind: str,
     ours there (module docstring).  Writes :data:`MARKER` into ``src`` first."""
     src, dest = Path(src), Path(dest)
     mark(src, kind)
+    if os.path.isdir(dest) and not os.path.islink(dest):
+        carry_foreign(dest, src)
+    provenance.before_commit(src, dest)  # its provenance moves in with it
     if not os.path.lexists(dest):
         os.replace(src, dest)  # fails on a non-empty directory that appeared meanwhile
         return

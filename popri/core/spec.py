@@ -52,7 +52,7 @@ def param(default: Any = MISSING, help: str = "", *, cite: str | None = None,
           cli: bool = True, sep: str | None = None, negatable: bool = True,
           positional: bool = False, decls: tuple[str, ...] | None = None,
           metavar: str | None = None, cli_range: bool = False, always: bool = False,
-          default_factory: Any = MISSING) -> Any:
+          keyed: bool = True, default_factory: Any = MISSING) -> Any:
     """A spec field.  ``help``: one sentence for ``--help``; ``cite``: where the default comes
     from ("POPri B.1"); ``flag``: the long option (default ``--field-name``); ``lo``/``hi``
     (``*_open`` for strict): the valid range; ``choices``: the allowed values; ``sep``: a list
@@ -62,13 +62,14 @@ def param(default: Any = MISSING, help: str = "", *, cite: str | None = None,
     ``decls`` (every spelling, ``("--steps", "--rounds", "-T")`` or ``("--lora/--full",)``, when
     ``flag`` / ``short`` cannot say it), ``metavar``; ``cli_range``: the command-line parser
     checks the closed bounds itself even where the default is not an int (``None``);
-    ``always``: a stage's command line writes it even at its default (:meth:`Call.given`)."""
+    ``always``: a stage's command line writes it even at its default (:meth:`Call.given`);
+    ``keyed=False``: not in a stage's cache key (it changes no output's content: a mark)."""
     md = {"help": help, "cite": cite, "flag": flag, "short": short, "lo": lo, "hi": hi,
           "lo_open": lo_open, "hi_open": hi_open, "choices": tuple(choices) if choices else None,
           "nonempty": nonempty, "envvar": envvar, "cli": cli, "sep": sep,
           "negatable": negatable, "positional": positional,
           "decls": tuple(decls) if decls else None, "metavar": metavar, "cli_range": cli_range,
-          "always": always}
+          "always": always, "keyed": keyed}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=md)
     return dataclasses.field(default=default, metadata=md)

@@ -75,9 +75,12 @@ class Stage:
 
     def key_fields(self) -> dict:
         """What the cache key hashes of the stage itself: the command and every field of its
-        call (the inputs' contents are hashed beside it)."""
-        return {"command": self.call.command, "quiet": self.quiet,
-                "call": dataclasses.asdict(self.call)}
+        call but those declared ``keyed=False`` (a mark that changes no output's content, such
+        as ``bench fetch --public``); the inputs' contents are hashed beside it."""
+        unkeyed = {f.name for f in dataclasses.fields(self.call)
+                   if f.metadata.get("keyed") is False}
+        call = {k: v for k, v in dataclasses.asdict(self.call).items() if k not in unkeyed}
+        return {"command": self.call.command, "quiet": self.quiet, "call": call}
 
     def shown(self) -> str:
         """The command line as a user would type it (commands.sh, the dry-run plan, the log),

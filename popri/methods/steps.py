@@ -60,7 +60,7 @@ def fetch_text(run: RunContext, *, public: bool = True) -> Iterable[Stage]:
                           field="data.public_source")
     if public and not is_file_source(d.public_source):
         yield Stage("fetch-public", BenchFetchCall(
-            name=d.public_source, out=str(run.paths.public), **common,
+            name=d.public_source, out=str(run.paths.public), **common, public=True,
             date_to=d.public_date_to,
             max_samples_per_client=d.public_max_samples_per_client),
             outputs=[str(run.paths.public)])

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Iterable
 
 from popri.core import log, outdir
-from popri.core.errors import ConfigError, PopriError
+from popri.core.errors import ConfigError, InputError, PopriError
 from popri.core.io import atomic_write, read_json
 from popri.kit import (
     RunPaths,
@@ -443,6 +443,11 @@ class Run:
             with atomic_write(self.run / "metrics.jsonl") as fh:
                 fh.write("".join(json.dumps(r) + "\n" for r in rows))
         results = R.collect(self, self.noise)
+        rp = results["release_provenance"]
+        if self.release and rp["status"] not in ("public", "dp"):  # issue 66: never a
+            # release-mode result whose chain holds a not-dp link
+            raise InputError("release mode: the release's chain is NOT A DP GUARANTEE: "
+                             + "; ".join(rp["links"]), path=rp["path"])
         results["run"] = R.identity(self)
         # every DP stage's recorded ledger entries against the ones its budget guard composed
         checks = self.runner.ledger_checks(self.all_stages())

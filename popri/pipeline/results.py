@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
+from popri.core import provenance
 from popri.core.io import read_json
 from popri.core.version import __version__
 from popri.eval.stats import MIN_DRAWS
@@ -61,15 +62,31 @@ def collect(run, noise: Noise | None) -> dict:
     take = run.paths.root / "synthetic_take.json"
     if c.final_match_tokens and take.is_file():  # the final set's size in tokens and samples
         out["final_match_tokens"] = read_json(take)
+    model = run.method.model_out(run)
+    out["release_provenance"] = release_provenance(
+        model if model is not None else run.paths.synthetic, c.privacy.convention)
     if run.release:  # what the run releases; no evaluation (downstream_stages), and
         # none read back from an earlier research run in the same directory
-        model = run.method.model_out(run)
         out["released"] = str(model if model is not None else run.paths.synthetic)
     else:
         _evaluation_results(run, out)
         out["research_reads"] = research_reads(run)
     out["stage_seconds"] = run.runner.stage_seconds()
     return out
+
+def release_provenance(path, convention: str | None) -> dict:
+    """What the run's release (its final synthetic set, or the model a DP-FL run trains) may
+    be published as (issue 66): its provenance (popri.core.provenance: dp / public / not-dp
+    with the links of its chain) and ``dp_guarantee``, False when a link is not-dp or the
+    total is under a convention.  results.json's ``release_provenance``."""
+    prov = provenance.status_of(path) if Path(path).exists() else provenance.PUBLIC
+    links = list(prov.links) if not prov.guarantee else []
+    if convention:
+        links.append(f"epsilon accounted under the {convention!r} convention, not a proven "
+                     "relation")
+    return {"path": str(path), "status": prov.status, "entries": list(prov.entries),
+            "links": links, "dp_guarantee": not links}
+
 
 def research_reads(run) -> list[str]:
     """What a research-mode run read of the private splits OUTSIDE the ledger (exact
@@ -450,6 +467,10 @@ def results_table(r: dict) -> str:
     sel = r.get("checkpoint_selection")
     if sel:
         lines.append(sel.get("note") or selection_note(sel.get("on", "private")))
+    rp = r.get("release_provenance")
+    if isinstance(rp, dict) and rp.get("dp_guarantee") is False:
+        lines.append(f"{provenance.NOT_DP} for {rp.get('path')}: "
+                     + "; ".join(map(str, rp.get("links") or ())))
     if r.get("research_reads"):
         lines.append("NOT covered by epsilon (research reads of the private splits, outside the "
                      "ledger): " + "; ".join(r["research_reads"]))

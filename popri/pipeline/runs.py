@@ -47,6 +47,12 @@ class LoadedRun:
     def finished(self) -> bool:
         return bool(self.results)
 
+    @property
+    def guarantee(self) -> dict:
+        """``{"dp_guarantee": bool, "links": [...]}``: whether the run's epsilon is a DP
+        guarantee for what it releases, and every reason it is not (:func:`guarantee`)."""
+        return guarantee(self)
+
 
 def _read_object(p: Path, run: Path) -> dict:
     """``p`` (a JSON file of the run ``run``) as a dict; an InputError when it cannot be read,
@@ -197,6 +203,7 @@ def _method_row(res: dict) -> dict:
 
 
 SUMMARY_KEYS = ("run_dir", "method", "finished", "epsilon", "neighbouring", "dp_guarantee",
+                "not_dp",
                 "budget", "mode", "rounds", "accuracy", "accuracy_se", "gap_closed",
                 "gap_closed_se", "minus_t0", "minus_t0_se", "seed", "popri_version",
                 "git_commit", "started", "ended", "config_hash")
@@ -221,6 +228,26 @@ def spent_so_far(run: LoadedRun) -> dict | None:
             "entries": c.entries}
 
 
+def guarantee(run: LoadedRun) -> dict:
+    """Whether the run's epsilon is a DP guarantee for what it releases (issue 66):
+    ``{"dp_guarantee": bool, "links": [...]}``: False under a convention that is not one
+    (``privacy.convention: papers``) or when the release's provenance holds a not-dp link
+    (results.json's ``release_provenance``; a run of an older popri: its convention only)."""
+    r, pr = run.results, obj(run.config.get("privacy"))
+    rp = obj(r.get("release_provenance"))
+    links = [str(x) for x in rp.get("links") or ()]
+    conv = pr.get("convention") or obj(r.get("budget")).get("convention")
+    if (conv or r.get("dp_guarantee") is False) and not any("convention" in x for x in links):
+        links.append(f"epsilon accounted under the {conv or 'papers'!r} convention, not a "
+                     "proven relation")
+    return {"dp_guarantee": not links, "links": links}
+
+
+def guarantee_words(g: dict) -> str:
+    """``""`` for a DP guarantee, else ``NOT A DP GUARANTEE (link; link)``."""
+    return "" if g["dp_guarantee"] else f"NOT A DP GUARANTEE ({'; '.join(g['links'])})"
+
+
 def summary(run: LoadedRun) -> dict:
     """One line of ``popri runs list``: where, what, how private, how good, when; an
     unfinished run's epsilon is what its ledgers hold so far (:func:`spent_so_far`)."""
@@ -232,7 +259,8 @@ def summary(run: LoadedRun) -> dict:
             "finished": run.finished,
             "epsilon": r.get("epsilon") if spent is None else spent["epsilon"],
             "neighbouring": r.get("neighbouring") if spent is None else spent["guarantee"],
-            "dp_guarantee": r.get("dp_guarantee", True) if r else None,
+            "dp_guarantee": guarantee(run)["dp_guarantee"] if r or run.config else None,
+            "not_dp": guarantee(run)["links"],
             "budget": ((budget.get("epsilon") if isinstance(budget, dict) else budget)
                        if r else obj(c.get("privacy")).get("epsilon")),
             "mode": r.get("mode"), "rounds": r.get("rounds") or c.get("rounds"),
@@ -407,7 +435,8 @@ def headline_keys(a: LoadedRun, b: LoadedRun) -> list[tuple[str, str]]:
         out += [(f"methods.{m}.accuracy", f"{m} accuracy"),
                 (f"methods_instruct.{m}.accuracy", f"{m} accuracy (instructions)"),
                 (f"methods_instruct.{m}.rouge_l", f"{m} Rouge-L")]
-    out += [("epsilon", "epsilon spent"), ("neighbouring", "relation"),
+    out += [("epsilon", "epsilon spent"), ("dp_guarantee", "a DP guarantee"),
+            ("neighbouring", "relation"),
             ("control.acc_minus_control", "minus its T = 0 row"),
             ("control.draws.mean", "minus its T = 0 row, mean over draws"),
             ("gap_closed.gap_closed", "gap closed"), ("fid_to_val", "FID to val"),
@@ -456,6 +485,8 @@ def diff(a: LoadedRun, b: LoadedRun, *, everything: bool = False,
     mb = {k: v for k, v in flatten(b.results).items() if not k.startswith(_NOT_METRICS)}
     ma.update(curve_points(a.results))
     mb.update(curve_points(b.results))
+    for m, run in ((ma, a), (mb, b)):  # what the epsilon is (issue 66): never a bare number
+        m["dp_guarantee"] = guarantee_words(guarantee(run)) or "yes"
     mkeys = sorted(set(ma) | set(mb))
     metrics, differ = [], 0
     for k in mkeys:

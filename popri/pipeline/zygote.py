@@ -167,8 +167,12 @@ class Zygote:
         r, w = os.pipe()
         try:
             cwd = os.path.abspath(cwd) if cwd is not None else os.getcwd()
+            # a stage treats Ctrl-C as `popri run` does: ignored when the run was started with
+            # SIGINT ignored (a background job of a script), as an exec'd stage inherits it
+            # (hostile case S-IGN, issue 66)
             req = {"argv": list(map(str, args)), "env": dict(env), "cwd": cwd,
-                   "path0": None if safe_path else cwd}
+                   "path0": None if safe_path else cwd,
+                   "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}
             socket.send_fds(self.sock, [json.dumps(req).encode()],
                             [stdin_fd, stdout_fd, w, *pass_fds])
         except OSError as e:

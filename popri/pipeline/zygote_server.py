@@ -64,7 +64,8 @@ def _child(sock: socket.socket, req: dict, fds: list[int]) -> None:
         sock.close()
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if req.get("sigint_ignored")
+                      else signal.default_int_handler)
         for target, fd in zip((0, 1, 2), fds[:3]):
             os.dup2(fd, target)
         for fd in fds[:3]:

@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from popri.core import log
+from popri.core import log, provenance
 from popri.core.errors import InputError
 from popri.core.io import read_json
 from popri.core.outdir import LEDGER_NAME  # noqa: F401 (ledger.jsonl; re-exported)
@@ -451,6 +451,9 @@ class Total:
 
     composition: Any  # popri.privacy.accounting.Composition
     entries: list[LedgerEntry]
+    #: the files under the totalled directories whose chain is not-dp (popri.core.provenance):
+    #: what this epsilon does NOT cover, each with its links
+    not_dp: list = field(default_factory=list)
 
     @property
     def research(self) -> int:
@@ -460,7 +463,13 @@ class Total:
     def to_dict(self) -> dict:
         d = self.composition.to_dict()
         d["modes"] = {"research": self.research, "release": len(self.entries) - self.research}
+        d["not_dp"] = [{"path": str(f), "status": p.status, "links": list(p.links)}
+                       for f, p in self.not_dp]
         return d
+
+    def not_dp_lines(self) -> list[str]:
+        """``NOT A DP GUARANTEE: FILE: LINK; LINK`` for each not-dp file (none: [])."""
+        return [f"{provenance.NOT_DP}: {f}: " + "; ".join(p.links) for f, p in self.not_dp]
 
 
 def total(paths: Iterable[str | os.PathLike], *, delta: float | None = None,
@@ -481,7 +490,8 @@ def total(paths: Iterable[str | os.PathLike], *, delta: float | None = None,
                          path=str(paths[0]) if one else ", ".join(map(str, paths)))
     if delta is None:
         delta = common_delta(entries)
-    return Total(compose(entries, delta, accountant, convention=convention), entries)
+    bad = [fp for p in paths if os.path.isdir(p) for fp in provenance.not_dp_files(p)]
+    return Total(compose(entries, delta, accountant, convention=convention), entries, bad)
 
 
 def _check_same(a: LedgerEntry, b: LedgerEntry, where: str = "") -> None:

@@ -14,7 +14,7 @@ from popri.report.read import (as_dict, num as _num, run_ledger)
 from popri.core.errors import InputError
 from popri.privacy.accounting import common_delta
 from popri.privacy.accounting import compose
-from popri.report.verdict import privacy_words
+from popri.report.verdict import privacy_words, provenance_links
 from popri.report.figures import _new_fig
 from popri.report.page import _Report
 from popri.report.runs import _Run
@@ -135,7 +135,9 @@ def _fig_epsilon(run: _Run, d: dict | None):
 
     words, dp = privacy_words(run.results or {})
     ax.set_title(f"{run.label}: privacy spent ({n} ledger entr{'y' if n == 1 else 'ies'})"
-                 + ("" if dp else "\nNOT A DP GUARANTEE (papers' convention)"))
+                 + ("" if dp else "\nNOT A DP GUARANTEE (a not-dp link in its release's chain)"
+                    if provenance_links(run.results or {}) else
+                    "\nNOT A DP GUARANTEE (papers' convention)"))
     ax.margins(y=0.15)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, frameon=False)
     return fig

@@ -221,6 +221,9 @@ def privacy_words(r: dict) -> tuple[str, bool]:
             e += f" at delta = {delta:g}"
         if r.get("accountant"):
             e += f" ({r['accountant']})"
+    bad = provenance_links(r)
+    if bad:  # the release's chain holds a not-dp link (issue 66)
+        return f"{e} -- NOT A DP GUARANTEE ({'; '.join(bad)})", False
     guarantee = r.get("dp_guarantee") is not False
     if not guarantee:
         g = r.get("guarantee") or ""
@@ -235,6 +238,23 @@ def privacy_words(r: dict) -> tuple[str, bool]:
     b = as_dict(r.get("budget"))
     tail = f"; budget epsilon = {num(b['epsilon']):g}" if num(b.get("epsilon")) is not None else ""
     return f"{e}, {rel}{tail}", True
+
+
+def provenance_links(r: dict) -> list[str]:
+    """The not-dp links of a run's release (results.json ``release_provenance``), the
+    convention's aside (said apart); [] when its chain is dp or public."""
+    rp = r.get("release_provenance")
+    if not isinstance(rp, dict) or rp.get("dp_guarantee") is not False:
+        return []
+    return [str(x) for x in rp.get("links") or () if "convention" not in str(x)]
+
+
+def _not_dp_sentence(v: dict) -> str:
+    why = v.get("privacy") or ""
+    if "papers' convention" in why or "NOT A DP GUARANTEE (" not in why:
+        return ("this run's epsilon is totalled under the papers' convention, not a proven "
+                "relation.")
+    return "its release's chain " + why.split("NOT A DP GUARANTEE ", 1)[1] + "."
 
 
 def _count_lines(p: Path) -> int | None:
@@ -386,8 +406,7 @@ def verdict_markdown(v: dict) -> list[str]:
                                           if v.get("method_label") else "")
     lines = [head, ""]
     if v.get("dp_guarantee") is False:
-        lines += ["**NOT A DP GUARANTEE:** this run's epsilon is totalled under the papers' "
-                  "convention, not a proven relation.", ""]
+        lines += [f"**NOT A DP GUARANTEE:** {md_text(_not_dp_sentence(v))}", ""]
     lines += [f"**{md_text(' '.join(v['sentences']) or v['sentence'])}**", ""]
     if v["rows"]:
         lines += ["| | |", "|---|---|"]
@@ -405,8 +424,7 @@ def verdict_html(v: dict) -> str:
     head = h(v["run"]) + (f": {h(v['method_label'])}" if v.get("method_label") else "")
     out = [f'<div class="verdict v-{kind}"><h3>{head}</h3>']
     if v.get("dp_guarantee") is False:
-        out.append('<p class="notdp">NOT A DP GUARANTEE: this run\'s epsilon is totalled under '
-                   "the papers' convention, not a proven relation.</p>")
+        out.append(f'<p class="notdp">NOT A DP GUARANTEE: {h(_not_dp_sentence(v))}</p>')
     out.append(f'<p class="sentence">{h(" ".join(v["sentences"]) or v["sentence"])}</p>')
     if v["rows"]:
         out.append("<table>" + "".join(f"<tr><th>{h(k)}</th><td>{h(val)}</td></tr>"

@@ -191,6 +191,8 @@ def ledger_cmd(paths: List[str], as_json: bool, *, spec: LedgerTotalSpec) -> Non
         typer.echo("  ".join(x.ljust(w) for x, w in zip(r, width)).rstrip())
     typer.echo(f"total: epsilon = {_up(c.epsilon)} ({c.accountant}, delta={_g(c.delta)}, "
                f"{c.entries} entries, {len(c.groups)} lines; {c.label})")
+    for line in t.not_dp_lines():  # what this epsilon does not cover (issue 66)
+        typer.echo(line)
     if over:
         log.warn(f"budget exceeded: total epsilon {_up(c.epsilon)} > --max-epsilon "
                  f"{_g(spec.max_epsilon)}")

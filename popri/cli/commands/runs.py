@@ -70,15 +70,19 @@ def list_cmd(dirs: List[str], as_json: bool) -> None:
         if r.get("error"):
             lines.append((R.fmt(r["run_dir"], width=None), "-", "(unreadable)", *("-",) * 6))
             continue
+        nodp = "" if r.get("dp_guarantee") is not False else " NOT A DP GUARANTEE"
         lines.append((R.fmt(r["run_dir"], width=None), R.fmt(r["method"]),
-                      f"{R.fmt(r['epsilon'])} / {R.fmt(r['budget'])}"
+                      f"{R.fmt(r['epsilon'])} / {R.fmt(r['budget'])}{nodp}"
                       if r["finished"] else "(unfinished)" if r["epsilon"] is None
-                      else f"{R.fmt(r['epsilon'])} / {R.fmt(r['budget'])} (unfinished)",
+                      else f"{R.fmt(r['epsilon'])} / {R.fmt(r['budget'])}{nodp} (unfinished)",
                       R.fmt_se(r["accuracy"], r["accuracy_se"]),
                       R.fmt_se(r["gap_closed"], r["gap_closed_se"]),
                       R.fmt_se(r["minus_t0"], r["minus_t0_se"]), R.fmt(r["seed"]),
                       R.fmt(r["popri_version"]), R.fmt(r["ended"])))
     _table(lines)
+    for r in rows:  # each NOT A DP GUARANTEE named with its links (issue 66)
+        if r.get("dp_guarantee") is False:
+            typer.echo(f"{r['run_dir']}: NOT A DP GUARANTEE: " + "; ".join(r.get("not_dp") or ()))
 
 
 def _results_table(run) -> str:
@@ -119,6 +123,10 @@ def show_cmd(run_dir: str, as_json: bool, every: bool) -> None:
                    else "epsilon spent so far: 0 (no release recorded in its ledgers)")
     else:
         typer.echo(_results_table(run))
+    g = R.guarantee(run)  # what the epsilon is, with every not-dp link (issue 66)
+    if not g["dp_guarantee"]:
+        typer.echo(R.guarantee_words(g))
+    if run.finished:
         ident = run.results.get("run")
         if isinstance(ident, dict) and ident:
             typer.echo("")

