@@ -167,9 +167,9 @@ def _write(dest: Path, prov: Provenance, *, of: Path | None, pending: bool = Fal
     (a staged temporary file about to be renamed into place), None for a directory."""
     # a private file's size would count the clients' records: none is kept (private is the
     # weakest status, so a swapped file cannot read as anything stronger)
-    keep = of is not None and prov.status != "private"
+    fp = _fingerprint(of) if of is not None and prov.status != "private" else None
     doc = {"format": FORMAT, "format_version": 1, **prov.to_json(),
-           "pending": pending, "file": _fingerprint(of) if keep else None}
+           "pending": pending, "file": fp}
     # popri.core.io's atomic write calls before_commit: a write of its own (same pattern:
     # an exclusive temporary name beside it, fsync, one rename)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -239,7 +239,7 @@ def _legacy(p: Path) -> Provenance | None:
     if not rows:
         return None
     for r in rows:
-        params = r.get("params") if isinstance(r.get("params"), dict) else {}
+        params = r["params"] if isinstance(r.get("params"), dict) else {}
         if r.get("noise_multiplier") == 0:
             return not_dp(f"{p}: released at z = 0 (epsilon = inf)")
         if r.get("convention") or params.get("convention"):
