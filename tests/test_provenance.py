@@ -339,3 +339,36 @@ def test_a_report_of_research_runs_is_not_dp(tmp_path):
     got = src(types.SimpleNamespace(run_dirs=[str(research), str(release)]))
     assert got.status == "not-dp" and "private test split" in got.links[0]
     assert src(types.SimpleNamespace(run_dirs=[str(release)])) == P.dp(["id1"])
+
+
+def test_every_command_that_writes_a_file_has_a_flow():
+    """A new command with an --out (or --X-out) file and no provenance flow would write
+    unmarked files: it fails here until its flow is declared in popri/specs/commands/flows.py."""
+    import dataclasses
+    import importlib
+    import pkgutil
+    import typing
+
+    import popri.specs.commands as pc
+    from popri.core.spec import Call
+
+    #: commands whose outputs are not the data's: a run directory of stage outputs (each stage
+    #: marks its own), and the others' printed JSON (stdout)
+    exempt = {"run"}
+    missing = []
+    for m in pkgutil.iter_modules(pc.__path__):
+        mod = importlib.import_module(f"popri.specs.commands.{m.name}")
+        for c in vars(mod).values():
+            if not (isinstance(c, type) and issubclass(c, Call) and c is not Call
+                    and c.command and c.__module__ == mod.__name__):
+                continue
+            hints = typing.get_type_hints(c)
+            outs = [f.name for f in dataclasses.fields(c)
+                    if (f.name == "out" or f.name.endswith("_out")) and f.name != "json_out"
+                    and hints[f.name] in (str, typing.Optional[str], str | None)]
+            if outs and c.command not in FLOWS and c.command not in exempt:
+                missing.append((c.command, outs))
+            for name in outs:
+                if c.command in FLOWS:
+                    assert name in FLOWS[c.command].outputs, (c.command, name)
+    assert not missing, missing
