@@ -172,8 +172,9 @@ def _with_provenance(flow, call, fn, args):
     (:mod:`popri.core.provenance`): refused in release mode when a chain is not-dp, each
     output's companion written with it."""
     check_writable(getattr(call, n, None) for n in flow.outputs)  # before any work (I06)
-    planned = provenance.derive(flow, call, call.command)
-    warn = provenance.inherited(flow, call, call.command)
+    contrib = provenance.contributions(flow, call, call.command)  # each input read once
+    planned = provenance.derive(flow, call, call.command, contrib)
+    warn = provenance.inherited(flow, call, call.command, contrib)
     release = getattr(call, "release", None)
     provenance.plan(planned, command=call.command,
                     release=bool(release) if isinstance(release, bool) else release_mode_from_env())

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from popri.core import provenance
+
 _BUF = 1 << 20
 
 
@@ -65,8 +67,8 @@ def dir_digest(path: str | os.PathLike) -> str:
     left out."""
     root = Path(path)
     h = hashlib.sha256()
-    for f in sorted(p for p in root.rglob("*") if p.is_file()
-                    and p.name != "provenance.json" and not p.name.endswith(".provenance.json")):
+    for f in sorted(p for p in root.rglob("*")
+                    if p.is_file() and not provenance.is_companion(p.name)):
         h.update(str(f.relative_to(root)).encode("utf-8") + b"\0")
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(_BUF), b""):

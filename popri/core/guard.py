@@ -29,6 +29,7 @@ check: they are created with ``O_EXCL`` (popri.core.io), which never opens an ex
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Iterable, Literal
 
@@ -183,8 +184,6 @@ def check_writable(outputs: Iterable[str | os.PathLike | None]) -> None:
         except OSError:
             st = None
         if st is not None and not p.is_dir() and not p.is_file():
-            import stat
-
             if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) \
                     == _DEV_FULL:
                 raise InputError("cannot write: No space left on device (it is always full)",

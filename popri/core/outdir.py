@@ -95,8 +95,7 @@ def foreign_files(path: str | os.PathLike) -> list[str]:
     known = set(map(str, files))
     out = []
     for f in sorted(p.rglob("*")):
-        if not f.is_file() or f.name == MARKER or f.name == "provenance.json" \
-                or f.name.endswith(".provenance.json"):
+        if not f.is_file() or f.name == MARKER or provenance.is_companion(f.name):
             continue
         rel = str(f.relative_to(p))
         if rel not in known:

@@ -124,6 +124,12 @@ def private(*links: str) -> Provenance:
 
 
 # --------------------------------------------------------------------------- files
+def is_companion(name: str) -> bool:
+    """``name`` (a file name) is a provenance companion's: marks, not content (no directory
+    digest or foreign-file check counts them)."""
+    return name == DIR_FILE or name.endswith(SUFFIX)
+
+
 def companion(path: str | os.PathLike) -> Path:
     """Where the provenance of ``path`` lives: ``F.provenance.json``, or ``D/provenance.json``
     for a directory."""
@@ -332,10 +338,12 @@ def contributions(flow: Flow, call: Any, command: str) -> dict[str, Provenance]:
     return out
 
 
-def inherited(flow: Flow, call: Any, command: str) -> set[str]:
+def inherited(flow: Flow, call: Any, command: str,
+              contrib: Mapping[str, Provenance] | None = None) -> set[str]:
     """The outputs whose not-dp status comes from an input file (not from this command's own
-    mechanism or read): what research mode warns about after the command succeeded."""
-    contrib = contributions(flow, call, command)
+    mechanism or read): what research mode warns about after the command succeeded.
+    ``contrib``: :func:`contributions`, when already read."""
+    contrib = contributions(flow, call, command) if contrib is None else contrib
     bad = {n for n, p in contrib.items() if p.status == "not-dp"
            and flow.inputs.get(n) != "private" and not (p.links and all(
                f"'popri {command}'" in x for x in p.links))}
@@ -347,9 +355,11 @@ def inherited(flow: Flow, call: Any, command: str) -> set[str]:
     return out
 
 
-def derive(flow: Flow, call: Any, command: str) -> dict[str, Provenance]:
-    """Each output path of ``call`` -> its provenance (before the ledger's release ids)."""
-    contrib = contributions(flow, call, command)
+def derive(flow: Flow, call: Any, command: str,
+           contrib: Mapping[str, Provenance] | None = None) -> dict[str, Provenance]:
+    """Each output path of ``call`` -> its provenance (before the ledger's release ids).
+    ``contrib``: :func:`contributions`, when already read."""
+    contrib = contributions(flow, call, command) if contrib is None else contrib
     result: dict[str, Provenance] = {}
     for name, deps in flow.outputs.items():
         paths = _paths(getattr(call, name, None))

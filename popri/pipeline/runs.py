@@ -255,12 +255,13 @@ def summary(run: LoadedRun) -> dict:
     ident = obj(r.get("run"))
     budget = r.get("budget")
     spent = None if run.finished else spent_so_far(run)
+    g = guarantee(run)
     return {"run_dir": str(run.path), "method": r.get("method") or c.get("method"),
             "finished": run.finished,
             "epsilon": r.get("epsilon") if spent is None else spent["epsilon"],
             "neighbouring": r.get("neighbouring") if spent is None else spent["guarantee"],
-            "dp_guarantee": guarantee(run)["dp_guarantee"] if r or run.config else None,
-            "not_dp": guarantee(run)["links"],
+            "dp_guarantee": g["dp_guarantee"] if r or run.config else None,
+            "not_dp": g["links"],
             "budget": ((budget.get("epsilon") if isinstance(budget, dict) else budget)
                        if r else obj(c.get("privacy")).get("epsilon")),
             "mode": r.get("mode"), "rounds": r.get("rounds") or c.get("rounds"),
