@@ -64,7 +64,7 @@ def _sets(tmp: Path, n_clients: int, dim: int = 6, n_syn: int = 5):
                              for i in range(2 * n_clients)])
     syn = tmp / "syn.npy"
     save_embedding_set(syn, rng.normal(size=(n_syn, dim)).astype(np.float32),
-                       rows=[{"id": f"s{i}"} for i in range(n_syn)])
+                       rows=[{"id": f"s{i}", "prompt_id": i // 4} for i in range(n_syn)])
     return str(priv), str(syn)
 
 
@@ -131,6 +131,10 @@ GRID = [  # (clients N, sampling request, z, rounds T, mode)
     (20, {"sample_rate": 0.9}, 1.2, 3, "cosine"),
     (20, {}, 3.0, 2, "cosine"),
     (20, {}, 1.0, 1, "nn-histogram"),
+    # the coverage reward (issue 67): votes of norm <= 1, non-negative
+    (20, {"clients_per_round": 2}, 0.8, 5, "coverage"),
+    (100, {"sample_rate": 0.5}, 2.9059, 3, "coverage"),
+    (20, {}, 1.0, 1, "coverage"),
 ]
 
 
@@ -143,7 +147,8 @@ def test_a_score_release_never_claims_less_than_its_worst_pair(tmp_path, monkeyp
     sampling = ("fixed" if req.get("clients_per_round", n) < n else
                 "poisson" if "sample_rate" in req else "none")
     rel = PROMISED[sampling]
-    bound = 1.0 if mode == "cosine" else 8.0  # the clip C, or M = 8 votes (the defaults)
+    # the clip C, M = 8 votes (the defaults), or coverage's norm 1
+    bound = 8.0 if mode == "nn-histogram" else 1.0
     pair = worst_pair(sampling, rel, n=n, L=req.get("clients_per_round"),
                       q=req.get("sample_rate"), bound=bound, nonnegative=mode != "cosine")
     for T in sorted({1, rounds}):

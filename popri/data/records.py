@@ -53,3 +53,47 @@ def first_by_tokens(counts, budget: int) -> int:
         if total >= budget:
             return n
     return len(counts)
+
+
+def mix_by_prompt(records: list[dict], other: list[dict], share: float, seed: int, *,
+                  path: str = "samples", other_path: str = "other") -> tuple[list[dict], dict]:
+    """A final set mixed by prompt (issue 67, a popri remedy beyond POPri): the samples of a
+    seeded share of ``records``' prompts (``round(share * P)`` of its P prompt ids, chosen by
+    a permutation seeded with ``seed``) replaced by ``other``'s samples of the same prompt ids
+    (the untuned generator's, written from the same prompts and seeds: the T = 0 control).
+    Records keep their file order, each prompt's block from one of the two sets; every
+    record gains ``"mixed_from"``: "samples" or "other".  Both sets must hold the same
+    prompt ids with the same prompt texts."""
+    import numpy as np
+
+    def by_prompt(rs: list[dict], where: str) -> dict:
+        out: dict = {}
+        for n, r in enumerate(rs):
+            if r.get("prompt_id") is None:
+                raise InputError("missing required field", path=where,
+                                 line=r.get("_line", n + 1), field="prompt_id")
+            out.setdefault(r["prompt_id"], []).append(r)
+        return out
+
+    mine, theirs = by_prompt(records, path), by_prompt(other, other_path)
+    if set(mine) != set(theirs):
+        extra = sorted(map(str, set(mine) ^ set(theirs)))[:3]
+        raise InputError(f"the two sets hold different prompt ids (e.g. {', '.join(extra)}): "
+                         "mix sets written from the same prompts (same seed, N, J and Omega)",
+                         path=other_path, field="prompt_id")
+    for pid, rs in mine.items():
+        if rs[0].get("prompt") != theirs[pid][0].get("prompt"):
+            raise InputError(f"prompt_id {pid!r} has another prompt text than in {path}",
+                             path=other_path, line=theirs[pid][0].get("_line"), field="prompt")
+    order = list(mine)
+    k = int(round(float(share) * len(order)))
+    swap = {order[i] for i in np.random.default_rng(seed).permutation(len(order))[:k]}
+    out = []
+    for pid in order:
+        src, tag = (theirs[pid], "other") if pid in swap else (mine[pid], "samples")
+        out.extend({**{k2: v for k2, v in r.items() if k2 not in ("_line", "_path")},
+                    "mixed_from": tag} for r in src)
+    stats = {"prompts": len(order), "prompts_from_other": k, "share": float(share),
+             "seed": int(seed), "samples": len(out),
+             "samples_from_other": sum(r["mixed_from"] == "other" for r in out)}
+    return out, stats

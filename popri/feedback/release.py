@@ -43,7 +43,7 @@ from popri.data.records import read_records
 from popri.federated import aggregation, participation
 from popri.federated.aggregation import public_denominator  # noqa: F401  (re-exported)
 from popri.federated.flower import engine
-from popri.feedback import cosine, histogram
+from popri.feedback import cosine, coverage, histogram
 from popri.models.embed import as_embedding_set, check_compatible
 from popri.privacy import ddg
 from popri.privacy.accounting import ParameterError, compose
@@ -265,7 +265,7 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     if spec.noise_multiplier is None:
         raise InputError("required: the noise multiplier Z", field="--noise-multiplier")
     mode, noise_multiplier, delta = spec.mode, spec.noise_multiplier, spec.delta
-    clip, standardize, threshold = spec.clip, spec.standardize, spec.threshold
+    threshold = spec.threshold
     M, diagnostic, secure = spec.max_samples_per_client, spec.diagnostic, spec.release
     check_outputs(out, per_client_out, ledger_dir, private, synthetic, spec)
     targets = [] if diagnostic else (
@@ -277,6 +277,8 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
 
     syn = load_set(synthetic, model=model, split=split, what="synthetic", private=False)
     _unique_ids(syn)  # before any budget is spent (hostile case P06)
+    # coverage ranks the candidates of each prompt: their groups, checked before any budget
+    groups = coverage.groups_of(syn.rows, syn.source) if mode == "coverage" else None
     deployed = spec.federation is not None
     priv, codes, clients = _clients(spec, private, syn, model=model, split=split)
     N = len(clients)
@@ -339,14 +341,7 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
         else:
             # the clients' bounded vectors, then the noise at the z this stage was given, for
             # the sum's sensitivity under the round's relation (noise.sensitivity)
-            src = priv.source if priv else ""
-            terms = (cosine.contributions(priv.embeddings, codes, part, syn.embeddings,
-                                          clip=clip, standardize=standardize, keep=keep,
-                                          source=src)
-                     if mode == "cosine" else
-                     histogram.contributions(priv.embeddings, codes, part, syn.embeddings,
-                                             keep=keep, source=src))
-            total = aggregation.noisy_sum(terms, noise_multiplier=noise_multiplier,
+            total = aggregation.noisy_sum(_terms(spec, priv, codes, part, syn, keep, groups), noise_multiplier=noise_multiplier,
                                           sensitivity=sens, noise_rng=noise_rng,
                                           rows_out=rows_out, block=spec.block_size)
         scores = aggregation.finish(total, reduce=reduce, denominator=denom or 1.0,
@@ -365,6 +360,20 @@ def release_scores(private: str, synthetic: str, spec: ScoreSpec | None = None, 
     _log_release(spec, rel, flower, part, entry, reduce=reduce, L=L, N=N, n=n, out=out,
                  z_eff=z_eff)
     return {"scores": scores, "ids": syn.ids, "entry": entry, "participating": L, "clients": N}
+
+
+def _terms(spec: ScoreSpec, priv, codes, part, syn, keep, groups):
+    """The participants' bounded vectors of the spec's mode, before the noise."""
+    src = priv.source if priv else ""
+    if spec.mode == "cosine":
+        return cosine.contributions(priv.embeddings, codes, part, syn.embeddings,
+                                    clip=spec.clip, standardize=spec.standardize, keep=keep,
+                                    source=src)
+    if spec.mode == "coverage":
+        return coverage.contributions(priv.embeddings, codes, part, syn.embeddings, groups,
+                                      keep=keep, source=src)
+    return histogram.contributions(priv.embeddings, codes, part, syn.embeddings, keep=keep,
+                                   source=src)
 
 
 def _flower_round(priv, syn, codes, clients, part, keep, spec, *, mode, noise_multiplier, sens,

@@ -17,6 +17,7 @@ from popri.kit.stage import (
     DPRelease,
     RunPaths,
     Stage,
+    mix_stage,
     redrawn,
     settings,
     take_call,
@@ -24,5 +25,5 @@ from popri.kit.stage import (
 )
 
 __all__ = ["Stage", "DPRelease", "RunPaths", "Z_LATER", "settings", "redrawn", "take_call",
-           "take_stage", "round_seed", "final_seed", "draw_seed", "sample_seed", "released_line",
+           "take_stage", "mix_stage", "round_seed", "final_seed", "draw_seed", "sample_seed", "released_line",
            "selection_note", "fmt", "pair_fields"]

@@ -113,6 +113,7 @@ class RunPaths:
     select_stats: Path  # dpo.select_on: dp -- the DP mean and covariance of the validation split
     synthetic: Path     # the method's synthetic set
     synthetic_pool: Path  # final_match_tokens: the pool the synthetic set is cut from
+    synthetic_tuned: Path  # final_untuned_share: the tuned generator's set before the mix
     eval: Path          # the evaluation's outputs
 
     @classmethod
@@ -125,7 +126,8 @@ class RunPaths:
                    emb_public=run / "embeddings" / "public.npy",
                    select_stats=run / "selection" / "val_stats.npz",
                    synthetic=run / "synthetic.jsonl",
-                   synthetic_pool=run / "synthetic_pool.jsonl", eval=run / "eval")
+                   synthetic_pool=run / "synthetic_pool.jsonl",
+                   synthetic_tuned=run / "synthetic_tuned.jsonl", eval=run / "eval")
 
 
 def settings(spec_cls, *sections, **values) -> dict:
@@ -153,6 +155,16 @@ def take_stage(name: str, pool, ref, out, tokenizer: str) -> Stage:
     """The stage cutting ``pool`` to ``ref``'s tokens (:func:`take_call`)."""
     return Stage(name, take_call(pool, ref, out, tokenizer), outputs=[str(out)],
                  inputs=[str(pool), str(ref)])
+
+
+def mix_stage(name: str, tuned, untuned, out, share: float, seed: int) -> Stage:
+    """``final_untuned_share`` (issue 67): ``popri take --mix-from``, the samples of a seeded
+    share of the tuned set's prompts replaced by the untuned set's (same prompts and seeds)."""
+    out = Path(out)
+    return Stage(name, TakeCall(samples=str(tuned), mix_from=str(untuned), share=float(share),
+                                seed=int(seed), out=str(out),
+                                stats_out=str(out.with_name(out.stem + "_mix.json"))),
+                 outputs=[str(out)], inputs=[str(tuned), str(untuned)])
 
 
 def redrawn(st: Stage, k: int, out: Path, name: str) -> Stage:

@@ -110,7 +110,7 @@ class Method(abc.ABC):
     # ------------------------------------------------------------------ privacy
     def score_mode(self, cfg) -> str:
         """The client feedback of the DP rounds, which sets the ledger entries' sensitivity:
-        "cosine" (clip C) or "nn-histogram" (M votes)."""
+        "cosine" (clip C), "nn-histogram" (M votes) or "coverage" (norm 1)."""
         return cfg.score.mode
 
     def participation(self, cfg) -> tuple:
@@ -135,7 +135,9 @@ class Method(abc.ABC):
         :meth:`score_mode`; ``threshold``: default score.threshold (nn-histogram; a string is a
         dry run's placeholder)."""
         sc, mode = cfg.score, mode or self.score_mode(cfg)
+        # coverage (issue 67): every sample of a client votes, normalised to norm 1: no setting
         own = ({"clip": sc.clip, "standardize": sc.standardize} if mode == "cosine" else
+               {} if mode == "coverage" else
                {"max_samples_per_client": sc.max_samples_per_client,
                 "threshold": sc.threshold if threshold is None else threshold})
         return dict(mode=mode, delta=cfg.privacy.delta, clients_per_round=sc.clients_per_round,

@@ -18,6 +18,8 @@ from popri.kit import (
     DPRelease,
     Stage,
     draw_seed,
+    final_seed,
+    mix_stage,
     redrawn,
     sample_seed,
     settings,
@@ -136,6 +138,7 @@ def exact_stage(run: RunContext, t: int, synthetic: str | Path, seed: int) -> St
     # no clipping in effect: a client's vector of mean cosines has norm <= sqrt(n_syn),
     # below 1e6 (score's largest --clip) for any n_syn < 1e12
     own: dict[str, Any] = ({"standardize": False, "clip": 1e6} if c.score.mode == "cosine"
+           else {} if c.score.mode == "coverage"
            else {"max_samples_per_client": c.score.max_samples_per_client})
     return Stage(f"round{t}-exact-scores", ScoreCall(
         synthetic=str(synthetic), out=str(exact), diagnostic=True, noise_multiplier=0.0,
@@ -299,6 +302,7 @@ def synthetic_stage(run: RunContext) -> Stage:
     """The method's own stage writing RUN/synthetic.jsonl (its recipe's, rebuilt; with
     ``final_match_tokens`` the pool it is cut from, RUN/synthetic_pool.jsonl)."""
     want = str(run.paths.synthetic_pool if run.cfg.final_match_tokens
+               else run.paths.synthetic_tuned if run.cfg.final_untuned_share
                else run.paths.synthetic)
     for st in run.method.recipe(run):
         if want in st.outputs:
@@ -342,13 +346,17 @@ def draw_stages(run: RunContext, name: str, synthetic: Stage, train, evaluate,
         per: dict[str, str] = {}
         sets = {who: redrawn(st, k, D / Path(st.outputs[0]).name, f"{st.name}-d{k}")
                 for who, st in ((name, synthetic), ("t0", control))} if gen else {}
-        match = c.final_match_tokens  # the control's tokens cut the method's pool
+        # the control's tokens cut the method's pool, or its samples replace a share of it
+        match = c.final_match_tokens or bool(c.final_untuned_share)
         if match and gen:
             yield sets["t0"]
             yield sets[name]
-            sets[name] = take_stage(f"synthetic-take-d{k}", sets[name].outputs[0],
+            sets[name] = (take_stage(f"synthetic-take-d{k}", sets[name].outputs[0],
+                                     sets["t0"].outputs[0], D / run.paths.synthetic.name,
+                                     c.downstream.model) if c.final_match_tokens else
+                          mix_stage(f"synthetic-mix-d{k}", sets[name].outputs[0],
                                     sets["t0"].outputs[0], D / run.paths.synthetic.name,
-                                    c.downstream.model)
+                                    c.final_untuned_share, draw_seed(final_seed(c.seed), k)))
         data_of: dict[str, str] = {}
         seed = draw_seed(c.seed, k) if trn else c.seed
         for who in (name, "t0"):

@@ -20,6 +20,7 @@ from popri.methods.base import Method
 from popri.pipeline.recipes import METHODS
 from popri.privacy.accounting import ParameterError
 from popri.privacy.calibration import gaussian_multiplier as fred_z
+from popri.specs.feedback import COSINE_CLIP, COSINE_STANDARDIZE
 from popri.specs.run import (  # noqa: F401  (re-exported: popri.pipeline.config.RunConfig)
     SEED_MAX,
     DPOConfig,
@@ -238,6 +239,36 @@ def get(cfg: RunConfig, dotted: str) -> Any:
     return cur
 
 
+def _check_remedies(cfg: RunConfig) -> None:
+    """Issue 44's and 67's remedies act on the rounds' ranked samples and the generator's final
+    set: refused where the method has none, and where two of them contradict each other."""
+    dp = cfg.dpo
+    for key, on in (("dpo.pair_rule", dp.pair_rule in ("fluent", "divpo")),
+                    ("dpo.fluency_gate", bool(dp.fluency_gate)),
+                    ("final_top_p", cfg.final_top_p is not None),
+                    ("final_match_tokens", cfg.final_match_tokens),
+                    ("final_untuned_share", bool(cfg.final_untuned_share)),
+                    ("final_samples_per_prompt", cfg.final_samples_per_prompt is not None)):
+        m = METHODS[cfg.method]
+        ok = m.selects if key == "dpo.pair_rule" else m.pairs  # selects: tunes with DPO
+        if on and not ok:
+            raise ConfigError(f"{key} acts on " + ("DPO's preference pairs" if key ==
+                              "dpo.pair_rule" else "a tuned generator's rounds and final set")
+                              + f"; {cfg.method} has none", field=key)
+    if cfg.score.mode == "coverage":  # its votes are normalised: the cosine settings are idle
+        for k, default in (("clip", COSINE_CLIP), ("standardize", COSINE_STANDARDIZE)):
+            if getattr(cfg.score, k) != default:
+                raise ConfigError("applies to score.mode cosine; coverage votes are normalised "
+                                  "to L2 norm 1 (the sensitivity)", field=f"score.{k}")
+    if cfg.final_untuned_share and cfg.final_match_tokens:
+        raise ConfigError("mixes the final set with its T = 0 control's by prompt; "
+                          "final_match_tokens cuts it to the control's tokens: give one",
+                          field="final_untuned_share")
+    if cfg.final_match_tokens and not cfg.control:
+        raise ConfigError("matches the final set's tokens to its T = 0 control's: it needs "
+                          "control: true", field="final_match_tokens")
+
+
 def check(cfg: RunConfig) -> None:
     """The combinations of values, before the first stage runs (each value's own range and
     choices are checked by its spec, from the field metadata)."""
@@ -313,20 +344,7 @@ def check(cfg: RunConfig) -> None:
         raise ConfigError("test redraws which downstream.eval_max_samples test records are "
                           "evaluated: it needs that cap (null evaluates all of them, every draw)",
                           field="draw_sources")
-    # issue 44's remedies act on the rounds' ranked samples and the generator's final set
-    for key, on in (("dpo.pair_rule", dp.pair_rule == "fluent"),
-                    ("dpo.fluency_gate", bool(dp.fluency_gate)),
-                    ("final_top_p", cfg.final_top_p is not None),
-                    ("final_match_tokens", cfg.final_match_tokens)):
-        m = METHODS[cfg.method]
-        ok = m.selects if key == "dpo.pair_rule" else m.pairs  # selects: tunes with DPO
-        if on and not ok:
-            raise ConfigError(f"{key} acts on " + ("DPO's preference pairs" if key ==
-                              "dpo.pair_rule" else "a tuned generator's rounds and final set")
-                              + f"; {cfg.method} has none", field=key)
-    if cfg.final_match_tokens and not cfg.control:
-        raise ConfigError("matches the final set's tokens to its T = 0 control's: it needs "
-                          "control: true", field="final_match_tokens")
+    _check_remedies(cfg)
     if METHODS[cfg.method].pairs and dp.rejected_rank > cfg.samples_per_prompt:
         raise ConfigError(f"must be <= samples_per_prompt ({cfg.samples_per_prompt}): the "
                           f"rejected sample is the l-th best of J per prompt (got "

@@ -11,7 +11,9 @@ the Age of LLMs" (arXiv:2406.02958).
 The mode-specific settings default to None and are resolved per mode when the spec is built,
 so each default is written here once: cosine clip C = 1 and standardize on (POPri 4.1 and its
 reference code), every sample of a client; nn-histogram M = 8 samples per client and H = 0
-(PrE-Text 3).  Giving a setting of the other mode is an error (build a new spec rather than
+(PrE-Text 3); coverage (issue 67, :mod:`popri.feedback.coverage`) takes neither clip nor H: its
+votes are normalised to norm 1, every sample of a client by default.  Giving a setting of the
+other mode is an error (build a new spec rather than
 ``replace`` the mode of a resolved one).  Paths, the seed and the round number are not settings:
 they are arguments of :func:`popri.feedback.release.release_scores`.
 """
@@ -27,7 +29,7 @@ from popri.core.validate import CLIP_MAX, MIN_SAMPLE_RATE
 from popri.specs.engine import EngineSpec
 from popri.specs.privacy import CONVENTIONS, NoiseSpec
 
-MODES = ("cosine", "nn-histogram")
+MODES = ("cosine", "nn-histogram", "coverage")
 REDUCES = ("mean", "sum")
 
 #: the per-mode defaults (None in the spec = this value for its mode)
@@ -52,7 +54,9 @@ class ScoreSpec(ThresholdSpec, EngineSpec):
     """One round of DP client feedback (``popri score``); where its sum is computed:
     :class:`~popri.specs.engine.EngineSpec`."""
 
-    mode: str = param("cosine", "cosine (POPri) or nn-histogram (PE).",
+    mode: str = param("cosine", "cosine (POPri), nn-histogram (PE) or coverage (a popri remedy, "
+                      "issue 67: each client's samples vote, prompt by prompt, for their nearest "
+                      "candidate; votes normalised to L2 norm 1, the sensitivity).",
                       cite="POPri 4.1; PrE-Text 3", choices=MODES)
     noise_multiplier: float | None = same(
         NoiseSpec, "noise_multiplier",
@@ -124,8 +128,13 @@ class ScoreSpec(ThresholdSpec, EngineSpec):
             raise ConfigError("Poisson sampling (--sample-rate) and a fixed count "
                               "(--clients-per-round) are mutually exclusive; give one",
                               field="clients_per_round")
-        if self.mode == "cosine" and "threshold" in self._given:
+        if self.mode in ("cosine", "coverage") and "threshold" in self._given:
             raise ConfigError("applies to --mode nn-histogram only", field="threshold")
+        if self.mode == "coverage":
+            for k in ("clip", "standardize"):
+                if k in self._given:
+                    raise ConfigError("applies to --mode cosine; coverage votes are normalised "
+                                      "to L2 norm 1 (the sensitivity)", field=k)
         if self.mode == "nn-histogram":
             for k in ("clip", "standardize"):
                 if k in self._given:
@@ -141,6 +150,10 @@ class ScoreSpec(ThresholdSpec, EngineSpec):
         if self.release and self.noise_multiplier == 0:
             raise ConfigError("0 with --release would publish the exact aggregate",
                               field="noise_multiplier")
+        if self.mode == "coverage" and self.flower:
+            raise ConfigError("coverage is computed in-process only: Flower's SuperNodes "
+                              "compute cosine and nn-histogram uploads (use --engine local)",
+                              field="mode")
         if self.federation is not None:
             if not self.flower:
                 raise ConfigError("is a Flower deployment: add --engine flower",
@@ -156,15 +169,18 @@ class ScoreSpec(ThresholdSpec, EngineSpec):
 
     @property
     def sensitivity(self) -> float:
-        """One client's L2 contribution bound: C (cosine) or M (nn-histogram), the sum's
-        sensitivity under add/remove; under the round's relation:
-        :func:`popri.privacy.relations.round_relation`."""
+        """One client's L2 contribution bound: C (cosine), M (nn-histogram) or 1 (coverage:
+        :mod:`popri.feedback.coverage`), the sum's sensitivity under add/remove; under the
+        round's relation: :func:`popri.privacy.relations.round_relation`."""
+        if self.mode == "coverage":
+            return 1.0
         return float(self.clip if self.mode == "cosine" else self.max_samples_per_client)
 
     @property
     def nonnegative(self) -> bool:
-        """Contributions are non-negative vote counts (nn-histogram): sqrt(2) M under replace."""
-        return self.mode == "nn-histogram"
+        """Contributions are non-negative votes (nn-histogram, coverage): a factor sqrt(2)
+        under replace one client, not 2."""
+        return self.mode in ("nn-histogram", "coverage")
 
 
 @dataclass(frozen=True)

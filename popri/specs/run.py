@@ -335,6 +335,16 @@ class RunConfig(Spec):
         "tokens (the downstream model's) reach the control's N samples' (false: N samples, as "
         "POPri). A popri remedy (issue 44): at equal N the tuned generator's shorter samples "
         "handed the downstream model 37-46 % less text (docs/results.md).")
+    # issue 67: the final set's mixture and conditioning (popri remedies beyond POPri)
+    final_untuned_share: float = param(
+        0.0, "A popri remedy (issue 67): this share of the final set's prompts takes its samples "
+        "from the untuned generator (the T = 0 control's, same prompts and seeds; 'popri take "
+        "--mix-from'), the rest from the tuned one. 0: POPri, all tuned.", lo=0, hi=1,
+        hi_open=True)
+    final_samples_per_prompt: int | None = param(
+        None, "A popri remedy (issue 67): samples per few-shot prompt of the final set and its "
+        "T = 0 control (null: samples_per_prompt, as POPri). 1: N samples from N different "
+        "prompts, each its own draw of Omega's examples, not N/J prompts' J draws.", lo=1)
     # issue 24: an evolving few-shot pool (POPri and PE+SFT; popri/methods/popri/pool.py)
     pool: str = same(PoolSpec, "pool")
     embedder: str = same(EmbedSpec, "model")

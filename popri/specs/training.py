@@ -126,8 +126,12 @@ class PrefsSpec(Spec):
         None, "Which sample is chosen: unset or 'score' = POPri (rank 1 under the released "
         "scores); 'fluent' = a popri remedy (issue 44), not in POPri: the best-scored sample "
         "ranked above the rejected one whose public-model NLL ('popri eval fluency', --fluency) "
-        "is no higher than the rejected one's; a prompt with none is skipped.  Post-processing "
-        "of the release and of public samples: no privacy cost.", choices=("score", "fluent"))
+        "is no higher than the rejected one's; a prompt with none is skipped; 'divpo' = a popri "
+        "remedy (issue 67, after DivPO, arXiv:2501.18101): the most diverse of the samples "
+        "ranked above the rejected rank is chosen, the least diverse of the rest rejected "
+        "(diversity: 1 - mean cosine of its embedding, --embeddings, to its prompt's other "
+        "samples and the chosen ones so far).  Post-processing of the release and of public "
+        "samples: no privacy cost.", choices=("score", "fluent", "divpo"))
 
 
 #: the share of a round's samples a fluency gate may leave out at most

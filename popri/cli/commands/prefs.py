@@ -43,29 +43,36 @@ is a diagnostic: exact scores are not private and must not be released.
 --pair-rule fluent (a popri remedy beyond POPri, issue 44) needs --fluency, the per-text JSONL
 of 'popri eval fluency SAMPLES --out FILE': the chosen sample is then the best-scored one
 ranked above the rejected one whose public-model NLL is no higher than the rejected one's
-(a prompt with none is skipped). Post-processing: no privacy cost."""
+(a prompt with none is skipped). --pair-rule divpo (issue 67, after DivPO) needs --embeddings,
+the samples' 'popri embed' set: the most diverse sample ranked above the rejected rank is
+chosen, the least diverse of the rest rejected. Post-processing: no privacy cost."""
 
 
 @command(PrefsBuildCall)
 def build(
     samples: str, scores: str, true_scores: Optional[str], out: str, report_out: Optional[str],
-    fluency: Optional[str], *, spec: PrefsSpec
+    fluency: Optional[str], embeddings: Optional[str], *, spec: PrefsSpec
 ) -> None:
     if fluency and spec.pair_rule != "fluent":
         raise InputError("--fluency is read only by --pair-rule fluent", field="--fluency")
+    if embeddings and spec.pair_rule != "divpo":
+        raise InputError("--embeddings is read only by --pair-rule divpo", field="--embeddings")
     check_one_stdin(samples=samples, scores=scores, true_scores=true_scores, fluency=fluency)
-    check_outputs([out, report_out], [samples, scores, true_scores, fluency])
+    check_outputs([out, report_out], [samples, scores, true_scores, fluency, embeddings])
     report = build_pairs_file(samples, scores, spec, out=out, report_out=report_out,
-                              true_scores=true_scores, fluency=fluency)
+                              true_scores=true_scores, fluency=fluency, embeddings=embeddings)
     if report["skipped_prompts"]:
         log.warn(f"prefs: skipped {report['skipped_prompts']} prompt(s) with fewer than "
                  f"{spec.rejected_rank} samples" + (
                      " or no chosen sample as fluent as the rejected one"
                      if spec.pair_rule == "fluent" else ""))
-    chosen = ("the best-ranked no less fluent than the rejected one"
-              if spec.pair_rule == "fluent" else "rank 1")
+    chosen = {"fluent": "the best-ranked no less fluent than the rejected one",
+              "divpo": f"the most diverse above rank {spec.rejected_rank}"}.get(
+        spec.pair_rule or "score", "rank 1")
+    rejected = (f"the least diverse from rank {spec.rejected_rank} down"
+                if spec.pair_rule == "divpo" else f"rank {spec.rejected_rank}")
     msg = (f"prefs: {report['pairs']} pairs from {report['samples']} samples "
-           f"(chosen = {chosen}, rejected = rank {spec.rejected_rank})")
+           f"(chosen = {chosen}, rejected = {rejected})")
     if "mean_score_gap" in report:
         msg += f", mean score gap {report['mean_score_gap']:.4g}"
     log.info(msg)

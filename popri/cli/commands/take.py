@@ -3,6 +3,7 @@ popri/data/records.py first_by_tokens).
 
     popri take runs/x/synthetic_pool.jsonl --tokens-of runs/x/synthetic_t0.jsonl -o runs/x/synthetic.jsonl
     popri gen data/public --num-samples 300 | popri take - --tokens 4096 > set.jsonl
+    popri take runs/x/synthetic_tuned.jsonl --mix-from runs/x/synthetic_t0.jsonl --share 0.25 -o runs/x/synthetic.jsonl
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from popri.core import log
 from popri.core.errors import InputError
 from popri.core.guard import check_outputs
 from popri.core.io import STDIO, AtomicOutputs, dumps, iter_jsonl, write_jsonl
-from popri.data.records import first_by_tokens
+from popri.data.records import first_by_tokens, mix_by_prompt
 from popri.models import llm
 from popri.cli.options import command
 from popri.specs.commands.take import TakeCall
@@ -37,19 +38,30 @@ downstream model less text at equal N than its untuned control; 'popri run' with
 final_match_tokens: true draws the method's final set from a pool of 3 N and cuts it here to
 its T = 0 control's token count. Samples and REF are synthetic (public) text: no privacy cost.
 
+--mix-from OTHER --share S (issue 67, a popri remedy beyond POPri): instead of a budget, the
+samples of round(S x P) of SAMPLES' P prompts (a permutation seeded by --seed) are replaced by
+OTHER's samples of the same prompt ids: 'popri run' with final_untuned_share: S mixes the tuned
+generator's final set with its untuned T = 0 control's, written from the same prompts and
+seeds. Each record gains "mixed_from" ("samples" or "other"). Public text: no privacy cost.
+
 Output: the kept records, unchanged, as JSONL on stdout or --out (atomic)."""
 
 
 @command(TakeCall)
 def take(
-    samples: str, tokens: Optional[int], tokens_of: Optional[str], tokenizer: str, out: str,
-    stats_out: Optional[str]
+    samples: str, tokens: Optional[int], tokens_of: Optional[str], mix_from: Optional[str],
+    share: Optional[float], seed: int, tokenizer: str, out: str, stats_out: Optional[str]
 ) -> None:
-    if (tokens is None) == (tokens_of is None):
-        raise InputError("give exactly one of --tokens B and --tokens-of REF", field="tokens")
+    if sum(x is not None for x in (tokens, tokens_of, mix_from)) != 1:
+        raise InputError("give exactly one of --tokens B, --tokens-of REF and --mix-from OTHER",
+                         field="tokens")
+    if (share is None) != (mix_from is None):
+        raise InputError("--share goes with --mix-from (and --mix-from needs it)", field="share")
     if stats_out == STDIO:
         raise InputError("stdout carries the samples; give a file name", field="stats-out")
-    check_outputs([out, stats_out], [samples, tokens_of])
+    check_outputs([out, stats_out], [samples, tokens_of, mix_from])
+    if mix_from is not None:
+        return _mix(samples, mix_from, float(share), seed, out, stats_out)
 
     def texts(path: str) -> list[dict]:
         recs = list(iter_jsonl(path, locate=True))
@@ -82,6 +94,16 @@ def take(
     for r in kept:
         r.pop("_line", None)
         r.pop("_path", None)
+    _write(kept, stats, out, stats_out)
+    msg = (f"take: {n} of {len(recs)} samples, {got} tokens for a budget of {budget}"
+           + (f" ({tokens_of}'s {len(ref)} samples)" if ref is not None else ""))
+    if got < budget:
+        log.warn(msg + f": SAMPLES falls short by {budget - got} tokens, kept whole")
+    else:
+        log.info(msg)
+
+
+def _write(kept: list[dict], stats: dict, out: str, stats_out: str | None) -> None:
     with AtomicOutputs() as staged:
         if out != STDIO:
             with open(staged.path(out), "w", encoding="utf-8") as fh:
@@ -91,12 +113,18 @@ def take(
                 fh.write(json.dumps(stats, indent=2) + "\n")
     if out == STDIO:
         write_jsonl(kept, STDIO)
-    msg = (f"take: {n} of {len(recs)} samples, {got} tokens for a budget of {budget}"
-           + (f" ({tokens_of}'s {len(ref)} samples)" if ref is not None else ""))
-    if got < budget:
-        log.warn(msg + f": SAMPLES falls short by {budget - got} tokens, kept whole")
-    else:
-        log.info(msg)
+
+
+def _mix(samples: str, other: str, share: float, seed: int, out: str,
+         stats_out: str | None) -> None:
+    """``--mix-from``: :func:`popri.data.records.mix_by_prompt`."""
+    mixed, stats = mix_by_prompt(list(iter_jsonl(samples, locate=True)),
+                                 list(iter_jsonl(other, locate=True)), share, seed,
+                                 path=samples, other_path=other)
+    stats |= {"samples_path": samples, "other_path": other}
+    _write(mixed, stats, out, stats_out)
+    log.info(f"take: {stats['prompts_from_other']} of {stats['prompts']} prompts from {other} "
+             f"({stats['samples_from_other']} of {stats['samples']} samples)")
 
 
 def register(app: typer.Typer) -> None:

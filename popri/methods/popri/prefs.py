@@ -24,7 +24,7 @@ import numpy as np
 
 from popri.core import io
 from popri.core.errors import InputError
-from popri.core.io import iter_jsonl, load_scores
+from popri.core.io import iter_jsonl, load_embedding_set, load_scores
 from popri.specs.training import PrefsSpec
 
 SAMPLE_FIELDS = ("id", "prompt_id", "sample_idx", "prompt", "text")
@@ -116,18 +116,66 @@ def fluent_chosen(members: Sequence[int], rejected_rank: int, nll: np.ndarray) -
     return None
 
 
+def diverse_pair(members: Sequence[int], rejected_rank: int, unit: np.ndarray,
+                 chosen_so_far: Sequence[int]) -> tuple[int, int]:
+    """The ``divpo`` pair rule (issue 67, after "Diverse Preference Optimization", Lanchantin et
+    al. 2025, arXiv:2501.18101, section 3: the chosen response is the most diverse of those
+    above a reward threshold, the rejected the least diverse of those below it).  Here the
+    threshold is the rejected rank l: among ``members`` (one prompt's samples, best score
+    first) the chosen is the most diverse of ranks 1 .. l-1 and the rejected the least diverse
+    of ranks l .. J, where a sample's diversity is 1 - its mean cosine (``unit``: the samples'
+    unit embeddings) to the other samples of its prompt and to ``chosen_so_far`` (the chosen
+    samples of the prompts before).  Ties: the better-ranked.  Every chosen sample still ranks
+    above its rejected one under the released scores."""
+    members = list(members)
+    ref = [unit[[m for m in members if m != n] + list(chosen_so_far)] for n in members]
+    div = [1.0 - float(np.mean(r @ unit[n])) if len(r) else 0.0 for n, r in zip(members, ref)]
+    hi, lo = range(rejected_rank - 1), range(rejected_rank - 1, len(members))
+    c = max(hi, key=lambda i: (div[i], -i))
+    r = min(lo, key=lambda i: (div[i], i))
+    return members[c], members[r]
+
+
+def sample_embeddings(samples: Sequence[dict], emb: np.ndarray, ids: Sequence[str] | None,
+                      path: str = "embeddings") -> np.ndarray:
+    """The samples' unit embeddings in the order of ``samples`` (by id when the set lists
+    ids, else by row), for ``pair_rule: divpo``."""
+    arr = np.asarray(emb, dtype=np.float64)
+    if arr.ndim != 2:
+        raise InputError(f"expected a 2-D embedding set, got shape {tuple(arr.shape)}", path=path)
+    if ids is None:
+        if len(arr) != len(samples):
+            raise InputError(f"{len(arr)} embeddings but {len(samples)} samples", path=path)
+        out = arr
+    else:
+        at = {str(i): k for k, i in enumerate(ids)}
+        rows = []
+        for n, rec in enumerate(samples):
+            if str(rec["id"]) not in at:
+                raise InputError(f"sample id {rec['id']!r} has no embedding in {path} (the "
+                                 "embeddings of another sample file?)", path=rec.get("_path"),
+                                 line=rec.get("_line", n + 1), field="id")
+            rows.append(at[str(rec["id"])])
+        out = arr[rows]
+    norm = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.where(norm > 0, norm, 1.0)
+
+
 def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
                 spec: PrefsSpec | None = None, *, true_scores: np.ndarray | None = None,
                 true_ids: list[str] | None = None, scores_path: str = "scores",
                 true_scores_path: str = "true-scores", fluency: dict | None = None,
-                fluency_path: str = "fluency", **overrides) -> tuple[list[dict], dict]:
+                fluency_path: str = "fluency", embeddings: np.ndarray | None = None,
+                **overrides) -> tuple[list[dict], dict]:
     """Pairs ``{"prompt", "chosen", "rejected", "prompt_id", "chosen_score", "rejected_score",
     "chosen_id", "rejected_id"}`` and a report (counts, skipped prompts, recovery rate).
 
     ``spec``: the settings (default ``PrefsSpec()``; ``overrides``: field values on top, e.g.
     ``rejected_rank=4``).  ``ids``: the score sidecar's ids (None = scores row-aligned with
     ``samples``); likewise ``true_ids`` for ``true_scores``.  ``fluency``: sample id -> the
-    public model's mean NLL (None: an empty text), needed by ``pair_rule: fluent``.
+    public model's mean NLL (None: an empty text), needed by ``pair_rule: fluent``;
+    ``embeddings``: the samples' unit embeddings in their order (:func:`sample_embeddings`),
+    needed by ``pair_rule: divpo``.
     """
     spec = PrefsSpec(**overrides) if spec is None else spec.replace(**overrides)
     rejected_rank = spec.rejected_rank
@@ -151,7 +199,11 @@ def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
                                  line=rec.get("_line", n + 1), field="id")
             v = fluency[str(rec["id"])]
             nll[n] = np.nan if v is None else float(v)
+    if rule == "divpo" and embeddings is None:
+        raise InputError("pair rule 'divpo' needs the samples' embeddings ('popri embed "
+                         "SAMPLES --out FILE.npy')", field="--embeddings")
     pairs, skipped, recovered, moved = [], [], 0, 0
+    chosen_so_far: list[int] = []
     for members in rank_groups(samples, s):
         first = samples[members[0]]
         for n in members[1:]:
@@ -170,6 +222,9 @@ def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
                                 "reason": "no sample above the rejected one is as fluent"})
                 continue
             moved += c != members[0]
+        elif rule == "divpo":
+            c, r = diverse_pair(members, rejected_rank, embeddings, chosen_so_far)
+            moved += c != members[0]
         if not samples[c]["text"].strip() or not samples[r]["text"].strip():
             # an empty text (a generation kept degenerate): `popri dpo` refuses an empty
             # completion, so the prompt gives no pair, counted like a short one
@@ -180,12 +235,13 @@ def build_pairs(samples: list[dict], scores: np.ndarray, ids: list[str] | None,
                       "rejected": samples[r]["text"], "prompt_id": first["prompt_id"],
                       "chosen_score": float(s[c]), "rejected_score": float(s[r]),
                       "chosen_id": samples[c]["id"], "rejected_id": samples[r]["id"]})
+        chosen_so_far.append(c)
         if t is not None and t[c] > t[r]:
             recovered += 1
     report = {"samples": len(samples), "prompts": len(pairs) + len(skipped), "pairs": len(pairs),
               "skipped_prompts": len(skipped), "skipped": skipped[:20],
               "rejected_rank": rejected_rank, "pair_rule": rule}
-    if nll is not None:
+    if nll is not None or rule == "divpo":
         report["chosen_below_rank_1"] = moved
     if pairs:
         gap = np.array([p["chosen_score"] - p["rejected_score"] for p in pairs])
@@ -287,7 +343,8 @@ def gate(samples: Sequence[dict], fluency: dict, drop: float, *, min_per_prompt:
 
 def build_pairs_file(samples: str, scores: str, spec: PrefsSpec | None = None, *,
                      out: str = "-", report_out: str | None = None,
-                     true_scores: str | None = None, fluency: str | None = None) -> dict:
+                     true_scores: str | None = None, fluency: str | None = None,
+                     embeddings: str | None = None) -> dict:
     """``popri prefs build``: read the samples and scores (and ``true_scores``), build the pairs
     and write them as JSONL to ``out`` ('-': stdout) and the report to ``report_out`` (both
     staged: a failing report leaves no pairs file either).  Returns the report."""
@@ -300,15 +357,20 @@ def build_pairs_file(samples: str, scores: str, spec: PrefsSpec | None = None, *
     if true_scores:
         t_arr, t_ids = load_score_vector(true_scores)
     flu = load_fluency(fluency) if fluency else None
+    unit = None
+    if embeddings:
+        es = load_embedding_set(embeddings)
+        unit = sample_embeddings(recs, es.embeddings, es.ids, path=embeddings)
     pairs, report = build_pairs(recs, arr, ids, spec, true_scores=t_arr, true_ids=t_ids,
                                 scores_path=scores, true_scores_path=true_scores or "true-scores",
-                                fluency=flu, fluency_path=fluency or "fluency")
+                                fluency=flu, fluency_path=fluency or "fluency", embeddings=unit)
     if not pairs:
         raise InputError(f"no prompt has {spec.rejected_rank} samples: nothing to pair "
                          f"(lower --rejected-rank or generate more samples per prompt)",
                          path=samples)
     report.update({"samples_path": samples, "scores_path": scores,
-                   "true_scores_path": true_scores, "fluency_path": fluency})
+                   "true_scores_path": true_scores, "fluency_path": fluency,
+                   "embeddings_path": embeddings})
     if report_out:  # staged first: a failing report leaves no pairs file either
         with io.AtomicOutputs() as staged:
             with open(staged.path(report_out), "w", encoding="utf-8") as fh:

@@ -22,6 +22,7 @@ from popri.kit import (
     DPRelease,
     Stage,
     final_seed,
+    mix_stage,
     pair_fields,
     round_seed,
     selection_note,
@@ -31,6 +32,7 @@ from popri.kit import (
 from popri.methods.base import Method
 from popri.methods import steps
 from popri.specs.commands.dpo import DpoCall
+from popri.specs.commands.embed import EmbedCall
 from popri.specs.commands.eval import EvalFluencyCall, EvalProbeCall
 from popri.specs.commands.fred import FredStatsCall
 from popri.specs.commands.gen import GenCall
@@ -129,6 +131,14 @@ def dpo_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
     if dp.pair_rule == "fluent":
         prefs["fluency"] = str(R / "fluency.jsonl")
         prefs_inputs.append(str(R / "fluency.jsonl"))
+    if dp.pair_rule == "divpo":
+        # the public samples' embeddings, for the diversity of the DivPO rule (issue 67)
+        emb = R / "samples_emb.npy"
+        yield Stage(f"round{t}-embed-samples", EmbedCall(
+            input=str(samples), out=str(emb), model=c.embedder),
+            outputs=[str(emb)], inputs=[str(samples)])
+        prefs["embeddings"] = str(emb)
+        prefs_inputs.append(str(emb))
     exact = steps.exact_stage(run, t, samples, seed)
     if exact is not None:
         yield exact
@@ -137,7 +147,8 @@ def dpo_stages(run, t: int, adapter: str | None) -> Iterator[Stage]:
     yield Stage(f"round{t}-prefs", PrefsBuildCall(
         samples=str(samples), scores=str(scores),
         # pair_rule 'score' is POPri's rule, as unset: the same command (and cache)
-        **settings(PrefsSpec, dp, pair_rule=dp.pair_rule if dp.pair_rule == "fluent" else None),
+        **settings(PrefsSpec, dp, pair_rule=dp.pair_rule if dp.pair_rule in ("fluent", "divpo")
+                   else None),
         out=str(R / "prefs.jsonl"), report_out=str(R / "prefs_report.json"), **prefs),
         outputs=[str(R / "prefs.jsonl")], inputs=prefs_inputs)
     dpo_dir = R / "dpo"
@@ -180,10 +191,13 @@ def synthetic_stage(run, adapter: str | None, *, name: str = "synthetic",
     n = c.num_synthetic
     if out is None and c.final_match_tokens:  # a pool, cut to the control's tokens (driver)
         out, n = run.paths.synthetic_pool, MATCH_POOL * c.num_synthetic
+    if out is None and c.final_untuned_share:  # mixed with the control's set by prompt
+        out = run.paths.synthetic_tuned
     out = out or run.paths.synthetic
     o_path, o_inputs = omega or (run.omega, run.omega_inputs)
     return Stage(name, GenCall(
-        omega=o_path, num_samples=n, samples_per_prompt=c.samples_per_prompt,
+        omega=o_path, num_samples=n,
+        samples_per_prompt=c.final_samples_per_prompt or c.samples_per_prompt,
         round_=c.rounds + 1, out=str(out),
         stats_out=str(Path(out).with_name(Path(out).stem + "_stats.json")
                       if name != "synthetic" or c.final_match_tokens
@@ -255,6 +269,11 @@ def _rounds(run, tune) -> Iterator[Stage]:
         yield ctl
         yield take_stage("synthetic-take", run.paths.synthetic_pool, ctl.outputs[0],
                          run.paths.synthetic, c.downstream.model)
+    if c.final_untuned_share:  # the untuned generator's set (public) writes a share of it
+        ctl = control_stage(run)
+        yield ctl
+        yield mix_stage("synthetic-mix", run.paths.synthetic_tuned, ctl.outputs[0],
+                        run.paths.synthetic, c.final_untuned_share, final_seed(c.seed))
 
 
 def round_metrics(run) -> list[dict]:

@@ -130,7 +130,7 @@ FLOWS: dict[str, Flow] = {
     "bench fetch": Flow(outputs={"out": ()}, source=fetched),
     "instruct build": Flow(outputs={"out": ()}, source=fetched),
     "embed": Flow(inputs={"input": "transform"}, outputs={"out": ALL}),
-    "take": Flow(inputs={"samples": "data", "tokens_of": "data"},
+    "take": Flow(inputs={"samples": "data", "tokens_of": "data", "mix_from": "data"},
                  outputs={"out": ALL, "stats_out": ALL}),
     # the server's generator
     "gen": Flow(inputs={"omega": "data", "prompts": "data", "adapter": "data"},
@@ -164,8 +164,9 @@ FLOWS: dict[str, Flow] = {
     "fewfedpit init": Flow(inputs={"model": "data"}, outputs={"out": ALL}),
     # preference data and tuning (post-processing of the released scores)
     "prefs build": Flow(inputs={"samples": "data", "scores": "data", "true_scores": "data",
-                                "fluency": "data"},
-                        outputs={"out": ("samples", "scores", "fluency"), "report_out": ALL}),
+                                "fluency": "data", "embeddings": "data"},
+                        outputs={"out": ("samples", "scores", "fluency", "embeddings"),
+                                 "report_out": ALL}),
     "prefs gate": Flow(inputs={"samples": "data", "fluency": "data"}, outputs={"out": ALL}),
     "prefs pool": Flow(inputs={"samples": "data", "scores": "data", "base": "data"},
                        outputs={"out": ALL}),

@@ -29,6 +29,9 @@ class PrefsBuildCall(PrefsSpec, Call):
     fluency: str | None = param(None,
                                 "Per-sample public-model NLL ('popri eval fluency SAMPLES --out "
                                 "FILE'): needed by --pair-rule fluent.")
+    embeddings: str | None = param(None,
+                                   "The samples' embeddings ('popri embed SAMPLES --out "
+                                   "FILE.npy', matched by id): needed by --pair-rule divpo.")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,14 @@ class TakeCall(Call):
     tokens_of: str | None = param(None,
                                   "The budget is REF's total tokens (JSONL with 'text', e.g. "
                                   "the T = 0 control's set).", metavar='REF')
+    mix_from: str | None = param(None,
+                                 "Mix instead of cutting (issue 67): the samples of a seeded "
+                                 "--share of SAMPLES' prompts are replaced by OTHER's samples "
+                                 "of the same prompt ids (e.g. the untuned T = 0 set).",
+                                 metavar='OTHER')
+    share: float | None = param(None, "With --mix-from: the share of prompts taken from OTHER.",
+                                lo=0, hi=1)
+    seed: int = param(0, "With --mix-from: seeds which prompts are taken from OTHER.", lo=0)
     tokenizer: str = param('smollm2-135m',
                            "Counts the tokens: a model name or path (the downstream model's).")
     out: str = out_param("Kept samples JSONL ('-' = stdout).", '-')
