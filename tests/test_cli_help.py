@@ -36,15 +36,34 @@ def test_every_example_uses_only_options_its_command_has(path):
 
 
 @pytest.mark.parametrize("path", sorted(LEAVES))
-def test_help_fits_80_columns_and_opens_with_examples(path):
+def test_help_fits_80_columns_and_ends_with_examples(path):
     r = CliRunner().invoke(TREE, [*path.split(), "--help"], terminal_width=80)
     assert r.exit_code == 0, r.output
     long = [line for line in r.output.splitlines() if len(line) > 80]
     assert not long, long
     first = " ".join(EXAMPLES[path][0].split("  #")[0].split()[:3])
     assert "Examples:\n" in r.output and f"\n    {first}" in r.output
-    # the examples come before the options, right after the first paragraph
-    assert r.output.index("Examples:") < r.output.index("Options:")
+    # the examples close the help, after the options (issue 68): its last lines are examples
+    tail = r.output[r.output.index("Examples:"):]
+    assert r.output.index("Options:") < r.output.index("Examples:")
+    assert all(line.startswith("    ") for line in tail.rstrip().splitlines()[1:]), tail
+
+
+def test_popri_help_lists_every_command_in_one_workflow_panel():
+    """Issue 68: `popri --help` groups the commands by workflow, each in exactly one panel, in
+    the panels' order; nothing falls into 'Other'."""
+    from popri.cli.app import PANELS
+
+    r = CliRunner().invoke(TREE, ["--help"], terminal_width=80)
+    assert r.exit_code == 0, r.output
+    listed = [n for _, names in PANELS for n in names]
+    assert sorted(listed) == sorted(TREE.commands) and len(set(listed)) == len(listed)
+    assert "Other:" not in r.output and "Commands:" not in r.output
+    at = [r.output.index(f"\n{title}:\n") for title, _ in PANELS]
+    assert at == sorted(at)
+    for (title, names), start, end in zip(PANELS, at, at[1:] + [len(r.output)]):
+        rows = [line.split()[0] for line in r.output[start:end].splitlines()[2:] if line.strip()]
+        assert rows == list(names), title
 
 
 def test_the_real_entry_point_shows_the_examples(run_popri):

@@ -433,3 +433,32 @@ def test_two_arms_with_the_same_streams_start_alike_and_batch_alike(tiny_lm, tmp
     w[0][1].view(-1)[0] += 1
     assert ds.stream_fingerprint(w) != ds.stream_fingerprint([(f"p{i}", x) for i, x in
                                                                enumerate(wa)])
+
+
+# --------------------------------------------------------------------------- what the logs say
+@pytest.mark.parametrize("opt_in", ["", "1"])
+def test_the_logged_precision_is_the_one_the_steps_computed_in(tiny_lm, tmp_path, capsys,
+                                                               monkeypatch, opt_in):
+    """Issue 68: train-downstream's log line names the precision its steps used (metrics.json
+    `streams.precision`, set by llm.use_bf16's rule), the device and the threads -- not the
+    bf16 flag asked for (the old line said `bf16 True` while the run computed in fp32).  The
+    generator's line likewise names its weights' dtype."""
+    import torch
+
+    from popri.models import llm
+    from popri.models.backends import TransformersBackend
+
+    monkeypatch.setenv("POPRI_CPU_BF16", opt_in)
+    ds.train_downstream(records(8), model=tiny_lm, out_dir=str(tmp_path / "m"), epochs=1,
+                        batch_size=4, bf16=True, lr=1e-3)
+    err = capsys.readouterr().err
+    used = json.loads((tmp_path / "m" / "metrics.json").read_text())["streams"]["precision"]
+    assert used == ("bf16 autocast" if llm.use_bf16(True, "cpu") else "fp32")
+    line = next(x for x in err.splitlines() if "steps/epoch" in x)
+    assert line.endswith(f"{used} on cpu, {torch.get_num_threads()} threads"), line
+    assert "bf16 True" not in err
+    TransformersBackend(tiny_lm, None, device="cpu", bf16=True, batch_size=2, seed=0,
+                        marker="###", params={"temperature": 1.0, "top_p": 1.0,
+                                              "max_new_tokens": 4})
+    gen = next(x for x in capsys.readouterr().err.splitlines() if "generator:" in x)
+    assert ("bf16 on cpu" if llm.use_bf16(True, "cpu") else "fp32 on cpu") in gen, gen

@@ -17,6 +17,7 @@ import sys
 from typing import Optional
 
 import typer
+import typer.core
 
 from popri.cli import commands, examples, process
 from popri.core import log, runtime
@@ -38,7 +39,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     # plain help (click's formatter, as simonw/llm): options wrap to the terminal and fit 80
     # columns, where Rich's option tables squeezed the help column into a few words a line;
-    # every command's examples come first (popri/cli/examples.py, attached in main())
+    # every command's help ends with its examples (popri/cli/examples.py, attached in main());
+    # `popri --help` lists the commands in panels by workflow (PANELS, PanelGroup)
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
@@ -121,19 +123,54 @@ def root(
         ctx.default_map = _load_config(config, ctx.command)
 
 
-# Order in `popri --help`: the pipeline order.  Every module in popri.cli.commands that has a
-# register() is added; an import error there is a bug and is not swallowed.
-_ORDER = ("run", "bench", "instruct", "embed", "gen", "vary", "expand", "score", "aggregate", "pe", "prefs",
-          "dpo", "sft", "train_downstream", "eval", "fl", "fewfedpit", "account", "audit", "report",
-          "runs", "fred")
+#: `popri --help` by workflow (issue 68): each panel's commands in the order of use.  Every
+#: command is in exactly one panel (tests/test_cli_help.py).
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Run and inspect", ("run", "report", "runs")),
+    ("Generation", ("gen", "vary", "expand", "take")),
+    ("Private feedback", ("embed", "score", "aggregate", "pe", "fred")),
+    ("Tuning", ("prefs", "dpo", "sft")),
+    ("Evaluation", ("train-downstream", "eval")),
+    ("Federated learning", ("fl", "fewfedpit", "instruct")),
+    ("Privacy", ("account", "audit")),
+    ("Data", ("bench",)),
+)
+
+
+class PanelGroup(typer.core.TyperGroup):
+    """The root group: its commands listed under PANELS' headings, in their order (plain
+    click formatting, as the rest of the help)."""
+
+    def list_commands(self, ctx) -> list[str]:
+        order = [n for _, names in PANELS for n in names]
+        return sorted(super().list_commands(ctx),
+                      key=lambda n: (order.index(n) if n in order else len(order), n))
+
+    def format_commands(self, ctx, formatter) -> None:
+        cmds = {n: self.get_command(ctx, n) for n in self.list_commands(ctx)}
+        cmds = {n: c for n, c in cmds.items() if c is not None and not c.hidden}
+        wide = max((len(n) for n in cmds), default=0)  # one column width for every panel
+        width = formatter.width - 6 - wide
+        other = tuple(n for n in cmds if not any(n in names for _, names in PANELS))
+        for title, names in PANELS + (("Other", other),):
+            rows = [(n.ljust(wide), cmds[n].get_short_help_str(width)) for n in names
+                    if n in cmds]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+app.info.cls = PanelGroup
 
 
 def _register() -> None:
+    """Every module in popri.cli.commands that has a register() is added; an import error
+    there is a bug and is not swallowed."""
     import importlib
     import pkgutil
 
-    names = [m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")]
-    names.sort(key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), n))
+    names = sorted(m.name for m in pkgutil.iter_modules(commands.__path__)
+                   if not m.name.startswith("_"))
     for name in names:
         mod = importlib.import_module(f"{commands.__name__}.{name}")
         if hasattr(mod, "register"):

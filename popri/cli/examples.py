@@ -213,18 +213,16 @@ def block(path: str) -> str:
 
 
 def attach(cmd: click.Command, path: str = "") -> click.Command:
-    """Insert each command's examples after the first paragraph of its help (in place)."""
+    """Put each command's examples at the end of its help, after its options (the epilog:
+    the lines a terminal still shows after a long ``--help``; issue 68), in place."""
     subs = getattr(cmd, "commands", None)
     if subs:
         for name, sub in subs.items():
             attach(sub, f"{path} {name}".strip())
         return cmd
     ex = block(path)
-    if ex and cmd.help and "\nExamples:\n" not in cmd.help:
-        head, sep, rest = cmd.help.partition("\n\n")
-        cmd.help = f"{head}\n\n{ex}" + (f"\n\n{rest}" if sep else "")
-    elif ex and not cmd.help:
-        cmd.help = ex
+    if ex and not (cmd.epilog or "").startswith("\b\nExamples:"):
+        cmd.epilog = ex + (f"\n\n{cmd.epilog}" if cmd.epilog else "")
     return cmd
 
 

@@ -519,7 +519,7 @@ def train_downstream(train_records, spec: DownstreamSpec | None = None, *, model
     precision = "bf16 autocast" if llm.use_bf16(bf16, device) else "fp32"
     log.info(f"train-downstream: {len(seqs)} samples from {train_src}, {steps_per_epoch} steps/epoch "
              f"x {epochs} epochs, {'LoRA r=%d' % spec.lora_r if lora else 'full'} ({n_trainable:,} "
-             f"trainable), lr {lr:g}, batch {batch_size}, {precision} on {device}")
+             f"trainable), lr {lr:g}, batch {batch_size}, {llm.compute_words(bf16, device)}")
 
     val_spec = EvalSpec(max_length=max_length, count_eos=count_eos, bf16=bf16,
                         batch_size=spec.eval_batch_size, bootstrap=0)

@@ -108,6 +108,9 @@ class TransformersBackend:
             self.decode = DecodeOptions(decoder="slots", capture="none",
                                         attention=self.decode.attention).resolve(self.device)
         self.runner = None
+        log.info(f"generator: {model}{' + ' + str(adapter) if adapter else ''} ({self.name}, "
+                 f"batch {batch_size}), " + llm.compute_words(
+                     self.autocast, self.device, weights_bf16=weights == self.torch.bfloat16))
 
     def run(self, prompts: list[str], keys: list[tuple[int, int]], attempt: int, tick) -> list[tuple[str, int]]:
         if not self.loop:

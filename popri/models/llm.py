@@ -278,6 +278,16 @@ def precision(device: str | None = None) -> str:
     return "bf16" if use_bf16(True, device) else "fp32"
 
 
+def compute_words(bf16: bool, device: str, *, weights_bf16: bool = False) -> str:
+    """What a stage computes in, as its log line says it (issue 68: the precision used, not
+    the one asked for): ``bf16`` (bf16 weights), ``bf16 autocast`` (:func:`use_bf16` of the
+    request) or ``fp32``; the device; torch's thread count."""
+    import torch
+
+    prec = ("bf16" if weights_bf16 else "bf16 autocast" if use_bf16(bf16, device) else "fp32")
+    return f"{prec} on {device}, {torch.get_num_threads()} threads"
+
+
 def autocast(device: str, enabled: bool = True):
     """bf16 autocast where the device computes bf16 natively (:func:`use_bf16`): on a 2-core CPU
     with AVX512-BF16 it made SmolLM2 evaluation 2.4x and LoRA training 1.6x faster than fp32;

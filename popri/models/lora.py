@@ -188,6 +188,8 @@ def build_trainer(records: Sequence[dict], spec, *, trainer_cls, config_cls, mod
 
     set_seed(int(seed))
     base, tok, peft_cfg = load_base(model, spec, adapter)
+    log.info(f"train: LoRA r={spec.lora_r}, lr {float(spec.lr):g}, batch {spec.batch_size}, "
+             + llm.compute_words(spec.bf16, llm.default_device()))
     args = trainer_config(config_cls, training_args(spec, out_dir=out_dir, seed=seed,
                                                     logging_steps=logging_steps), **(config or {}))
     trainer = trainer_cls(model=base, args=args, train_dataset=Dataset.from_list(list(records)),

@@ -31,6 +31,7 @@ from popri.eval.downstream import (
     read_per_client,
 )
 from popri.eval.instruct import evaluate
+from popri.models import llm
 from popri.models.embed import as_embedding_set, check_compatible
 from popri.models.fid import fid as fid_fn
 from popri.specs.training import EvalSpec, GapSpec
@@ -81,7 +82,8 @@ def accuracy(
     per = res.pop("per_client")
     # timings go to stderr only, so the JSON result is reproducible byte for byte
     seconds, rate = res.pop("seconds"), res.pop("tokens_per_s")
-    log.info(f"eval: {res['tokens']} tokens in {seconds:.1f}s ({rate} tokens/s)")
+    log.info(f"eval: {res['tokens']} tokens in {seconds:.1f}s ({rate} tokens/s), "
+             + llm.compute_words(spec.bf16, llm.default_device()))
     if per_client_out:
         write_jsonl(per, per_client_out)
     if json_out:
