@@ -1,7 +1,7 @@
-"""Regenerate the README's "From `popri --help` to the maths" table from the code.
+"""Regenerate docs/architecture.md's "From `popri --help` to the maths" table from the code.
 
     python scripts/help_table.py            # print the table
-    python scripts/help_table.py --check    # exit 1 when README.md's table is stale
+    python scripts/help_table.py --check    # exit 1 when docs/architecture.md's table is stale
 
 For each subcommand module in popri/cli/commands/: the spec module(s) and library modules it
 imports from popri (its second and third file: every stage is reachable in three files).
@@ -62,19 +62,20 @@ def table() -> str:
 
 def main(argv: list[str]) -> int:
     t = table()
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     if "--check" in argv:
         i, j = readme.find(BEGIN), readme.find(END)
         cur = readme[i + len(BEGIN):j].strip() if i >= 0 and j > i else None
         if cur != t:
-            print("README.md's help table is stale: run python scripts/help_table.py --write",
+            print("docs/architecture.md's help table is stale: run python scripts/help_table.py "
+                  "--write",
                   file=sys.stderr)
             return 1
         return 0
     if "--write" in argv:
         i, j = readme.find(BEGIN), readme.find(END)
         readme = readme[:i + len(BEGIN)] + "\n" + t + "\n" + readme[j:]
-        (ROOT / "README.md").write_text(readme, encoding="utf-8")
+        (ROOT / "docs" / "architecture.md").write_text(readme, encoding="utf-8")
         return 0
     print(t)
     return 0

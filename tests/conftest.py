@@ -202,6 +202,26 @@ def click_command(*path: str):
     return cmd
 
 
+def assert_one_line_error(p, *needles: str, code: int = 2, logs: bool = False,
+                          no_stdout: bool = False) -> str:
+    """The CLI's error contract (the one helper of every test of it): exit ``code``, no
+    traceback, exactly one ``popri: error:`` line holding every needle, and nothing else on
+    stderr -- or, with ``logs``, the run's log lines before it and the error line last;
+    ``no_stdout``: nothing on stdout either.  Returns the error line."""
+    assert p.returncode == code, (p.returncode, p.stderr[-3000:])
+    assert "Traceback" not in p.stderr and "Exception in thread" not in p.stderr, \
+        p.stderr[-3000:]
+    lines = [x for x in p.stderr.strip().splitlines() if x.strip()]
+    errs = [x for x in lines if x.startswith("popri: error: ")]
+    assert len(errs) == 1, p.stderr[-3000:]
+    assert (lines[-1] == errs[0]) if logs else (lines == errs), p.stderr[-3000:]
+    if no_stdout:
+        assert p.stdout == "", p.stdout[-2000:]
+    for n in needles:
+        assert n in errs[0], (n, errs[0])
+    return errs[0]
+
+
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path

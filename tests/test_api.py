@@ -87,7 +87,7 @@ def test_a_new_method_is_one_recipe_entry(tmp_path, monkeypatch):
 
         def recipe(self, run):
             seen["context"] = isinstance(run, RunContext)
-            seen["noise"], seen["clients"] = run.noise, run.public_clients()
+            seen["noise"], seen["clients"] = run.noise, run.disclosed_clients()
             R = run.paths.root / "toy"
             yield steps.score_stage(run, 1, run.paths.emb_val, R / "scores.npy", seed=7)
             yield Stage("toy-copy", PeSeedsCall(survivors=(str(run.paths.root / "x.jsonl"),),

@@ -71,7 +71,7 @@ def test_plan_calibrates_one_noise_to_the_budget(tmp_path):
     assert b.noise_line().startswith(f"noise multiplier z={n.z:.4f} (calibrated to eps=2.0")
     # a larger budget, less noise; N is private under Poisson: never asked for
     assert budget(tmp_path / "b", "privacy.epsilon=7").plan().z < n.z
-    assert b.public_clients() is None and b.client_count() is None
+    assert b.disclosed_clients() is None and b.client_count() is None
 
 
 def test_a_fixed_count_waits_for_the_client_count_then_plans_with_it(tmp_path):
@@ -90,7 +90,7 @@ def test_a_fixed_count_waits_for_the_client_count_then_plans_with_it(tmp_path):
     n = b.plan()
     assert (n.sample_rate, n.sampling, n.relation, n.sensitivity) == (0.5, "fixed",
                                                                       REL.REPLACE, 2.0)
-    assert b.public_clients() == 10 and "10 clients" in b.noise_line()
+    assert b.disclosed_clients() == 10 and "10 clients" in b.noise_line()
     # a count above N is refused before anything runs
     with pytest.raises(Exception, match="exceeds the 4 clients"):
         budget(tmp_path / "x", *sets, data=True, clients=4).plan()
@@ -193,12 +193,12 @@ def test_a_method_with_its_own_rounds_plans_them_from_the_noise(tmp_path):
                "fl.sample_rate=null", "rounds=6", data=True, clients=10)
     n = b.plan()
     assert (n.sample_rate, n.sampling, n.sensitivity) == (0.2, "fixed", 2 * b.cfg.fl.clip)
-    assert b.public_clients() == 10
+    assert b.disclosed_clients() == 10
     plan = [e for t in range(1, 7)
-            for e in b.method.round_entries(b.cfg, t, n, b.public_clients())]
+            for e in b.method.round_entries(b.cfg, t, n, b.disclosed_clients())]
     assert [e.params["tree"] for e in plan] == [0, 1]          # R = 10 // 2 = 5 leaves a tree
     assert {(e.mechanism, e.sample_rate, e.neighbouring, e.params["leaves"]) for e in plan} == {
         ("tree_aggregation", 1.0, REL.ZERO_OUT, 5)}
     # under Poisson sampling N stays private: the method gets none
     p = budget(tmp_path / "p", "method=dp-fedavg", data=True, clients=10)
-    assert p.plan().sampling == "poisson" and p.public_clients() is None
+    assert p.plan().sampling == "poisson" and p.disclosed_clients() is None

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import emb_set, write_jsonl
+from conftest import assert_one_line_error, emb_set, write_jsonl
 
 
 # --------------------------------------------------------------------------- helpers
@@ -42,17 +42,8 @@ def _sh(args) -> str:
 
 
 def one_error_line(p, *needles, code=2):
-    """Exit ``code``, stderr exactly one 'popri: error:' line containing every needle."""
-    assert p.returncode == code, (p.returncode, p.stderr[-3000:])
-    lines = [l for l in p.stderr.splitlines() if l.strip()]
-    assert "Traceback" not in p.stderr, p.stderr[-3000:]
-    errs = [l for l in lines if l.startswith("popri: error:")]
-    assert len(errs) == 1, p.stderr[-3000:]
-    for n in needles:
-        assert n in errs[0], (n, errs[0])
-    return errs[0]
-
-
+    """The error contract, the run's logs allowed before the line (conftest)."""
+    return assert_one_line_error(p, *needles, code=code, logs=True)
 
 
 @pytest.fixture

@@ -387,3 +387,16 @@ def test_the_report_names_no_method():
             if isinstance(node, ast.Constant) and node.value in keys:
                 hits.append(f"{p.name}:{node.lineno} {node.value!r}")
     assert hits == []
+
+
+def test_no_popri_module_imports_a_private_name_of_another():
+    """Issue 68: a name one module shares with another is public (no leading underscore):
+    `from popri.core.io import _annotate_write_error` and its like are refused."""
+    crossing = []
+    for p in sorted((ROOT / "popri").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("popri"):
+                crossing += [f"{p.relative_to(ROOT)}:{node.lineno} {node.module}.{a.name}"
+                             for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+    assert crossing == []

@@ -10,7 +10,7 @@ appeared either.  FIFOs stand in for /dev/full: no /dev path is ever an output h
 tests run as root and an old bug deleted device nodes).
 
 Directory outputs (dpo, sft, train-downstream, expand, bench fetch, instruct build, run
---run-dir; fl round and fewfedpit are in tests/test_hostile_outputs_022.py) x targets: a user's
+--run-dir; fl round and fewfedpit are in tests/test_hostile_outputs.py) x targets: a user's
 non-empty directory (holding names the command writes too), a regular file, a FIFO, a symlink
 to a user's directory (non-empty, and empty), a directory holding the command's own input, and
 a user's directory that only looks like an old popri output (outdir's ``legacy`` names).

@@ -225,7 +225,7 @@ def test_the_lenders_are_checked(tmp_path):
 
 
 # --------------------------------------------------------------------------- popri run (CLI)
-from test_hostile_037_run import _minimal, _one_line, _popri, _run_args  # noqa: E402
+from test_hostile_run import _minimal, _one_line, _popri, _run_args  # noqa: E402
 from test_run_e2e import tiny_inputs  # noqa: E402,F401 (fixture)
 
 

@@ -64,7 +64,7 @@ def env():
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-heavy (left out of CI: kill-and-resume: tests/test_resume_037.py, test_hostile_037_run.py::test_i4)
+@pytest.mark.heavy  # make test-heavy (left out of CI: kill-and-resume: tests/test_resume.py, test_hostile_run.py::test_i4)
 def test_killed_run_resumes_from_the_last_finished_stage(tiny_inputs, tiny_lm, tiny_st_model,
                                                          tmp_path):
     data, pub = tiny_inputs

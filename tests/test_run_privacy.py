@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import _run, write_jsonl
+from conftest import assert_one_line_error, _run, write_jsonl
 from test_run_e2e import tiny_inputs  # noqa: F401  (fixture)
 from popri.methods import steps
 from popri.specs.commands.account import AccountEpsilonCall
@@ -60,13 +60,7 @@ def _files(root) -> list[str]:
 
 
 def _one_line_error(p, *needles):
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("popri: error: "), p.stderr
-    assert "Traceback" not in p.stderr and p.stdout == ""
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
+    return assert_one_line_error(p, *needles, no_stdout=True)
 
 
 # --------------------------------------------------------------------------- global --config

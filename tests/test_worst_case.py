@@ -426,7 +426,7 @@ def test_the_shipped_dp_fl_configs_promise_add_remove_and_keep_it(tmp_path, name
     noise = run.budget.plan()
     z, q = noise.z, noise.sample_rate
     plan = [e for t in range(1, cfg.rounds + 1)
-            for e in run.method.round_entries(cfg, t, noise, run.public_clients())]
+            for e in run.method.round_entries(cfg, t, noise, run.disclosed_clients())]
     total = A.compose(plan, cfg.privacy.delta, cfg.privacy.accountant)
     assert total.neighbouring == "add/remove one client" and total.guarantee
     C = cfg.fl.clip

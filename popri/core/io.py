@@ -91,7 +91,7 @@ def _tmp_in(dest: Path, suffix: str = "") -> Path:
             return tmp
         raise FileExistsError(errno.EEXIST, "no unused temporary name", str(dest.parent))
     except OSError as e:  # read-only directory, no permission, ...: name the output
-        _annotate_write_error(e, dest)
+        annotate_write_error(e, dest)
         raise
 
 
@@ -112,7 +112,7 @@ def is_special_file(path: str | os.PathLike) -> bool:
     return any(x.startswith(("/dev/", "/proc/")) for x in (os.path.abspath(p), real))
 
 
-def _annotate_write_error(e: BaseException, dest: str | os.PathLike) -> None:
+def annotate_write_error(e: BaseException, dest: str | os.PathLike) -> None:
     """Make an OSError raised while writing ``dest`` name it (numpy's short write, "N requested
     and M written", names no file and no errno: on a full disk it becomes ENOSPC)."""
     if not isinstance(e, OSError):
@@ -172,13 +172,13 @@ def as_write_error(e: BaseException, dest: str | os.PathLike | None = None) -> O
 
 @contextlib.contextmanager
 def writing(dest: str | os.PathLike) -> Iterator[None]:
-    """An OSError raised inside names ``dest`` (see :func:`_annotate_write_error`); a library's
+    """An OSError raised inside names ``dest`` (see :func:`annotate_write_error`); a library's
     failed write that is not an OSError (safetensors, torch on a full disk) becomes one
     (:func:`as_write_error`)."""
     try:
         yield
     except OSError as e:
-        _annotate_write_error(e, dest)
+        annotate_write_error(e, dest)
         raise
     except Exception as e:
         err = as_write_error(e, dest)
@@ -199,7 +199,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
                 yield fh
                 fh.flush()
         except OSError as e:
-            _annotate_write_error(e, dest)
+            annotate_write_error(e, dest)
             raise
         return
     tmp = _tmp_in(dest)
@@ -212,7 +212,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         os.replace(tmp, dest)
         _forget_tmp(tmp)
     except BaseException as e:
-        _annotate_write_error(e, dest)
+        annotate_write_error(e, dest)
         tmp.unlink(missing_ok=True)
         _forget_tmp(tmp)
         raise
@@ -299,7 +299,7 @@ class AtomicOutputs:
             self.commit()
         else:
             if self._staged:  # most likely the file being written when it failed
-                _annotate_write_error(exc, self._staged[-1][1])
+                annotate_write_error(exc, self._staged[-1][1])
             self.discard()
 
 
@@ -317,7 +317,7 @@ def open_memmap(path: str | os.PathLike, dtype, shape: tuple[int, ...]) -> np.nd
         if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
             return arr  # the filesystem cannot preallocate: as numpy does
         del arr
-        _annotate_write_error(e, path)
+        annotate_write_error(e, path)
         raise
     except AttributeError:  # no posix_fallocate on this platform
         pass

@@ -45,8 +45,7 @@ from popri.data.records import text_records
 from popri.data.tokenize import hf_counter, prefix_for_tokens
 from popri.eval.stats import (  # noqa: F401 (the statistics, re-exported)
     PER_CLIENT_FIELDS,
-    _gap_from_files,
-    _replicate_weights,
+    replicate_weights,
     bootstrap_se,
     control_diff,
     gap_closed,

@@ -49,7 +49,7 @@ def macro_accuracy(per: Sequence[dict]) -> float | None:
 
 
 # --------------------------------------------------------------------------- bootstrap & gap
-def _replicate_weights(n_clients: int, n_boot: int, seed: int, chunk: int = 200):
+def replicate_weights(n_clients: int, n_boot: int, seed: int, chunk: int = 200):
     """Yield [b, n_clients] multiplicities of a client bootstrap (resampling with replacement)."""
     rng = np.random.default_rng(seed)
     p = np.full(n_clients, 1.0 / n_clients)
@@ -80,7 +80,7 @@ def paired_bootstrap(tables: Sequence[Sequence[dict]], statistic: Callable[..., 
     hits = [np.array([d[c][1] for c in common]) for d in keyed]
     value = statistic(*[h.sum() / t.sum() for h, t in zip(hits, toks)])
     reps = []
-    for w in _replicate_weights(len(common), n_boot, seed):
+    for w in replicate_weights(len(common), n_boot, seed):
         with np.errstate(divide="ignore", invalid="ignore"):
             accs = [(w @ h) / (w @ t) for h, t in zip(hits, toks)]
             reps.append(np.array([statistic(*a) for a in zip(*accs)], dtype=np.float64))
@@ -157,16 +157,16 @@ def gap_from_files(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, s
     ``allow_undefined`` a result whose ``gap_closed`` is None and ``undefined`` says why.
     ``control``: a fourth per-client file (the method's control, e.g. its T = 0 row): its own
     gap closed and the method minus the control (:func:`control_diff`) are added."""
-    res = _gap_from_files(method, eps0, epsinf, n_boot=n_boot, seed=seed,
+    res = gap_from_paths(method, eps0, epsinf, n_boot=n_boot, seed=seed,
                           allow_undefined=allow_undefined)
     if control is not None:
-        res["control"] = _gap_from_files(control, eps0, epsinf, n_boot=n_boot, seed=seed,
+        res["control"] = gap_from_paths(control, eps0, epsinf, n_boot=n_boot, seed=seed,
                                          allow_undefined=allow_undefined)
         res.update(control_diff(method, control, n_boot=n_boot, seed=seed))
     return res
 
 
-def _gap_from_files(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, seed: int = 0,
+def gap_from_paths(method: str, eps0: str, epsinf: str, *, n_boot: int = 1000, seed: int = 0,
                     allow_undefined: bool = False) -> dict:
     tabs = [read_per_client(p) for p in (method, eps0, epsinf)]
     ids = [{str(r["client_id"]) for r in t} for t in tabs]

@@ -122,7 +122,7 @@ class Method(abc.ABC):
         """Does the method's accounting make the private train split's client count N public?
         Default: a fixed L of N clients a round (no sample rate), whose q = L/N is in every
         round's ledger entry.  Where it is private, a recipe gets nothing that reveals it
-        (:meth:`RunContext.public_clients` is None)."""
+        (:meth:`RunContext.disclosed_clients` is None)."""
         cpr, rate, _ = self.participation(cfg)
         return bool(cpr) and not rate
 
@@ -130,7 +130,7 @@ class Method(abc.ABC):
                        threshold: float | str | None = None) -> dict:
         """``popri score``'s settings from the run's score section (and privacy.delta,
         privacy.convention, release): the ONE builder of what a round's score stage is given
-        (:meth:`popri.pipeline.driver.Run.score_call` adds its paths, seed and z) and of the
+        (:func:`popri.methods.steps.score_call` adds its paths, seed and z) and of the
         round's spec the budget calibrates with (:meth:`round_spec`).  ``mode``: default
         :meth:`score_mode`; ``threshold``: default score.threshold (nn-histogram; a string is a
         dry run's placeholder)."""
@@ -157,7 +157,7 @@ class Method(abc.ABC):
         """Round t's prospective ledger entries with ``noise`` (z, q and the round's relation;
         the calibration composes them over the rounds at every z it tries) when the rounds are
         not ``popri score`` releases; ``clients``: N where the accounting makes it public
-        (:meth:`RunContext.public_clients`).  None: they are score releases (the budget plans
+        (:meth:`RunContext.disclosed_clients`).  None: they are score releases (the budget plans
         them with ``noise.entry``)."""
         return None
 

@@ -36,7 +36,7 @@ class RunContext(Protocol):
     @property
     def noise(self) -> Noise | None: ...
 
-    def public_clients(self) -> int | None:
+    def disclosed_clients(self) -> int | None:
         """The private train split's client count N where the method's accounting treats it
         as public (a fixed L of N clients a round: q = L/N is in its ledger; DP-FTRL's blocks:
         floor(N / L) leaves); None where it is private (Poisson sampling, everyone) or not

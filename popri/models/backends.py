@@ -227,7 +227,7 @@ class TransformersBackend:
         return out
 
 
-def _import_vllm():
+def import_vllm():
     try:
         import vllm  # noqa: F401
         from vllm import LLM, SamplingParams
@@ -316,7 +316,7 @@ class VllmBackend:
     def __init__(self, model: str, adapter: str | None, *, bf16: bool, params: dict, seed: int,
                  marker: str, adapter_mode: str = "lora", max_model_len: int | None = None,
                  model_obj=None, tokenizer_obj=None):
-        LLM, self.SamplingParams = _import_vllm()
+        LLM, self.SamplingParams = import_vllm()
         self.params, self.seed, self.marker, self.tok = params, seed, marker, tokenizer_obj
         self.lora = None
         path = llm.resolve(model)
@@ -390,7 +390,7 @@ def make_engine(spec: GeneratorSpec, *, adapter: str | None = None, seed: int = 
             adapter_mode=spec.adapter_mode, api=spec.api, api_key_env=spec.api_key_env,
             concurrency=spec.concurrency, tokenizer_obj=tokenizer_obj)
     if spec.backend == "vllm":
-        _import_vllm()
+        import_vllm()
 
         tok = tokenizer_obj or llm.load_tokenizer(spec.model)
         if max_model_len is None and model_obj is None and prompt_tokens is not None:

@@ -64,7 +64,7 @@ def stop_candidates(tok, marker: str) -> list[int]:
 
 
 @functools.lru_cache(maxsize=None)
-def _accepts(model_class: type, name: str) -> bool:
+def accepts(model_class: type, name: str) -> bool:
     """Whether ``model_class.forward`` takes ``name`` (once per class, not per batch)."""
     try:
         return name in inspect.signature(model_class.forward).parameters
@@ -91,9 +91,9 @@ def decode_batch(model, tok, prompts: Sequence[str], sampler: Sampler, *, max_ne
         tok.padding_side = side
     attn = enc["attention_mask"]
     pos = (attn.long().cumsum(-1) - 1).clamp_(min=0)
-    extra = {"logits_to_keep": 1} if _accepts(type(model), "logits_to_keep") else {}
+    extra = {"logits_to_keep": 1} if accepts(type(model), "logits_to_keep") else {}
     # transformers 5.x names the cache argument and output `cache`, 4.x `past_key_values`
-    ckey = "cache" if _accepts(type(model), "cache") else "past_key_values"
+    ckey = "cache" if accepts(type(model), "cache") else "past_key_values"
     n = len(prompts)
     out_ids = torch.zeros((n, max_new_tokens), dtype=torch.long)
     lens = [0] * n

@@ -41,7 +41,7 @@ from popri.models.backends import (  # noqa: F401
     MarkerStop,
     TransformersBackend,
     VllmBackend,
-    _import_vllm,
+    import_vllm,
     adapter_rank,
     make_engine,
     sampling_params,

@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from popri.core import log
-from popri.models.decoding import _accepts, attention_policy
+from popri.models.decoding import accepts, attention_policy
 from popri.models.sampling import draw_counter
 
 ATTN_NAME = "popri_slots"
@@ -180,8 +180,8 @@ class SlotRunner:
         self.temperature, self.top_p = temperature, top_p
         self.capture, self.attention = capture, attention
         self.prefill_tokens = prefill_tokens
-        self.ckey = "cache" if _accepts(type(model), "cache") else "past_key_values"
-        self.extra = {"logits_to_keep": 1} if _accepts(type(model), "logits_to_keep") else {}
+        self.ckey = "cache" if accepts(type(model), "cache") else "past_key_values"
+        self.extra = {"logits_to_keep": 1} if accepts(type(model), "logits_to_keep") else {}
         self.cache = SlotCache(slots, max_len, self.dev)
         z = dict(dtype=torch.int64, device=self.dev)
         self.tok_in, self.pos = torch.zeros(slots, **z), torch.zeros(slots, **z)

@@ -102,7 +102,7 @@ class Budget:
     # ------------------------------------------------------------------ the clients
     def client_count(self) -> int | None:
         """The private train split's client count N (None before the fetch): private unless
-        the method's accounting makes it public (:meth:`public_clients`)."""
+        the method's accounting makes it public (:meth:`disclosed_clients`)."""
         man = self.paths.private / "manifest.json"
         if not man.exists():
             return None
@@ -117,7 +117,7 @@ class Budget:
         cpr, rate, _ = self.method.participation(self.cfg)
         return bool(cpr) and not rate
 
-    def public_clients(self) -> int | None:
+    def disclosed_clients(self) -> int | None:
         """N where the method's accounting treats it as public
         (:meth:`~popri.methods.base.Method.clients_public`: a fixed L of N a round, DP-FTRL's
         blocks), else None."""
@@ -272,7 +272,7 @@ class Budget:
                                       field="dpo.select_epsilon")
 
             spec = self.method.round_spec(c)
-            clients = self.public_clients()
+            clients = self.disclosed_clients()
 
             def at(z) -> Noise:
                 return self.noise_at(Noise.of(z, release=self.release), q, spec)

@@ -74,7 +74,7 @@ def _merge(d: dict, key: str, value: Any) -> None:
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def _control_char(s: str) -> str | None:
+def control_char(s: str) -> str | None:
     """The first control character of ``s``, named (``newline``, ``U+0007``), or None."""
     m = _CONTROL.search(s)
     if m is None:
@@ -160,7 +160,7 @@ def load(path: str | None, overrides: Sequence[str] = (), *, base: RunConfig | N
         if "=" not in o:
             raise ConfigError(f"--set expects key=value, got {o!r}")
         k, v = o.split("=", 1)
-        bad = _control_char(v)
+        bad = control_char(v)
         if bad is not None:
             raise ConfigError(f"the value holds {bad}: a --set value is one line (YAML would "
                               f"fold it into something else; a path with control characters "
@@ -275,7 +275,7 @@ def check(cfg: RunConfig) -> None:
     d, pr, sc, dp = cfg.data, cfg.privacy, cfg.score, cfg.dpo
     for name in ("run_dir", "data.dir", "data.source", "data.public_source"):
         v = get(cfg, name)
-        bad = _control_char(v) if isinstance(v, str) else None
+        bad = control_char(v) if isinstance(v, str) else None
         if bad is not None:
             raise ConfigError(f"holds {bad} ({v!r}): a path with control characters is refused",
                               field=name)

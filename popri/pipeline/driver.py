@@ -74,7 +74,7 @@ class Run:
 
     It is the :class:`~popri.methods.base.RunContext` the methods' recipes and hooks get:
     ``cfg``, ``paths``, ``release``, ``dry_run``, ``select``, ``omega`` / ``omega_inputs``,
-    ``method``, ``noise``, :meth:`public_clients`, :meth:`selection_entries` and
+    ``method``, ``noise``, :meth:`disclosed_clients`, :meth:`selection_entries` and
     :meth:`score_entries`.  It builds no stage of a method: the recipes do, with the shared
     steps of :mod:`popri.methods.steps`; it plans the budget, runs the stages and writes the
     results."""
@@ -114,10 +114,10 @@ class Run:
         or while z waits for the client count."""
         return self.budget.noise
 
-    def public_clients(self) -> int | None:
+    def disclosed_clients(self) -> int | None:
         """N where the method's accounting makes it public, else None
-        (:meth:`Budget.public_clients`)."""
-        return self.budget.public_clients()
+        (:meth:`Budget.disclosed_clients`)."""
+        return self.budget.disclosed_clients()
 
     def selection_entries(self, call=None) -> list:
         """The DP checkpoint selection's prospective ledger entries, planned from the stage's

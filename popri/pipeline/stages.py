@@ -40,7 +40,7 @@ from pathlib import Path
 from popri.core import log, runtime
 from popri.core.artifacts import digest, json_sidecar, path_digest
 from popri.core.errors import InputError, PopriError
-from popri.core.io import _annotate_write_error, atomic_write
+from popri.core.io import annotate_write_error, atomic_write
 from popri.core.runtime import fault_point
 from popri.core.version import __version__
 from popri.kit import DPRelease, Stage
@@ -715,7 +715,7 @@ class StageRunner:
             logf.parent.mkdir(parents=True, exist_ok=True)
             fh = open(logf, "wb", buffering=0)
         except OSError as e:
-            _annotate_write_error(e, logf)
+            annotate_write_error(e, logf)
             self._log_error = e
         env = dict(self.env, **{PARENT_ENV: str(os.getpid())})
         fds = (self.lock_fd,) if self.lock_fd is not None else ()
@@ -727,7 +727,7 @@ class StageRunner:
             try:
                 fh.write(ln + b"\n")
             except OSError as e:  # the log is a side file: the stage runs on without it
-                _annotate_write_error(e, logf)
+                annotate_write_error(e, logf)
                 self._log_error = e
                 try:
                     fh.close()

@@ -74,7 +74,7 @@ from popri.privacy.mechanisms import (  # noqa: F401 (the registry, re-exported)
     Result,
     SubsampledGaussianMechanism,
     TreeAggregationMechanism,
-    _rdp_lib,
+    rdp_lib,
     check,
     get_mechanism,
     register_mechanism,
@@ -106,7 +106,7 @@ def _unsupported(m: Mechanism, accountant: str, what: str = "") -> ParameterErro
 
 
 def _rdp(steps, delta: float, orders) -> Result:
-    lib = _rdp_lib()
+    lib = rdp_lib()
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:

@@ -114,7 +114,7 @@ def check(*, z: float | None = None, q: float | None = None, steps: Any = None,
 
 
 @lru_cache(maxsize=1)
-def _rdp_lib():
+def rdp_lib():
     """``opacus.accountants.analysis.rdp``, loaded from its file: importing the ``opacus``
     package runs its ``__init__``, which imports torch (~3 s); this module needs only numpy and
     scipy.  Falls back to the ordinary import."""
@@ -347,7 +347,7 @@ class GaussianMechanism(Mechanism):
         z, q = key[0], key[1]
         if len(key) > 2 and key[2] == WOR:
             return _wor_rdp(float(z), float(q), tuple(float(a) for a in orders)) * int(steps)
-        return np.asarray(_rdp_lib().compute_rdp(q=float(q), noise_multiplier=float(z),
+        return np.asarray(rdp_lib().compute_rdp(q=float(q), noise_multiplier=float(z),
                                                  steps=int(steps), orders=list(orders)),
                           dtype=float)
 

@@ -54,12 +54,12 @@ from popri.report.samples import samples as read_samples
 from popri.report.verdict import fig_paired_differences
 from popri.report.verdict import verdict
 from popri.core import log, outdir
-from popri.report.compare import _fig_methods, _fig_privacy_utility, _table_text
-from popri.report.figures import _fig_curve, _fig_downstream, _fig_method_rounds, _fig_prefs_hist, _fig_probe_distance, _fig_probe_quality, _fig_scores, _fig_steps, _fig_tuning, _new_fig
-from popri.report.page import _Fig, _Report
-from popri.report.pca import _fig_pca
-from popri.report.privacy import _fig_epsilon, _privacy_spent
-from popri.report.runs import _Run, _labels, _load_run, _method_of, _slugs
+from popri.report.compare import fig_methods, fig_privacy_utility, table_text
+from popri.report.figures import fig_curve, fig_downstream, fig_method_rounds, fig_prefs_hist, fig_probe_distance, fig_probe_quality, fig_scores, fig_steps, fig_tuning, new_fig
+from popri.report.page import Fig, Report
+from popri.report.pca import fig_pca
+from popri.report.privacy import fig_epsilon, privacy_spent
+from popri.report.runs import Run, run_labels, load_run, method_of, run_slugs
 
 #: the files of a report (an earlier report's are replaced; anything else in --out is kept)
 REPORT_FILES = ("report.md", "report.html")
@@ -78,20 +78,20 @@ def _md_results(text: str) -> str:
                      for line in text.splitlines())
 
 
-def _figure_md(f: _Fig) -> list[str]:
+def _figure_md(f: Fig) -> list[str]:
     return [f"![{style.md_text(f.title)}]({f.name})", "",
             f"*{style.md_text(f.title)}* ({style.md_text(f.name)}): {style.md_text(f.caption)}",
             ""]
 
 
-def _figure_html(report: _Report, f: _Fig) -> str:
+def _figure_html(report: Report, f: Fig) -> str:
     data = base64.b64encode((report.out / f.name).read_bytes()).decode("ascii")
     return (f'<figure><img alt="{html.escape(f.title)}" src="data:image/png;base64,{data}">'
             f"<figcaption><b>{html.escape(f.title)}</b> ({html.escape(f.name)}): "
             f"{html.escape(f.caption)}</figcaption></figure>")
 
 
-def _write(report: _Report, runs: list[_Run], tables: dict[str, str], verdicts: list[dict],
+def _write(report: Report, runs: list[Run], tables: dict[str, str], verdicts: list[dict],
            samples: dict[str, dict]) -> tuple[Path, Path]:
     md = ["# popri report", "",
           "Runs: " + ", ".join(style.md_text(r.path) for r in runs), ""]
@@ -163,14 +163,14 @@ def _write(report: _Report, runs: list[_Run], tables: dict[str, str], verdicts: 
     return md_path, html_path
 
 
-def _run_section(report: _Report, run: _Run, tables: dict[str, str]) -> dict | None:
+def _run_section(report: Report, run: Run, tables: dict[str, str]) -> dict | None:
     """One run's table, per-round values and figures; returns its epsilon per round."""
     sec, s = run.label, run.slug
     for n in run.notes:
         report.note(sec, n)
     run.notes.clear()
     if run.results is not None:
-        tables[sec] = _table_text(run.results)
+        tables[sec] = table_text(run.results)
     elif not (run.path / "results.json").is_file():
         report.note(sec, "no results.json (the run has not finished): no results table")
     if not run.metrics and (run.path / "metrics.jsonl").is_file():
@@ -184,58 +184,58 @@ def _run_section(report: _Report, run: _Run, tables: dict[str, str]) -> dict | N
         "mean-embedding cosine and unbiased MMD² of the round's generator sample (fixed "
         "prompts and seeds) against the private validation embeddings; error bars ±1 "
         "bootstrap SE; n: the probe's samples. A private diagnostic, never a release.",
-        lambda: _fig_probe_distance(run, facts))
+        lambda: fig_probe_distance(run, facts))
     fig(sec, f"{s}-probe-quality.png", "Probe: diversity and fluency",
         "distinct-1/2 n-gram shares, the public model's perplexity and the mean pairwise "
-        "cosine of the probe sample per round.", lambda: _fig_probe_quality(run, facts))
+        "cosine of the probe sample per round.", lambda: fig_probe_quality(run, facts))
     fig(sec, f"{s}-tuning.png", "DPO / SFT per round",
         "training loss, exact reward margin and preference accuracy on the training and "
-        "the held-out preference pairs (n: pairs), per round.", lambda: _fig_tuning(run, facts))
+        "the held-out preference pairs (n: pairs), per round.", lambda: fig_tuning(run, facts))
     fig(sec, f"{s}-tuning-steps.png", "DPO / SFT per step",
         "loss (and DPO reward margin) at each logging step of each round's tuning, from "
-        "roundT/dpo|sft/metrics.json; darker = earlier round.", lambda: _fig_steps(run))
+        "roundT/dpo|sft/metrics.json; darker = earlier round.", lambda: fig_steps(run))
     rec = bool(run.rows("prefs")) and not run.release
     fig(sec, f"{s}-scores.png", "Released scores" + (" and recovery rate" if rec else ""),
         "mean DP-released score of the round's samples and of the preference pairs' "
         "chosen / rejected samples; n: samples or pairs" + (
             "; recovery rate: share of pairs whose order the noise-free scores agree with (a "
             "private diagnostic, POPri Fig. 6)." if rec else "."),
-        lambda: _fig_scores(run, facts))
+        lambda: fig_scores(run, facts))
     fig(sec, f"{s}-prefs-hist.png", "Chosen vs rejected released scores",
         "histograms of the released scores of the chosen and rejected samples of the "
         "preference pairs (roundT/prefs.jsonl); at most four rounds shown.",
-        lambda: _fig_prefs_hist(run))
-    own = _method_of(run).round_panels(run.path, run.results)
+        lambda: fig_prefs_hist(run))
+    own = method_of(run).round_panels(run.path, run.results)
     if own is not None:
         fig(sec, f"{s}-{own.name}.png", own.title, own.caption,
-            lambda: _fig_method_rounds(run, own, facts))
+            lambda: fig_method_rounds(run, own, facts))
     fig(sec, f"{s}-curve.png", "Learning curve in N",
         "test accuracy of every arm trained on the first n samples of its set (nested "
         "prefixes of one generation: paired across n), log x; band +-1 SE between draws (one "
         "draw: its SE over test clients, no verdict); dots: single draws; star: eps = inf on "
         "all the private training text; right: the method minus its T = 0 control.",
-        lambda: _fig_curve(run, facts))
+        lambda: fig_curve(run, facts))
     fig(sec, f"{s}-downstream.png", "Downstream training",
         "validation next-token accuracy and loss per epoch of each downstream model "
         "(downstream/NAME/metrics.json), in the colour of its method.",
-        lambda: _fig_downstream(run))
+        lambda: fig_downstream(run))
     fig(sec, f"{s}-pca.png", "PCA of embeddings",
         "the first two principal components (numpy SVD of both sets together) of the "
         "synthetic set's and the private validation split's sentence embeddings (a private "
-        "diagnostic).", lambda: _fig_pca(run))
-    spent = _privacy_spent(run, report, sec)
+        "diagnostic).", lambda: fig_pca(run))
+    spent = privacy_spent(run, report, sec)
     fig(sec, f"{s}-epsilon.png", "Privacy spent per round",
         "epsilon of every ledger.jsonl under the run, composed cumulatively round by round "
         "(popri.privacy.accounting.compose; entries deduplicated by release id).",
-        lambda: _fig_epsilon(run, spent))
+        lambda: fig_epsilon(run, spent))
     return spent
 
 
 def _build(run_dirs: list[str], outp: Path) -> dict:
     """Write the report into the (staging) directory ``outp``."""
-    report = _Report(outp)
-    labels = _labels(list(run_dirs))
-    runs = [_load_run(p, lab, slug) for p, lab, slug in zip(run_dirs, labels, _slugs(labels))]
+    report = Report(outp)
+    labels = run_labels(list(run_dirs))
+    runs = [load_run(p, lab, slug) for p, lab, slug in zip(run_dirs, labels, run_slugs(labels))]
 
     verdicts, samples, spent = [], {}, {}
     for run in runs:
@@ -256,7 +256,7 @@ def _build(run_dirs: list[str], outp: Path) -> dict:
                   "the public model (eps = 0; squares), with 95% intervals; the interval "
                   "excludes 0 only where the method's difference is clear. Filled: paired over "
                   "the same test clients (or over draws, Student's t); open: unpaired or no "
-                  "interval.", lambda: fig_paired_differences(verdicts, _new_fig))
+                  "interval.", lambda: fig_paired_differences(verdicts, new_fig))
     tables: dict[str, str] = {}
     for run in runs:
         d = _run_section(report, run, tables)
@@ -268,11 +268,11 @@ def _build(run_dirs: list[str], outp: Path) -> dict:
                   "(T = 0), public model (eps = 0) and private-data (eps = inf) rows, each with "
                   "its own 95% interval (±1.96 SE over test clients). Whether a method beat its "
                   "comparison is the paired difference (Verdict), not the overlap of these.",
-                  lambda: _fig_methods(runs))
+                  lambda: fig_methods(runs))
     report.figure(_ACROSS, "privacy-utility.png", "Privacy-utility",
                   "accuracy (and gap closed, where present) against each run's epsilon, error "
                   "bars ±1 SE; dashed lines: the eps = 0 and eps = inf accuracies.",
-                  lambda: _fig_privacy_utility(runs, report, _ACROSS))
+                  lambda: fig_privacy_utility(runs, report, _ACROSS))
     md_path, html_path = _write(report, runs, tables, verdicts, samples)
     return {"figures": [f.name for f in report.figures],
             "notes": [f"{_TITLES.get(s, s)}: {n}" for s, n in report.notes],

@@ -11,14 +11,14 @@ import numpy as np
 from popri.report import style
 from popri.report.read import (as_dict, num as _num)
 from popri.pipeline.results import results_table
-from popri.report.figures import _Z95, _new_fig
-from popri.report.page import _Report
-from popri.report.runs import _Run
+from popri.report.figures import Z95, new_fig
+from popri.report.page import Report
+from popri.report.runs import Run
 
 # --------------------------------------------------------------------------- across runs
 
 
-def _acc_rows(runs: list[_Run]) -> list[dict]:
+def _acc_rows(runs: list[Run]) -> list[dict]:
     rows = []
     for run in runs:
         r = run.results or {}
@@ -39,20 +39,20 @@ def _acc_rows(runs: list[_Run]) -> list[dict]:
     return rows
 
 
-def _fig_methods(runs: list[_Run]):
+def fig_methods(runs: list[Run]):
     rows = _acc_rows(runs)
     if len(rows) < 2:  # one accuracy: the verdict says it
         return None
     n = len(rows)
-    fig, axes = _new_fig(1, width=10.0, height=max(2.4, 0.45 * n + 1.3))
+    fig, axes = new_fig(1, width=10.0, height=max(2.4, 0.45 * n + 1.3))
     ax = axes[0]
     ys = list(range(n))[::-1]
     for y, r in zip(ys, rows):
         col = style.colour(r["method"])
         se = r["se"]
-        ax.errorbar([r["acc"]], [y], xerr=[[_Z95 * se], [_Z95 * se]] if se else None,
+        ax.errorbar([r["acc"]], [y], xerr=[[Z95 * se], [Z95 * se]] if se else None,
                     fmt="o", ms=7, capsize=4, color=col)
-        ax.annotate(f"{r['acc']:.4f}" + (f" ± {_Z95 * se:.4f}" if se else " (no SE)"),
+        ax.annotate(f"{r['acc']:.4f}" + (f" ± {Z95 * se:.4f}" if se else " (no SE)"),
                     (r["acc"], y), textcoords="offset points", xytext=(0, 7), ha="center",
                     fontsize=8)
     multi = len({r["run"] for r in rows}) > 1
@@ -76,7 +76,7 @@ def _fig_methods(runs: list[_Run]):
     return fig
 
 
-def _fig_privacy_utility(runs: list[_Run], report: _Report, section: str):
+def fig_privacy_utility(runs: list[Run], report: Report, section: str):
     pts, refs = [], {"eps0": [], "epsinf": []}
     for run in runs:
         r = run.results or {}
@@ -100,7 +100,7 @@ def _fig_privacy_utility(runs: list[_Run], report: _Report, section: str):
     if len({f"{p['eps']:.3g}" for p in pts}) < 2:  # one epsilon: no trade-off to draw
         return None
     gaps = any(p["gap"] is not None for p in pts)
-    fig, axes = _new_fig(2 if gaps else 1, width=12.0 if gaps else 7.5, height=5.0)
+    fig, axes = new_fig(2 if gaps else 1, width=12.0 if gaps else 7.5, height=5.0)
     methods = list(dict.fromkeys(p["method"] for p in pts))
     epss = [p["eps"] for p in pts]
     logx = max(epss) / min(epss) > 20
@@ -148,7 +148,7 @@ def _fig_privacy_utility(runs: list[_Run], report: _Report, section: str):
 # --------------------------------------------------------------------------- tables
 
 
-def _table_text(r: dict) -> str:
+def table_text(r: dict) -> str:
     """The run's results table as ``popri run`` prints it, plus the intervals results.json
     has; a plain table of the accuracies when the driver's table cannot be made."""
     try:

@@ -16,15 +16,15 @@ from popri.core.io import read_json_lenient as _read_json
 from popri.core.io import read_jsonl_lenient as _read_jsonl
 from popri.report import style
 from popri.report.read import (as_dict, num as _num, round_dirs as _round_dirs)
+from popri.report.verdict import Z95  # the normal 97.5 % quantile, one definition
 from popri.methods.base import RoundPanels
-from popri.report.runs import _Run
+from popri.report.runs import Run
 
 #: line styles of the series of one panel (one colour: the run's method)
 _STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")]
-_Z95 = 1.959963984540054
 
 
-def _new_fig(ncols: int = 1, nrows: int = 1, width: float = 10.0, height: float = 3.8):
+def new_fig(ncols: int = 1, nrows: int = 1, width: float = 10.0, height: float = 3.8):
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), layout="constrained")
@@ -111,7 +111,7 @@ def _panels(rows: list[dict], panels: list[dict], suptitle: str, xlabel: str, *,
                       + (f", {ns[0]} {unit}" if ns else "") + ")")
     if not have:
         return None
-    fig, axes = _new_fig(len(have), width=min(13.0, 4.6 * len(have) + 0.8), height=4.3)
+    fig, axes = new_fig(len(have), width=min(13.0, 4.6 * len(have) + 0.8), height=4.3)
     for ax, p in zip(axes, have):
         allx, sized = [], False
         for i, ln in enumerate(p["lines"]):
@@ -149,7 +149,7 @@ def _panels(rows: list[dict], panels: list[dict], suptitle: str, xlabel: str, *,
     return fig
 
 
-def _fig_probe_distance(run: _Run, facts):
+def fig_probe_distance(run: Run, facts):
     rows = run.rows("probe")
     if not rows or run.release:
         return None
@@ -163,7 +163,7 @@ def _fig_probe_distance(run: _Run, facts):
        "(private diagnostic)", "round (0 = untuned generator)", method=run.method, facts=facts)
 
 
-def _fig_probe_quality(run: _Run, facts):
+def fig_probe_quality(run: Run, facts):
     rows = run.rows("probe")
     if not rows or run.release:
         return None
@@ -180,7 +180,7 @@ def _fig_probe_quality(run: _Run, facts):
         method=run.method, facts=facts)
 
 
-def _fig_tuning(run: _Run, facts):
+def fig_tuning(run: Run, facts):
     rows = run.rows("dpo") or run.rows("sft")
     if not rows:
         return None
@@ -200,7 +200,7 @@ def _fig_tuning(run: _Run, facts):
     ], f"{run.label}: {kind} tuning per round", "round", method=run.method, facts=facts)
 
 
-def _fig_steps(run: _Run):
+def fig_steps(run: Run):
     """DPO / SFT loss (and DPO reward margin) per logging step, one line per round (shades of
     the method's colour); None unless some round logged two or more steps."""
     per: list[tuple[int, str, list[dict]]] = []
@@ -216,7 +216,7 @@ def _fig_steps(run: _Run):
     if not per or max(len(st) for _, _, st in per) < 2:
         return None
     margins = any(_num(s.get("rewards/margins")) is not None for _, _, st in per for s in st)
-    fig, axes = _new_fig(2 if margins else 1, width=11.0 if margins else 7.5)
+    fig, axes = new_fig(2 if margins else 1, width=11.0 if margins else 7.5)
     base = style.colour(run.method)
     for i, (t, kind, st) in enumerate(per):
         c = style.shade(base, i, len(per))
@@ -245,7 +245,7 @@ def _fig_steps(run: _Run):
     return fig
 
 
-def _fig_scores(run: _Run, facts):
+def fig_scores(run: Run, facts):
     rows = run.rows("score")
     rec = [] if run.release else run.rows("prefs")
     pairs = {r["round"]: r.get("pairs") for r in rows}
@@ -266,7 +266,7 @@ def _fig_scores(run: _Run, facts):
                    facts=facts)
 
 
-def _fig_prefs_hist(run: _Run):
+def fig_prefs_hist(run: Run):
     got = []
     for t, R in _round_dirs(run.path):
         pairs = _read_jsonl(R / "prefs.jsonl")
@@ -285,7 +285,7 @@ def _fig_prefs_hist(run: _Run):
         lo, hi = lo - 0.5, hi + 0.5
     nb = int(min(25, max(6, 2 * math.sqrt(max(len(c) for _, c, _ in got)))))
     bins = np.linspace(lo, hi, nb + 1)
-    fig, axes = _new_fig(len(got), width=min(15.0, 3.9 * len(got) + 1.0), height=3.6)
+    fig, axes = new_fig(len(got), width=min(15.0, 3.9 * len(got) + 1.0), height=3.6)
     for ax, (t, c, r) in zip(axes, got):
         ax.hist(c, bins=bins, alpha=0.6, color=style.role("chosen"),
                 label=f"chosen (mean {c.mean():.3g})")
@@ -300,7 +300,7 @@ def _fig_prefs_hist(run: _Run):
     return fig
 
 
-def _fig_method_rounds(run: _Run, panels: RoundPanels | None, facts):
+def fig_method_rounds(run: Run, panels: RoundPanels | None, facts):
     """The method's own per-round figure (:meth:`~popri.methods.base.Method.round_panels`)."""
     if panels is None or (panels.private and run.release):  # exact client statistics
         return None
@@ -308,7 +308,7 @@ def _fig_method_rounds(run: _Run, panels: RoundPanels | None, facts):
                    method=run.method, facts=facts)
 
 
-def _fig_downstream(run: _Run):
+def fig_downstream(run: Run):
     D = run.path / "downstream"
     if run.release:
         return None
@@ -318,7 +318,7 @@ def _fig_downstream(run: _Run):
             m = _read_json(d / "metrics.json") if d.is_dir() else None
             if isinstance(m, dict) and isinstance(m.get("history"), list) and m["history"]:
                 runs.append((d.name, m))
-    # a learning curve's models (NAME-nN, epsinf-all) are drawn by _fig_curve, not here
+    # a learning curve's models (NAME-nN, epsinf-all) are drawn by fig_curve, not here
     runs = [(n, m) for n, m in runs if not re.search(r"-n\d+(-d\d+)?$", n)
             and n != "epsinf-all"]
     if not runs:
@@ -326,7 +326,7 @@ def _fig_downstream(run: _Run):
     order = {k: i for i, k in enumerate([run.method, "t0", "eps0", "epsinf"])}
     runs.sort(key=lambda x: (re.sub(r"-d\d+$", "", x[0]) not in order,
                              order.get(re.sub(r"-d\d+$", "", x[0]), 0), x[0]))
-    fig, axes = _new_fig(2, width=11.0, height=4.4)
+    fig, axes = new_fig(2, width=11.0, height=4.4)
     allx: list = []
     longest = 0
     for name, m in runs:
@@ -381,7 +381,7 @@ def _fig_downstream(run: _Run):
     return fig
 
 
-def _fig_curve(run: _Run, facts=None):
+def fig_curve(run: Run, facts=None):
     """The learning curve in N (issue 65; results.json ``scaling`` and ``curve``): accuracy
     against the final set's size on a log axis, one line per arm with a band of +-1 SE (between
     draws from two draws on, else one draw's SE over test clients), each draw a faint dot,
@@ -395,7 +395,7 @@ def _fig_curve(run: _Run, facts=None):
         return None
     diff = [r for r in summ if r.get("what") == "minus_control"
             and _num(r.get("mean")) is not None]
-    fig, axes = _new_fig(2 if diff else 1, width=11.5 if diff else 7.0, height=4.4)
+    fig, axes = new_fig(2 if diff else 1, width=11.5 if diff else 7.0, height=4.4)
     ax = axes[0]
     arms = [a for a in dict.fromkeys([run.method, "t0", "epsinf", "eps0"]
                                      + [r["arm"] for r in acc]) if any(r["arm"] == a for r in acc)]

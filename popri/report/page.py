@@ -22,17 +22,17 @@ _RC = {"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.font
 
 
 @dataclass
-class _Fig:
+class Fig:
     name: str
     title: str
     caption: str
     section: str
 
 
-class _Report:
+class Report:
     def __init__(self, out: Path):
         self.out = out
-        self.figures: list[_Fig] = []
+        self.figures: list[Fig] = []
         self.notes: list[tuple[str, str]] = []  # (section, text)
         self.facts: list[tuple[str, str, str]] = []  # (section, what, value): one-round values
         self.not_shown: list[tuple[str, str]] = []  # nothing to show: not in the report
@@ -72,4 +72,4 @@ class _Report:
             with writing(self.out / name):  # an OSError names the file
                 fig.savefig(self.out / name, format="png")
         self.palette[name] = dict(pal)
-        self.figures.append(_Fig(name, title, caption, section))
+        self.figures.append(Fig(name, title, caption, section))

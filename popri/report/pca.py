@@ -17,8 +17,8 @@ from popri.report import style
 from popri.core import runtime
 from popri.models.embed import cache_key
 from popri.models.embed import embed_spec
-from popri.report.figures import _new_fig
-from popri.report.runs import _Run
+from popri.report.figures import new_fig
+from popri.report.runs import Run
 
 # ------------------------------------------------------------------ embeddings (PCA)
 
@@ -58,7 +58,7 @@ def _cached_embedding(texts_file: Path, meta: dict) -> np.ndarray | None:
     return None
 
 
-def _synthetic_embeddings(run: _Run, meta: dict) -> tuple[np.ndarray, str, str] | None:
+def _synthetic_embeddings(run: Run, meta: dict) -> tuple[np.ndarray, str, str] | None:
     """(embeddings, what they are, a short legend label), or None."""
     P = run.path
     for name in ("embeddings/synthetic.npy", "synthetic.npy", "embeddings/syn.npy"):
@@ -80,7 +80,7 @@ def _synthetic_embeddings(run: _Run, meta: dict) -> tuple[np.ndarray, str, str] 
     return None
 
 
-def _fig_pca(run: _Run):
+def fig_pca(run: Run):
     if run.release:  # the private validation split: a private diagnostic
         return None
     val = _load_set(run.path / "embeddings" / "val.npy")
@@ -105,7 +105,7 @@ def _fig_pca(run: _Run):
     var = sv ** 2 / max(float((sv ** 2).sum()), 1e-300)
     W = vt[:2].T if vt.shape[0] >= 2 else np.pad(vt.T, ((0, 0), (0, 2 - vt.shape[0])))
     pv, ps = (V - mu) @ W, (S - mu) @ W
-    fig, axes = _new_fig(1, width=7.5, height=6.0)
+    fig, axes = new_fig(1, width=7.5, height=6.0)
     ax = axes[0]
     cv, cs = style.colour("epsinf"), style.colour(run.method)  # the private data; the method
     ax.scatter(pv[:, 0], pv[:, 1], s=12, alpha=0.4, color=cv,

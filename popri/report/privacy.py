@@ -15,9 +15,9 @@ from popri.core.errors import InputError
 from popri.privacy.accounting import common_delta
 from popri.privacy.accounting import compose
 from popri.report.verdict import privacy_words, provenance_links
-from popri.report.figures import _new_fig
-from popri.report.page import _Report
-from popri.report.runs import _Run
+from popri.report.figures import new_fig
+from popri.report.page import Report
+from popri.report.runs import Run
 
 # ------------------------------------------------------------------ privacy ledger
 
@@ -73,7 +73,7 @@ def epsilon_per_round(run_dir: str | Path, results: dict | None = None) -> dict:
             "by_round": bool(rounds), "entries": len(entries), "notes": notes}
 
 
-def _privacy_spent(run: _Run, report: _Report, section: str) -> dict | None:
+def privacy_spent(run: Run, report: Report, section: str) -> dict | None:
     """The run's epsilon per round as a table line (always: a one-round run's only account of
     it) and the data of its figure; notes for what was not counted.  None without a ledger."""
     try:
@@ -101,7 +101,7 @@ def _privacy_spent(run: _Run, report: _Report, section: str) -> dict | None:
     return d
 
 
-def _fig_epsilon(run: _Run, d: dict | None):
+def fig_epsilon(run: Run, d: dict | None):
     if d is None:
         return None
     xs, eps = d["x"], d["epsilon"]
@@ -110,7 +110,7 @@ def _fig_epsilon(run: _Run, d: dict | None):
         return None
     fx, fe = zip(*fin)
     inc = [fe[0]] + [b - a for a, b in zip(fe, fe[1:])]
-    fig, axes = _new_fig(1, width=8.0, height=4.2)
+    fig, axes = new_fig(1, width=8.0, height=4.2)
     ax = axes[0]
     col = style.colour(run.method)
     ax.bar(fx, inc, width=0.6, color=col, alpha=0.3, label="added by this round")

@@ -32,7 +32,7 @@ def is_run_dir(path: str | Path) -> bool:
 
 
 @dataclass
-class _Run:
+class Run:
     path: Path
     label: str
     slug: str
@@ -65,7 +65,7 @@ class _Run:
         return sorted(rows, key=lambda r: r["round"])
 
 
-def _method_of(run: _Run) -> Method:
+def method_of(run: Run) -> Method:
     """The run's method from the registry (an unknown or missing one: the base's defaults)."""
     m = METHODS.get(run.method or "")
     return m if m is not None else _Unknown()
@@ -80,9 +80,9 @@ class _Unknown(Method):
         return []
 
 
-def _load_run(path: str, label: str, slug: str) -> _Run:
+def load_run(path: str, label: str, slug: str) -> Run:
     p = Path(path)
-    run = _Run(p, label, slug)
+    run = Run(p, label, slug)
     f = p / "results.json"
     if f.is_file():
         r = _read_json(f, run.notes)
@@ -95,13 +95,13 @@ def _load_run(path: str, label: str, slug: str) -> _Run:
         run.metrics = [m for m in _read_jsonl(p / "metrics.jsonl", run.notes)
                        if isinstance(m.get("stage"), str)]
     else:
-        run.metrics = _method_of(run).metrics_from_files(p, run.results, run.notes,
+        run.metrics = method_of(run).metrics_from_files(p, run.results, run.notes,
                                                           release=run.release)
         run.metrics_source = "the stages' files (no metrics.jsonl)"
     return run
 
 
-def _slugs(labels: list[str]) -> list[str]:
+def run_slugs(labels: list[str]) -> list[str]:
     """File-name prefixes of the runs' figures: [A-Za-z0-9._-], at most 60 characters, unique
     even on a case-insensitive file system ('coll/r 1' and 'coll/r-1', 'uni/ε1' and 'uni/δ1'
     each keep their own figures)."""
@@ -117,7 +117,7 @@ def _slugs(labels: list[str]) -> list[str]:
     return out
 
 
-def _labels(paths: list[str]) -> list[str]:
+def run_labels(paths: list[str]) -> list[str]:
     """Short unique names: the directory name, with as many parents as needed."""
     parts = [Path(p).resolve().parts for p in paths]
     depth = 1

@@ -15,7 +15,7 @@ from popri.cli.options import unwrap
 from popri.core.errors import ConfigError
 from popri.core.guard import check_outputs
 from popri.pipeline import config as C
-from popri.pipeline.config import _control_char
+from popri.pipeline.config import control_char
 from popri.pipeline.driver import Run
 from popri.pipeline.results import results_table
 from popri.pipeline.recipes import METHODS
@@ -87,7 +87,7 @@ def _run_dir_override(run_dir: str | None) -> list[str]:
     if not run_dir.strip():
         raise ConfigError(f"{run_dir!r} is not a directory name: give --run-dir a directory "
                           "(or leave it out to use the config's run_dir)", path="--run-dir")
-    bad = _control_char(run_dir)
+    bad = control_char(run_dir)
     if bad is not None:
         raise ConfigError(f"holds {bad} ({run_dir!r}): a path with control characters is "
                           "refused", path="--run-dir")

@@ -44,7 +44,7 @@ from typing import Any
 
 from popri.federated.flower.deploy_files import (
     CONNECTION,
-    _flat,
+    flat_keys,
     app_config_keys,
     app_dir,
     make_certs,
@@ -311,7 +311,7 @@ class Flwr:
         """
         app = Path(app).resolve()
         run_config = dict(run_config or {})
-        unknown = set(_flat(run_config)) - app_config_keys(app)
+        unknown = set(flat_keys(run_config)) - app_config_keys(app)
         if unknown:
             raise ValueError(f"run config keys {sorted(unknown)} are not in "
                              f"{app / 'pyproject.toml'} [tool.flwr.app.config]")

@@ -165,12 +165,12 @@ def _toml_key(key: str) -> str:
     return key if _BARE_KEY.match(key) else json.dumps(key)
 
 
-def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_keys(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            out.update(_flat(value, name + "."))
+            out.update(flat_keys(value, name + "."))
         else:
             out[name] = value
     return out
@@ -178,7 +178,7 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def toml_table(config: dict[str, Any]) -> str:
     """``key = value`` lines for a flat (or nested, flattened with dots) run config."""
-    return "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in _flat(config).items())
+    return "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in flat_keys(config).items())
 
 
 def app_dir(dest: str | Path, server: str = SERVER_APP, client: str = CLIENT_APP,
@@ -223,7 +223,7 @@ def app_config_keys(app: str | Path) -> set[str]:
 
     with open(Path(app) / "pyproject.toml", "rb") as fh:
         data = tomllib.load(fh)
-    return set(_flat(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})))
+    return set(flat_keys(data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", {})))
 
 
 def write_flwr_config(flwr_home: str | Path, address: str, *, root_certificates: str | Path
@@ -248,7 +248,7 @@ def write_flwr_config(flwr_home: str | Path, address: str, *, root_certificates:
 def node_config_arg(config: dict[str, Any]) -> str:
     """The ``--node-config`` value: ``key='value' k2=3`` (TOML literals; paths single-quoted)."""
     parts = []
-    for key, value in _flat(config).items():
+    for key, value in flat_keys(config).items():
         if isinstance(value, (str, os.PathLike)):
             s = os.fspath(value)
             if "'" in s or "\n" in s:

@@ -14,7 +14,7 @@ DP-FedAvg; for DP-FTRL ``tree_aggregation`` of one tree per epoch of R = floor(N
 (``fl.restart: epoch``, Kairouz et al.'s TreeRestart: each client in at most one round of an
 epoch, so a client is in one leaf of each tree and the tree is the Gaussian at z / sqrt(depth
 R), no amplification by sampling).  T = 20 R rounds (20 trees) reproduce POPri Table 3's
-partial-participation DP-FTRL noise multipliers (tests/test_dp_review_023.py).  ``fl.restart:
+partial-participation DP-FTRL noise multipliers (tests/test_dpftrl_epochs.py).  ``fl.restart:
 round`` is a one-leaf tree per round on fresh samples.
 """
 
@@ -162,7 +162,7 @@ def recipe(run) -> Iterator[Stage]:
     priv = str(run.paths.private)
     noise = run.noise
     z = noise.z if noise else None
-    clients = run.public_clients()
+    clients = run.disclosed_clients()
     prev = None
     for t in range(1, c.rounds + 1):
         out = round_dir(run, t)
@@ -221,7 +221,7 @@ def plan_notes(run) -> list[str]:
                     "client moves no other, so the tree holds under add/remove one client); no "
                     "amplification by sampling: z is calibrated at q = 1 over the trees"]
         if run.cfg.fl.restart == "epoch":
-            n = run.public_clients()
+            n = run.disclosed_clients()
             L = run.cfg.fl.clients_per_round or n
             R = f"{max(1, n // L)}" if n else "floor(N / L)"
             return [f"DP-FTRL: a tree per epoch of {R} rounds (TreeRestart), each client in one "

@@ -4,7 +4,7 @@ do (a tree per epoch, each client once per epoch), which reproduces POPri Table 
 noise multipliers.  (Item 1, the distributed discrete Gaussian at scale: test_ddg_scale.py;
 item 5, the audit of every mechanism: test_audit.py.)
 
-    python -m pytest -q tests/test_dp_review_023.py
+    python -m pytest -q tests/test_dpftrl_epochs.py
 """
 
 from __future__ import annotations

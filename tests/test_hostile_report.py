@@ -1,7 +1,7 @@
 """Hostile cases of ``popri report`` (issue 37; rows R06, R07md, R21, R23, R27, R29, R32 of the
 0.3.0 hostile probe): each a reproduction through a real ``popri report`` process.
 
-    python -m pytest -q tests/test_hostile_037_report.py
+    python -m pytest -q tests/test_hostile_report.py
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_one_line_error
+
 from test_report import fake_run
 
 pytest.importorskip("matplotlib")
 
 
 def _one_line_error(p) -> str:
-    assert p.returncode == 2, (p.returncode, p.stderr)
-    err = [x for x in p.stderr.strip().splitlines() if x.startswith("popri: error:")]
-    assert len(err) == 1 and p.stderr.strip().endswith(err[0]), p.stderr  # logs, then one line
-    assert "Traceback" not in p.stderr
-    return err[0]
+    """The error contract, the report's logs allowed before the line (conftest)."""
+    return assert_one_line_error(p, logs=True)
 
 
 def _complete_or_absent(out: Path) -> None:

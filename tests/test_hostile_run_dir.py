@@ -3,7 +3,7 @@
 real process (scripts/wheelhouse.sh's N12 / N13: tests/test_wheelhouse.py; the relation every
 `popri account` line names: tests/test_account_cli.py).
 
-    python -m pytest -q tests/test_hostile_040.py
+    python -m pytest -q tests/test_hostile_run_dir.py
 
 N01 / N09 an empty or blank --run-dir named as --run-dir; N02 pld refuses absurd T at once;
 N04 an infinite epsilon kept as "inf" in --json; N05 one rule for the metrics runs diff lists
@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from conftest import emb_set, write_jsonl
-from test_hostile_037_run import RUN_SMOKE, SMOKE, _one_line, _popri
-from test_hostile_037_runs import _results, _run, _strict
+from test_hostile_run import RUN_SMOKE, SMOKE, _one_line, _popri
+from test_hostile_runs import _results, _run, _strict
 
 
 # --------------------------------------------------------------------------- popri run

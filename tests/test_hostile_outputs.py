@@ -4,7 +4,7 @@ statistic of the clients' data, Flower staging leaves no private data, and two r
 cannot overspend one budget.  Each test is named by its case ID in
 ``shared/probes/hostile-0.2.0.md`` (fl83, ff31, rr08 ...).
 
-    python -m pytest -q tests/test_hostile_outputs_022.py
+    python -m pytest -q tests/test_hostile_outputs.py
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_jsonl
+from conftest import assert_one_line_error, write_jsonl
 from test_run_privacy import dataset  # noqa: F401  (fixture)
 
 FAST_FL = ["--no-bf16", "-z", "1", "-L", "3", "--seed", "0"]
@@ -27,11 +27,7 @@ FFP_LORA = ["--lora-r", "8", "--lora-alpha", "16"]
 
 
 def _one_line(p, *needles):
-    assert p.returncode == 2, (p.returncode, p.stderr[-3000:])
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("popri: error: "), p.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
+    return assert_one_line_error(p, *needles)
 
 
 def _fl_data(d: Path, clients: int = 6, per: int = 3, text=None) -> Path:
@@ -299,7 +295,7 @@ def _dpfl_release(run, dataset, tiny_lm):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy  # make test-heavy (left out of CI: a kept release checked: test_hostile_037_run.py::test_d06)
+@pytest.mark.heavy  # make test-heavy (left out of CI: a kept release checked: test_hostile_run.py::test_d06)
 def test_rr04_05_a_release_committed_before_a_stop_is_kept_and_the_run_finishes(
         tmp_path, dataset, tiny_lm, run_popri):
     """popri run --release stopped after round 1's release committed (ledger entry and round

@@ -5,7 +5,7 @@ traceback, a printed password or API key, or a process only SIGKILL ends.
 Each test runs a real ``popri gen --backend openai`` against a small fake OpenAI-compatible
 server (a threaded ``http.server`` on 127.0.0.1, port 0) that this module starts.
 
-    python -m pytest tests/test_hostile_037_remote.py -q
+    python -m pytest tests/test_hostile_remote.py -q
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import write_jsonl
+from conftest import assert_one_line_error, write_jsonl
 
 pytest.importorskip("openai")
 
@@ -116,11 +116,9 @@ def _gen(run_popri, tmp_path, tiny_lm, url, *extra, env=None):
 
 
 def _one_line(p, rc: int, tmp_path) -> str:
-    """rc, exactly one stderr line ``popri: error: ...``, no traceback, nothing written."""
-    err = p.stderr.strip()
-    assert p.returncode == rc, p.stderr
-    assert "Traceback" not in err and err.count("\n") == 0 and err.startswith("popri: error: "), err
-    assert p.stdout == "" and not (tmp_path / "out.jsonl").exists()
+    """The error contract with nothing on stdout (conftest), and no --out written."""
+    err = assert_one_line_error(p, code=rc, no_stdout=True)
+    assert not (tmp_path / "out.jsonl").exists()
     return err
 
 

@@ -2,7 +2,7 @@
 hostile probe's failed cases (/work/shared/probes/hostile-0.3.0.md, one test per id), the
 compact `popri runs diff` and the per-round table of `popri runs show`.
 
-    python -m pytest -q tests/test_hostile_037_runs.py
+    python -m pytest -q tests/test_hostile_runs.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Issue 37: a `popri run` resumes from anything a user plausibly does between attempts.
 
-    python -m pytest -q tests/test_resume_037.py
+    python -m pytest -q tests/test_resume.py
 
 - a run directory named ``popri`` in the current directory does not shadow the package
   (stages run ``python -P -m popri``);
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from test_hostile_037_run import _env, _minimal, _one_line, _popri, _run_args
+from test_hostile_run import _env, _minimal, _one_line, _popri, _run_args
 from test_run_e2e import tiny_inputs  # noqa: F401 (fixture)
 from popri.pipeline import stages as S
 from popri.specs.commands.score import ScoreCall

@@ -3,7 +3,7 @@ ID: instruction records of the wrong types, empty evaluation data, synthetic set
 client or round, FedMIT without its private data, selfgen's two outputs committed together, an
 empty split of instruct build, an absurd audit z, and help / error texts that name what exists.
 
-    python -m pytest tests/test_hostile_inputs_022.py -q
+    python -m pytest tests/test_hostile_inputs.py -q
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_jsonl
+from conftest import assert_one_line_error, write_jsonl
 from test_fewfedpit import FAST, _data, _synthetic  # noqa: E402 (skips without rouge-score)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -24,14 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.* is
 
 
 def _one_line_error(p, *needles: str) -> str:
-    """The CLI's bad-input contract: exit 2, one line on stderr, no traceback."""
-    err = p.stderr.strip()
-    assert p.returncode == 2, (p.returncode, p.stderr[-2000:])
-    assert "Traceback" not in p.stderr and len(err.splitlines()) == 1, p.stderr[-2000:]
-    assert err.startswith("popri: error: ")
-    for n in needles:
-        assert n in err, (n, err)
-    return err
+    """The CLI's bad-input contract (conftest): exit 2, one line on stderr, no traceback."""
+    return assert_one_line_error(p, *needles)
 
 
 @pytest.fixture(scope="module")
