@@ -29,50 +29,28 @@ This is the driver's runner; the stages it runs are the recipe kit's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from popri.core import log, runtime
-from popri.core.artifacts import digest, json_sidecar, path_digest
-from popri.core.errors import InputError, PopriError
-from popri.core.io import annotate_write_error, atomic_write
+from popri.core import log
+from popri.core.artifacts import path_digest
+from popri.core.errors import PopriError
+from popri.core.io import atomic_write
 from popri.core.runtime import fault_point
 from popri.core.version import __version__
-from popri.kit import DPRelease, Stage
-from popri.pipeline import zygote as Z
+from popri.kit import Stage
+from popri.pipeline.child import PARENT_ENV, ChildProcesses, child_argv, stage_env  # noqa: F401
+from popri.pipeline.conformance import LedgerChecks, declared_release, recorded_release_ids  # noqa: F401
+from popri.pipeline.keys import (KEYED_ENV, PASSED_ENV, RECORDED_ENV, StageKeys,  # noqa: F401
+                                 changed_args, flags)
+from popri.pipeline.lock import RunLock  # noqa: F401  (re-exported: the driver takes it here)
 from popri.pipeline.reuse import (COPIED, Loan, copy_in, read_marker, translate, translator,
                                   written_paths)
-from popri.privacy.entries import conformance
-from popri.privacy.ledger import LockedLedgers, read_ledger
-
-#: POPRI_* settings a stage inherits that define its outputs: their values are in its key
-#: when set.  POPRI_CPU_BF16=1 (bf16 on a CPU, :func:`popri.models.llm.use_bf16`) changes more
-#: than the last bits; POPRI_THREADS is an execution setting (see :meth:`StageRunner.key`)
-KEYED_ENV: tuple[str, ...] = ("POPRI_CPU_BF16",)
-#: POPRI_* settings a stage inherits that define no output (threads, logging, caches, test hooks)
-PASSED_ENV = ("POPRI_THREADS", "POPRI_QUIET", "POPRI_PROGRESS", "POPRI_CACHE", "POPRI_FAULT",
-              "POPRI_VLLM_KV_GIB", "POPRI_VLLM_EAGER", "POPRI_VLLM_INPROCESS")
-#: recorded in each stage's marker and attempt (what it ran with), never in its key
-RECORDED_ENV = ("POPRI_THREADS",)
-#: set in a stage's environment to popri run's pid: the stage dies with it (popri.cli.process)
-PARENT_ENV = runtime.PARENT_ENV
 
 
-def child_argv(args: list[str]) -> list[str]:
-    """``python -m popri ARGS`` without the current directory on sys.path (``-P``, Python >=
-    3.11; before, a bootstrap that drops it): a directory named ``popri`` where the user stands
-    -- ``popri run --run-dir popri`` makes one -- would otherwise shadow the package (its
-    ``data/`` became ``popri.data``)."""
-    if sys.version_info >= (3, 11):
-        return [sys.executable, "-P", "-m", "popri", *args]
-    boot = ("import runpy, sys; del sys.path[0]; "
-            "runpy.run_module('popri', run_name='__main__', alter_sys=True)")
-    return [sys.executable, "-c", boot, *args]
+
 
 
 class StageFailed(PopriError):
@@ -87,126 +65,14 @@ class StageFailed(PopriError):
                                                    and "cannot write: " in said) else 1
 
 
-def stage_env(base: dict, extra: dict | None = None) -> dict:
-    """The environment of a stage: ``base`` without any ``POPRI_*`` variable except
-    :data:`KEYED_ENV` and :data:`PASSED_ENV`, plus ``extra`` (the runner's own settings)."""
-    keep = set(KEYED_ENV) | set(PASSED_ENV)
-    env = {k: v for k, v in base.items() if not k.startswith("POPRI_") or k in keep}
-    env.update(extra or {})
-    return env
 
 
-class RunLock:
-    """An exclusive lock on a run directory (``fcntl.flock`` on the directory itself: nothing
-    is written) held by one ``popri run`` from its budget check to its last stage marker, so
-    two runs can never both pass the budget guard on one ledger.  A second run is refused at
-    once (exit 2), not queued, after a short grace; the lock dies with its process (a SIGKILLed
-    run leaves none).  Every stage inherits the locked descriptor (:meth:`StageRunner._child`),
-    so the directory stays locked while a stage of the run still lives: a stage outliving its
-    popri run (it is told to die with it, :data:`PARENT_ENV`) cannot race a rerun."""
-
-    #: seconds a busy lock is waited for before the run is refused
-    GRACE = 5.0
-
-    def __init__(self, run_dir: str | Path):
-        self.path = Path(run_dir)
-        self.fd: int | None = None
-        self.created = False
-
-    def __enter__(self) -> "RunLock":
-        import fcntl
-
-        self.created = not self.path.exists()
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        deadline = time.time() + self.GRACE
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.time() < deadline:  # a stopped run's stage may still be exiting
-                    time.sleep(0.2)
-                    continue
-                os.close(fd)
-                self._cleanup()
-                raise InputError("is in use by another popri run (or by a stage of a stopped "
-                                 "one that is still exiting): wait for it to finish, or use "
-                                 "another run_dir", path=str(self.path),
-                                 field="run_dir") from None
-        self.fd = fd
-        return self
-
-    def _cleanup(self) -> None:
-        """A run refused before writing anything leaves no directory it created."""
-        if self.created:
-            try:
-                self.path.rmdir()  # only if still empty
-            except OSError:
-                pass
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if self.fd is None:
-            return
-        if exc_type is not None:
-            self._cleanup()
-        os.close(self.fd)  # releases the lock
-        self.fd = None
 
 
-def recorded_release_ids(path: str | Path) -> set[str]:
-    """The release ids a DP stage's output records: a directory's ``round.json``
-    (``release_id``), a score vector's / FreD statistics' JSON sidecar (its ``ledger``
-    entries).  Empty when it records none."""
-    p = Path(path)
-    f = p / "round.json" if p.is_dir() else Path(json_sidecar(str(p)))
-    try:
-        d = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return set()
-    if not isinstance(d, dict):
-        return set()
-    ids = {d["release_id"]} if isinstance(d.get("release_id"), str) else set()
-    for e in d.get("ledger") or []:
-        if isinstance(e, dict) and isinstance(e.get("release_id"), str):
-            ids.add(e["release_id"])
-    return ids
 
 
-def _flags(args: list[str]) -> dict[str, str]:
-    """``--flag value`` / ``--switch`` pairs of a command line (positionals by position)."""
-    out: dict[str, str] = {}
-    i, pos = 0, 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith("--"):
-            if i + 1 < len(args) and not args[i + 1].startswith("--"):
-                out[a] = args[i + 1]
-                i += 2
-                continue
-            out[a] = ""
-        else:
-            out[f"#{pos}"] = a
-            pos += 1
-        i += 1
-    return out
 
 
-def changed_args(old: list[str], new: list[str]) -> str:
-    """The differences of two command lines as ``--lr 0.0005 -> 0.0002, --new x, -gone``."""
-    a, b = _flags(old), _flags(new)
-    parts = []
-    for k in list(dict.fromkeys([*a, *b])):
-        if a.get(k) == b.get(k):
-            continue
-        name = k if not k.startswith("#") else "argument"
-        if k not in a:
-            parts.append(f"{name} {b[k]}".strip() + " (new)")
-        elif k not in b:
-            parts.append(f"{name} {a[k]}".strip() + " (dropped)")
-        else:
-            parts.append(f"{name} {a[k]} -> {b[k]}")
-    return ", ".join(parts)
 
 
 COMMANDS_HEADER = ("#!/bin/sh\n"
@@ -215,14 +81,9 @@ COMMANDS_HEADER = ("#!/bin/sh\n"
                    "set -e\n")
 
 
-def _release(stage: Stage) -> DPRelease:
-    """The DP release a DP stage declares (the runner's ledger checks run for those only)."""
-    if stage.release is None:
-        raise ValueError(f"stage {stage.name} declares no DP release")
-    return stage.release
 
 
-class StageRunner:
+class StageRunner(StageKeys, LedgerChecks, ChildProcesses):
     """Runs stages with caching.  ``dry_run``: nothing runs and nothing is written (no marker,
     no commands.sh, no directory); ``commands`` collects the plan, each command with
     ``# up to date`` where its cached result would be kept."""
@@ -256,53 +117,8 @@ class StageRunner:
         self._zygote_off = False           # it failed, or POPRI_ZYGOTE=0: new interpreters
         self.planned_to_run: int | None = None  # stages the survey says will run (None: unknown)
 
-    # ------------------------------------------------------------------ keys
-    def _input_key(self, path: str) -> str:
-        """An earlier stage's output: the hash it was recorded with; any other input: its
-        content hash, computed once per runner (a dataset directory is an input of many
-        stages, and no stage writes outside its own outputs)."""
-        if path in self.keys:
-            return self.keys[path]
-        if path not in self._digests:
-            self._digests[path] = path_digest(path)
-        return self._digests[path]
 
-    def key(self, stage: Stage) -> str:
-        """The stage's key: popri's version, its command line, :data:`KEYED_ENV` and its
-        inputs' content hashes.
 
-        **The thread count (POPRI_THREADS) is in no stage's key**, decided per kind of stage:
-
-        - pure Python / numpy stages (``bench fetch``, ``prefs build|pool``, ``pe draw|seeds``,
-          ``account``, ``eval gap|diff``): their outputs do not depend on it at all;
-        - the DP releases (``score``, ``fred stats``, ``fl round``): the noise comes from seeded
-          streams and the sum is numpy's, but the sum's inputs (the synthetic set embedded in
-          the stage) come from torch; the release id covers those inputs' bits, so a rerun
-          whose bits moved is a new release (:meth:`_conform`);
-        - the torch stages (``embed``, ``gen``, ``dpo``, ``sft``, ``train-downstream``, ``eval
-          accuracy|probe|fid``, ``vary``, ``expand``): intra-op reductions split by thread, so
-          the last bits of a float (rarely a sampled token) can change with the count.  An
-          output computed with one count is no less the result of its command and inputs than
-          one computed with another.
-
-        So the count is an execution setting, like the machine: a run resumed with another
-        count reuses every finished stage (were it keyed, a finished ``embed`` would rerun, and
-        with it every DP stage after it as a new release, over the budget); stages still to run
-        use the new count, and may differ in the last bits from an uninterrupted run, as on
-        another machine.  The count each stage ran with is recorded in its marker (``env``)."""
-        return self._key(stage.key_fields(), [(i, self._input_key(i)) for i in stage.inputs])
-
-    def _key(self, fields: dict, inputs: list[tuple[str, str]]) -> str:
-        """:meth:`key` of a stage's key fields and its (input, content hash) pairs."""
-        h = hashlib.sha256()
-        h.update(f"popri {__version__}\n".encode())
-        h.update(json.dumps(fields, sort_keys=True, default=str).encode())
-        for k in KEYED_ENV:  # only when set: keys of runs without it stay as they were
-            if self.env.get(k):
-                h.update(f"|{k}={self.env[k]}".encode())
-        for i, k in inputs:
-            h.update(f"|{i}={k}".encode())
-        return h.hexdigest()
 
     # ------------------------------------------------------------------ --reuse-from
     def loan(self, stage: Stage) -> "Loan | None":
@@ -496,118 +312,16 @@ class StageRunner:
             self.keys[o] = hashes[o]
         self._pending_path(stage.name).unlink(missing_ok=True)
 
-    # ------------------------------------------------------------------ DP stages: plan = record
-    def _ledger_snapshot(self, stage: Stage) -> tuple[int, list[str]] | None:
-        """A DP stage's ledger before it runs (read once): its entry count and release ids."""
-        if stage.release is None:
-            return None
-        mine = self._mine(stage)
-        return len(mine), [e.release_id for e in mine]
 
-    def _conform(self, stage: Stage, before: tuple[int, list[str]] | None,
-                 earlier: dict | None = None) -> dict | None:
-        """After a DP stage ran: do the entries it recorded equal the ones the budget guard
-        composed for it (``stage.release.entries``)?  A stage whose entries all repeat release
-        ids already in the ledger (a research-mode rerun of the same seeded release, a DP-FTRL
-        tree's later round) released nothing new, and its plan is empty for that reason too
-        -- unless it reran a release that had finished (``earlier``: its old marker) and its
-        outputs are not bit for bit the ones that release wrote: then it is a new release
-        under an old id, and is ledgered as one (:meth:`_ledger_rerun`).  A difference from
-        the plan stops the run: the guard was computed on the wrong entries."""
-        if before is None:
-            return None
-        n, ids = before[0], set(before[1])
-        mine = self._mine(stage)
-        appended = mine[n:]
-        # a line repeating a release another stage recorded is no new release: a DP-FTRL
-        # tree's later leaf (issue 43: each leaf has its line, under the tree's id)
-        ids |= self._others(stage)
-        new = [e for e in appended if e.release_id not in ids]
-        if not new:
-            # the ledger already held the release (it dedupes by release id): its outputs
-            # record an id that was there before the stage ran
-            outs = set().union(*(recorded_release_ids(o) for o in stage.outputs))
-            if appended or (outs and outs <= ids):
-                old = (earlier or {}).get("hashes")
-                if isinstance(old, dict) and old and outs:
-                    now = {o: path_digest(o) for o in stage.outputs}
-                    if any(old.get(o) != now[o] for o in stage.outputs):
-                        return self._ledger_rerun(stage, [e for e in mine
-                                                          if e.release_id in outs], now)
-                    return {"planned": len(_release(stage).entries), "recorded": 0,
-                            "agree": True, "note": "reran and reproduced its earlier release "
-                            "bit for bit (hash-checked): the same release"}
-                return {"planned": len(_release(stage).entries), "recorded": 0, "agree": True,
-                        "note": "no new release: the ledger already held its release ids"}
-        return self._check(stage, new)
 
-    def _check(self, stage: Stage, recorded: list) -> dict:
-        """The plan-vs-record check of a DP stage's new entries (a PopriError when they
-        differ: the budget guard was computed on the wrong entries)."""
-        planned = list(_release(stage).entries)
-        problems = conformance(planned, recorded, accountant=self.accountant,
-                               convention=self.convention)
-        if problems:
-            raise PopriError(f"stage {stage.name}: the ledger entries it recorded differ from "
-                             f"the ones the budget guard planned: {'; '.join(problems)}. This is "
-                             "a popri bug (the recorded entries are in the ledger, and `popri "
-                             "account` totals them); please report it")
-        return {"planned": len(planned), "recorded": len(recorded), "agree": True}
 
-    def _ledger_rerun(self, stage: Stage, old: list, now: dict) -> dict:
-        """A rerun of a finished DP release that recorded its old release id but wrote other
-        bytes (floating-point sums can differ, e.g. with the thread count): a second release
-        the ledger would count once.  Its entries are appended again under a derived id (the
-        old id + the new outputs' hash) -- the budget guard counted this rerun as a new release
-        before it ran -- and checked against the plan."""
-        import dataclasses as dc
 
-        tag = digest(sorted(now.items()))[:12]
-        entries = [dc.replace(e, release_id=f"{e.release_id}+rerun-{tag}",
-                              params={**e.params, "rerun_of": e.release_id})
-                   for e in {e.release_id: e for e in old}.values()]
-        check = self._check(stage, entries)
-        with LockedLedgers([Path(_release(stage).ledger)]) as lk:
-            lk.append(entries)
-        log.warn(f"run: [{stage.name}] reran its finished release, which wrote other bytes than "
-                 "before under the same release id: ledgered as a new release")
-        return {**check, "note": "rerun of a finished release with other outputs: a new "
-                                 "release (ledgered under a derived id)"}
-
-    def ledger_checks(self, stages: list[Stage]) -> dict:
-        """``{stage name: its plan-vs-record check}`` for the DP stages among ``stages`` (from
-        their markers: a resumed run reports the stages an earlier invocation ran).  A finished
-        DP stage whose marker holds no check (written by a popri that did not check) is
-        reported as not checked (``agree`` None), never as agreeing."""
-        out = {}
-        for st in stages:
-            if st.release is None:
-                continue
-            rec = self.marker(st)
-            if not rec:
-                continue
-            if isinstance(rec.get("ledger_check"), dict):
-                out[st.name] = rec["ledger_check"]
-            else:
-                out[st.name] = {"agree": None, "note": "not checked: its marker holds no "
-                                                      "plan-vs-record check"}
-        return out
 
     # ------------------------------------------------------------------ DP stages: adoption
     def _pending_path(self, name: str) -> Path:
         return self.marker_dir / f"{name}.attempt.json"
 
-    def _mine(self, stage: Stage) -> list:
-        rel = _release(stage)
-        led = Path(rel.ledger)
-        return [e for e in read_ledger(led) if rel.match(e)] if led.is_file() else []
 
-    def _others(self, stage: Stage) -> set[str]:
-        """The release ids of the other stages' lines in this stage's ledger."""
-        rel = _release(stage)
-        led = Path(rel.ledger)
-        return ({e.release_id for e in read_ledger(led)
-                 if e.release_id and not rel.match(e)} if led.is_file() else set())
 
     def attempt(self, name: str) -> dict:
         """``{"key", "before", "env"}`` of stage ``name``'s first unfinished attempt with its
@@ -680,163 +394,11 @@ class StageRunner:
         self.skipped.append(stage.name)
         return True
 
-    def _where(self) -> str:
-        """``[5/18 14:02:31]``: the stage's place in the run and the wall clock."""
-        n = len(self.ran) + len(self.skipped) + len(self.reused) + 1
-        of = f"/{self.total}" if self.total else "/?"  # ? until the data fixes the plan
-        return f"[{n}{of} {time.strftime('%H:%M:%S')}]"
 
-    def _log_path(self, stage: Stage) -> Path:
-        return self.run_dir / "logs" / f"{stage.name}.log"
 
-    #: how a stage's own one-line error starts (popri.cli.process)
-    ERROR_PREFIX = b"popri: error: "
 
-    def _child(self, stage: Stage, cmd: list[str], out) -> int:
-        """Run a stage's command: its stderr forwarded line by line to ours and kept in
-        RUN/logs/STAGE.log, carriage returns (a library's progress bar) turned into line ends;
-        when the stage prints nothing for POPRI_HEARTBEAT seconds, a heartbeat line.  Returns the
-        exit status; the stage's own one-line error (``popri: error: ...``, kept out of our
-        stderr when it failed: the caller reports it as its own) is :attr:`stage_error`.
 
-        The stage dies with this process (:data:`PARENT_ENV`: a SIGKILLed popri run leaves no
-        stage running on) and inherits the run directory's lock (:class:`RunLock`).  A log
-        that cannot be written (a full disk) stops being written; the stage runs on, and the
-        error names the log (:attr:`_log_error`)."""
-        import threading
 
-        logf = self._log_path(stage)
-        self._log_error = None
-        last = [time.time()]
-        said: list[bytes] = []
-        t0 = time.time()
-        fh = None
-        try:
-            logf.parent.mkdir(parents=True, exist_ok=True)
-            fh = open(logf, "wb", buffering=0)
-        except OSError as e:
-            annotate_write_error(e, logf)
-            self._log_error = e
-        env = dict(self.env, **{PARENT_ENV: str(os.getpid())})
-        fds = (self.lock_fd,) if self.lock_fd is not None else ()
-
-        def keep(ln: bytes) -> None:
-            nonlocal fh
-            if fh is None:
-                return
-            try:
-                fh.write(ln + b"\n")
-            except OSError as e:  # the log is a side file: the stage runs on without it
-                annotate_write_error(e, logf)
-                self._log_error = e
-                try:
-                    fh.close()
-                except OSError:
-                    pass
-                fh = None
-
-        def emit(ln: bytes) -> None:
-            if ln.strip():
-                keep(ln)
-                if ln.startswith(self.ERROR_PREFIX):
-                    said.append(ln[len(self.ERROR_PREFIX):])
-                    return
-                try:
-                    sys.stderr.buffer.write(ln + b"\n")
-                    sys.stderr.flush()
-                except (OSError, ValueError):
-                    pass
-                last[0] = time.time()
-
-        try:
-            p = self._start(cmd, env, out if out is not None else sys.stderr.fileno(), fds)
-
-            err_fd = p.stderr.fileno()  # type: ignore[union-attr]  (stderr=PIPE)
-
-            def pump():
-                buf = b""
-                while chunk := os.read(err_fd, 65536):
-                    buf += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-                    *lines, buf = buf.split(b"\n")
-                    for ln in lines:
-                        emit(ln)
-                emit(buf)
-
-            th = threading.Thread(target=pump, daemon=True)
-            th.start()
-            try:
-                while True:
-                    try:
-                        rc = p.wait(timeout=1.0)
-                        break
-                    except subprocess.TimeoutExpired:
-                        if time.time() - last[0] >= log.heartbeat():
-                            log.info(f"run: {self._where()} {stage.name} running, "
-                                     f"{time.time() - t0:.0f} s")
-                            last[0] = time.time()
-            except BaseException:
-                p.kill()
-                p.wait()
-                raise
-            finally:
-                th.join(timeout=10)
-        finally:
-            if fh is not None:
-                try:
-                    fh.close()
-                except OSError:
-                    pass
-        if rc == 0 and said:  # an error line from a stage that succeeded: shown as it was
-            for ln in said:
-                try:
-                    sys.stderr.buffer.write(self.ERROR_PREFIX + ln + b"\n")
-                    sys.stderr.flush()
-                except (OSError, ValueError):
-                    pass
-        self.stage_error = said[-1].decode("utf-8", "replace").strip() if said else None
-        return rc
-
-    def _start(self, cmd: list[str], env: dict, out, fds: tuple[int, ...]):
-        """Start a stage's command: forked from the stage zygote when it can be (a ``popri``
-        command, the zygote's environment, and at least :data:`~popri.pipeline.zygote.MIN_STAGES`
-        stages left to run when it is not up yet: its imports cost about one stage's start --
-        unless this process is itself a fork of a zygote, which forks one at no cost;
-        popri.pipeline.zygote), else a new process.  A runner that was told no plan
-        (``planned_to_run`` None: a caller of this class, not ``popri run``) starts the zygote
-        for its ``MIN_STAGES``-th stage: a caller that runs a stage or two (each light, such as
-        ``popri account``) pays no zygote's imports (about 4 s on 2 cores) and one that runs many
-        pays at most ``MIN_STAGES - 1`` starts without it.  Either way: ``.stderr`` a pipe,
-        ``.wait(timeout)``, ``.kill()``."""
-        prefix = child_argv([])
-        left = (None if self.planned_to_run is None
-                else self.planned_to_run - len(self.ran) - len(self.reused))
-        nth = len(self.ran) + 1  # this stage is the runner's nth to run (a failed one raises)
-        worth = (self._zygote is not None or Z.preloaded()
-                 or (nth >= Z.MIN_STAGES if left is None else left >= Z.MIN_STAGES))
-        if (worth and not self._zygote_off and cmd[:len(prefix)] == prefix
-                and Z.enabled(os.environ)):
-            if self._zygote is None or not self._zygote.alive():
-                try:
-                    self._zygote = Z.Zygote(self.env)
-                except (Z.ZygoteError, TimeoutError, OSError) as e:
-                    log.info(f"run: stages start as new processes (the stage zygote: "
-                             f"{str(e) or type(e).__name__})")
-                    self._zygote, self._zygote_off = None, True
-            if self._zygote is not None and self._zygote.usable_for(env):
-                fd = out if isinstance(out, int) else out.fileno()
-                try:
-                    return self._zygote.spawn(cmd[len(prefix):], env=env, stdout_fd=fd,
-                                              pass_fds=fds)
-                except Z.ZygoteError as e:
-                    log.info(f"run: stages start as new processes (the stage zygote: {e})")
-                    self.close_zygote()
-                    self._zygote_off = True
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, env=env, pass_fds=fds)
-
-    def close_zygote(self) -> None:
-        if self._zygote is not None:
-            self._zygote.close()
-            self._zygote = None
 
     def stage_seconds(self) -> dict[str, float]:
         """Every finished stage's seconds, from the markers (so across invocations: a fully
