@@ -135,7 +135,9 @@ def test_stage_key_covers_version_and_keyed_env_and_strips_other_popri_settings(
     monkeypatch.setenv("POPRI_THREADS", "2")
     assert k1 == S.StageRunner(tmp_path).key(st) == k
     assert S.StageRunner(tmp_path).env["POPRI_THREADS"] == "2"  # passed on to the stage
-    monkeypatch.setattr(S, "__version__", "9.9.9")
+    from popri.pipeline import keys as K
+
+    monkeypatch.setattr(K, "__version__", "9.9.9")  # the key's version (pipeline/keys.py)
     assert S.StageRunner(tmp_path).key(st) != k1
     st2 = Stage("s", AccountEpsilonCall(noise_multiplier=3.0, sample_rate=1.0, steps=1),
                 outputs=[])

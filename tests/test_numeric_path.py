@@ -91,7 +91,9 @@ def test_opting_in_to_cpu_bf16_is_in_every_stage_key(tmp_path, monkeypatch):
         assert runner.env.get("POPRI_CPU_BF16") == v  # passed on to the stage
     assert keys[None] != keys["1"]
     monkeypatch.delenv("POPRI_CPU_BF16", raising=False)
-    monkeypatch.setattr(S, "KEYED_ENV", ())
+    from popri.pipeline import keys as K
+
+    monkeypatch.setattr(K, "KEYED_ENV", ())  # the keys' module (pipeline/keys.py)
     assert S.StageRunner(tmp_path / "old").key(st) == keys[None]  # unchanged when unset
 
 
