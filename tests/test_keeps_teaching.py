@@ -16,11 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import write_jsonl
+from test_remedies import _plan  # the dry-run plan of examples' defaults
 from popri.core.errors import ConfigError, InputError
 from popri.data.records import mix_by_prompt
 from popri.methods.popri.prefs import build_pairs, diverse_pair, rank_groups
-from popri.pipeline import config as C
-from popri.pipeline.driver import Run
 from popri.specs.training import PrefsSpec
 
 
@@ -28,14 +27,6 @@ def samples(K=2, J=6, tag=""):
     return [{"id": f"{tag}s{k}-{j}", "round": 1, "prompt_id": f"p{k}", "sample_idx": j,
              "prompt": f"P{k}", "text": f"{tag}text {k}-{j}", "model": "m"}
             for k in range(K) for j in range(J)]
-
-
-def _plan(tmp_path, *sets):
-    cfg = C.load(None, [f"run_dir={tmp_path / 'run'}", "rounds=2", "privacy.noise_multiplier=1.5",
-                        "privacy.epsilon=null", *sets])
-    run = Run(cfg, dry_run=True)
-    run.execute()
-    return run.runner.commands
 
 
 # --------------------------------------------------------------------------- DivPO pairs
