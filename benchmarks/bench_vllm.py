@@ -105,7 +105,7 @@ def main() -> None:
     from popri.models import llm
     from popri.models.embed import embed_texts
 
-    G._import_vllm()  # one clear line before anything is fetched or timed
+    G.import_vllm()  # one clear line before anything is fetched or timed
     torch = runtime.configure_torch()
     device = a.device or llm.default_device()
     tmp = Path(a.data or tempfile.mkdtemp(prefix="bench-vllm-"))

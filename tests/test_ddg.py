@@ -293,7 +293,7 @@ def test_subsampled_bound_is_never_below_the_subsampled_gaussian(z, q, alpha):
     """Zhu & Wang's general bound for a (1/2)eps^2-CDP mechanism at eps = 1/z is >= the exact
     RDP of the Poisson-subsampled Gaussian of multiplier z (opacus), and <= the unsubsampled."""
     ours = ddg.rdp([alpha], 1.0 / z, q)[0]
-    gauss = A._rdp_lib().compute_rdp(q=q, noise_multiplier=z, steps=1, orders=[alpha])[0]
+    gauss = A.rdp_lib().compute_rdp(q=q, noise_multiplier=z, steps=1, orders=[alpha])[0]
     assert ours >= gauss * (1 - 1e-9) - 1e-15
     assert ours <= alpha / (2 * z * z) * (1 + 1e-12)
     assert math.isinf(ddg.rdp([alpha + 0.5], 1.0 / z, q)[0])  # non-integer orders: no bound

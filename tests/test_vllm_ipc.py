@@ -73,7 +73,7 @@ def test_inprocess_asks_vllm_for_no_engine_processes_and_keeps_the_users_setting
         def __init__(self, **kw):
             seen.append((os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"), kw))
 
-    monkeypatch.setattr(backends, "_import_vllm", lambda: (LLM, object))
+    monkeypatch.setattr(backends, "import_vllm", lambda: (LLM, object))
     monkeypatch.setattr(backends.llm, "resolve", lambda m: m)
     monkeypatch.setattr(backends, "private_ipc_dir", lambda: None)
 
