@@ -1,5 +1,5 @@
 """popri audit release: the empirical lower bound stays under the claim on the real mechanisms and
-exceeds it on deliberately broken ones (popri/apps/audit.py)."""
+exceeds it on deliberately broken ones (popri/apps/audit/)."""
 
 from __future__ import annotations
 

@@ -587,7 +587,7 @@ _INTERRUPT_CHILD = r"""
 import os, sys
 from pathlib import Path
 import numpy as np
-import popri.core.io as io
+import popri.core.atomic as io  # the writers and their _tmp_in (popri/core/atomic.py)
 
 out = Path(sys.argv[1])
 where = sys.argv[2]
@@ -640,7 +640,7 @@ def test_an_interrupt_just_after_a_temporary_file_is_made_leaves_nothing(tmp_pat
 
 
 def test_the_exit_sweep_removes_only_this_process_s_uncommitted_files(tmp_path):
-    import popri.core.io as io
+    import popri.core.atomic as io
 
     with io.atomic_write(tmp_path / "done.txt") as fh:
         fh.write("kept\n")

@@ -1,6 +1,6 @@
 """A hostile pass over every popri command that writes an output: nothing popri did not create
 is ever deleted or altered (the directory-output rule, popri/core/outdir.py; atomic file
-outputs, popri/core/io.py; the input guard, popri/core/guard.py).
+outputs, popri/core/atomic.py; the input guard, popri/core/guard.py).
 
 Each case builds real, valid inputs (so the command would get as far as writing), puts a
 hostile thing where the output goes, snapshots every name under the test directory (type,

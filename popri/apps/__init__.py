@@ -1,6 +1,6 @@
 """Entry points that stand above every method (docs/architecture.md: the ``apps`` layer).
 
-    popri audit release --mechanism cosine -z 1 --trials 10000     # apps/audit.py
+    popri audit release --mechanism cosine -z 1 --trials 10000     # apps/audit/
     flwr run .   # a deployment names popri.apps.flower.{server_app,client_app}:app
 
 - :mod:`popri.apps.flower`: the Flower apps.  One SuperNode computes the client side of every

@@ -28,7 +28,8 @@ import numpy as np
 
 from popri.federated.participation import factorize
 from popri.feedback import cosine, histogram
-from popri.methods.dpfl.rounds import node_updates
+from popri.eval.local import node_updates
+from popri.kit import round_seed
 from popri.privacy import ddg
 from popri.privacy.noise import SecureRandom
 
@@ -50,10 +51,11 @@ def client_vectors(settings: dict, syn: np.ndarray, emb, client_ids, rng):
     """Every client's clipped vector (float64 [n]) in first-appearance order: its feedback on
     the synthetic embeddings ``syn``; or, in a DP-FL round (mode ``fl``), its model update from
     the global weights ``syn`` on its texts ``emb``, clipped to C -- yielded one at a time
-    (:func:`popri.methods.dpfl.rounds.node_updates`: a full-model update is large)."""
+    (:func:`popri.eval.local.node_updates`: a full-model update is large)."""
     mode = settings["mode"]
     if mode == "fl":
-        return node_updates(settings, syn, emb, client_ids, rng)
+        return node_updates(settings, syn, emb, client_ids, rng,
+                            round_seed=round_seed(int(settings["seed"]), int(settings["round"])))
     codes, clients = factorize(list(client_ids))
     cap = settings.get("node_cap")  # deployment: the node caps its own rows (M)
     index = histogram.nn_index(syn) if mode == "nn-histogram" else None

@@ -18,7 +18,7 @@ Sampling or Shuffling", arXiv:2103.00039, section 3, DP-FTRLM):
    update of a 135M model is 538 MB);
 3. noise on the sum: ``fedavg`` adds N(0, z^2 C^2) (release mode: the discretised Gaussian of
    :func:`popri.privacy.noise.discrete_gaussian_release`); ``ftrl`` adds the increment of the
-   tree-aggregation noise of the prefix sums (:func:`tree_noise`,
+   tree-aggregation noise of the prefix sums (:func:`popri.federated.updates.tree_noise`,
    :class:`popri.privacy.tree.TreeNoise`).  By default (``--restart epoch``, Kairouz et al.'s
    TreeRestart) a tree covers an epoch of R = floor(N / L) rounds whose participants are the
    epoch's client order cut into blocks of L (:func:`epoch_schedule`, :func:`epoch_order`):
@@ -46,7 +46,6 @@ docs/formats.md) and ``model/`` (the adapter or full model with its tokenizer an
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -54,33 +53,37 @@ from pathlib import Path
 
 import numpy as np
 
-from popri.core import io, log, outdir, runtime
+from popri.core import io, log, outdir
 from popri.core.artifacts import path_digest
 from popri.core.errors import InputError
 from popri.data.records import text_records
-from popri.eval.downstream import (
-    count_targets,
-    encode,
-    load_model,
-    make_batch,
-    padding_id,
-    special_ids,
-    token_stats,
+from popri.eval.local import (  # noqa: F401  (the client's side, re-exported)
+    build_model,
+    cap_texts,
+    client_rng,
+    encode_client,
+    local_update,
+    prepare_tokenizer,
 )
 from popri.federated.aggregation import public_count
 from popri.federated.flower import engine as E
-from popri.federated.participation import Participation, factorize, sample_clients
+from popri.federated.participation import Participation, sample_clients
+from popri.federated.updates import (  # noqa: F401  (the update maths, re-exported)
+    add_noise,
+    clip,
+    flat,
+    set_flat,
+    trainable,
+    tree_noise,
+)
 from popri.kit import round_seed
 from popri.models import llm
-from popri.models.lora import lora_config
 from popri.privacy import ddg as D
-from popri.privacy import noise as N
 from popri.privacy.entries import round_release
 from popri.privacy.ledger import LEDGER_NAME, leaf_message, leaf_releases, make_release_id
 from popri.privacy.noise import SecureRandom
 from popri.privacy.relations import round_relation
 from popri.privacy.release import NOT_PRIVATE, Release
-from popri.privacy.tree import TreeNoise
 from popri.specs.fl import FLSpec
 
 THETA = "theta.npy"
@@ -105,194 +108,8 @@ def client_texts(data: str, split: str = "train") -> tuple[list[str], dict[str, 
     return sorted(by), by, src
 
 
-# --------------------------------------------------------------------------- the model
-def trainable(model) -> list:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def flat(params) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return torch.cat([p.detach().reshape(-1).float().cpu() for p in params]).numpy()
-
-
-def set_flat(params, vec: np.ndarray) -> None:
-    import torch
-
-    with torch.no_grad():
-        i = 0
-        for p in params:
-            n = p.numel()
-            p.copy_(torch.from_numpy(np.asarray(vec[i:i + n], dtype=np.float32))
-                    .reshape(p.shape).to(p.device, p.dtype))
-            i += n
-    if i != len(vec):
-        raise InputError(f"the global weights have {len(vec)} numbers, the model {i}",
-                         field="init")
-
-
-def build_model(model: str, spec: FLSpec, seed: int, device: str):
-    """(model, tokenizer, trainable params): the base model, with a LoRA adapter initialised
-    from ``seed`` (A random, B = 0: theta_0 is the base model) unless ``spec.lora`` is off."""
-    torch = runtime.configure_torch()
-
-    torch.manual_seed(seed)
-    m, tok = load_model(model, device=device)
-    if getattr(m, "peft_config", None):
-        m = m.merge_and_unload()
-    if spec.lora:
-        from peft import get_peft_model
-
-
-        torch.manual_seed(seed)
-        m = get_peft_model(m, lora_config(m, spec))
-    else:
-        for p in m.parameters():
-            p.requires_grad_(True)
-    return m, tok, trainable(m)
-
-
-def client_rng(seed: int, round_: int, client_id: str) -> np.random.Generator:
-    """The data order (and cap) of one client's local training in round t: a function of the
-    run's seed, the round and the client id alone, so a client trains the same way in-process
-    and on any Flower node (not a privacy-relevant choice: the noise and the sampling have
-    their own streams)."""
-    import zlib
-
-    return np.random.default_rng([int(seed), int(round_), zlib.crc32(str(client_id).encode()),
-                                  0x464C])
-
-
-def cap_texts(texts: list[str], spec: FLSpec, rng) -> list[str]:
-    """At most ``spec.max_samples_per_client`` of a client's texts (seeded choice)."""
-    m = spec.max_samples_per_client
-    if m and len(texts) > m:
-        keep = rng.choice(len(texts), m, replace=False)
-        return [texts[i] for i in sorted(keep)]
-    return list(texts)
-
-
-def prepare_tokenizer(tok, spec: FLSpec) -> int:
-    """Frame texts as the downstream evaluation does (START / EOS of
-    :func:`popri.eval.downstream.special_ids`), recorded in the tokenizer; returns the pad id."""
-    start, eos = special_ids(tok, spec.bos_token, spec.eos_token)
-    pad = padding_id(tok)
-    tok.bos_token = tok.convert_ids_to_tokens(start)
-    if eos is not None:
-        tok.eos_token = tok.convert_ids_to_tokens(eos)
-    return pad
-
-
-def node_updates(settings: dict, theta, texts, client_ids, rng):
-    """A Flower node's side of a DP-FL round (:mod:`popri.apps.flower.node`): for each of
-    its clients (first-appearance order) the update from the global weights ``theta`` on its
-    ``texts``, clipped to C, as float64 -- one at a time.  ``rng`` (the node's noise stream) is
-    not used: the data order is :func:`client_rng`'s, as in-process."""
-    spec = FLSpec.from_dict(settings["fl"])
-    device = llm.default_device()
-    m, tok, params = build_model(settings["base"], spec, int(settings["seed"]), device)
-    pad = prepare_tokenizer(tok, spec)
-    theta = np.asarray(theta, dtype=np.float32)
-    codes, clients = factorize(list(client_ids))
-    rseed = round_seed(int(settings["seed"]), int(settings["round"]))
-    for c, cid in enumerate(clients):
-        ts = [texts[i] for i in np.flatnonzero(codes == c)]
-        d, _ = local_update(m, params, theta, encode_client(tok, ts, spec), spec,
-                            client_rng(rseed, int(settings["round"]), cid), pad, device)
-        d, _ = clip(d, spec.clip)
-        yield d.astype(np.float64)
-
-
-def encode_client(tok, texts, spec: FLSpec):
-    return encode(tok, texts, spec.max_length, bos_token=spec.bos_token, eos_token=spec.eos_token)
-
-
-def local_update(model, params, theta: np.ndarray, seqs, spec: FLSpec, rng, pad: int,
-                 device: str) -> tuple[np.ndarray, dict]:
-    """Client k's update theta_k - theta from ``local_epochs`` of SGD on its sequences."""
-    import torch
-
-
-    set_flat(params, theta)
-    opt = torch.optim.SGD(params, lr=spec.client_lr)
-    model.train()
-    loss_sum, n_tok, steps = 0.0, 0, 0
-    for _ in range(spec.local_epochs):
-        perm = rng.permutation(len(seqs))
-        for s in range(0, len(perm), spec.client_batch_size):
-            chunk = [seqs[i] for i in perm[s:s + spec.client_batch_size]]
-            n = count_targets(chunk, spec.count_eos)
-            if n == 0:
-                continue
-            opt.zero_grad(set_to_none=True)
-            _, _, ce, loss = token_stats(model, *make_batch(chunk, pad, spec.count_eos),
-                                         bf16=spec.bf16, device=device)
-            (loss / n).backward()
-            opt.step()
-            loss_sum += float(ce.sum())
-            n_tok += n
-            steps += 1
-    model.eval()
-    delta = flat(params) - theta
-    return delta, {"loss": loss_sum / n_tok if n_tok else None, "steps": steps, "tokens": n_tok}
-
-
-def clip(delta: np.ndarray, c: float) -> tuple[np.ndarray, float]:
-    """(Delta * min(1, C / ||Delta||), ||Delta||): the L2 clip that bounds a client's share."""
-    norm = float(np.linalg.norm(delta.astype(np.float64)))
-    if norm > c:
-        delta = delta * np.float32(c / norm)
-    return delta, norm
-
-
-# --------------------------------------------------------------------------- noise
-def add_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, rel, seed: int,
-              sensitivity: float | None = None) -> tuple[np.ndarray, float]:
-    """(sum + noise, the noise multiplier guaranteed): fedavg's Gaussian, or ftrl's tree noise
-    of round t's one-leaf tree (``--restart round``; epoch trees: :func:`tree_noise`), of std
-    z times the sum's ``sensitivity`` under the round's relation (default the clip C; 2C under
-    replace one client: :func:`popri.privacy.relations.round_relation`).  Release mode snaps
-    the sum to a grid and adds discrete-Gaussian integers on it at the same z for the snapped
-    sensitivity (safe in floating point: :func:`popri.privacy.noise.snapped_sensitivity`)."""
-    C, d = float(spec.clip if sensitivity is None else sensitivity), total.size
-    if z == 0:
-        return total.copy(), 0.0
-    if spec.algorithm == "fedavg":
-        if rel.secure:
-            return N.discrete_gaussian_release(total, z, C, rel.rng("noise"))[0], z
-        return total + rel.rng("noise").standard_normal(d) * (z * C), z
-
-    if rel.secure:
-        g, snapped = N.snapped_sensitivity(C, d)
-        tree = TreeNoise(d, z * snapped, 1, seed=None, secure=True, grid=g)
-        return g * (np.rint(total / g) + tree.prefix_units(t)), z
-    tree = TreeNoise(d, z * C, 1, seed=seed, secure=False)
-    return total + tree.prefix(t), z
-
-
-def tree_noise(total: np.ndarray, spec: FLSpec, z: float, t: int, leaves: int, rel,
-               seed: int, state: dict | None = None):
-    """(sum + the tree noise of round t's leaf, the noise multiplier guaranteed, the TreeNoise)
-    for DP-FTRL with a tree of ``leaves`` rounds: the increment prefix(t) - prefix(t - 1) of
-    the tree's noisy prefix sums (:meth:`popri.privacy.tree.TreeNoise.increment`; the server's
-    running state adds the increments, so it follows the noisy prefix sums exactly).  Research
-    mode recomputes every node from (seed, tree, level, index); release mode draws them from the
-    OS CSPRNG on the sum's grid and needs the previous round's ``state`` (secret)."""
-    C, d = float(spec.clip), total.size
-    if z == 0:
-        return total.copy(), 0.0, None
-    if rel.secure:
-        g, snapped = N.snapped_sensitivity(C, d)
-        tree = (TreeNoise.from_state(state) if state is not None
-                else TreeNoise(d, z * snapped, leaves, seed=None, secure=True, grid=g))
-        if tree.secure is not True or tree.grid != g or tree.leaves_per_tree != leaves \
-                or not math.isclose(tree.std, z * snapped, rel_tol=1e-12):
-            raise InputError("the saved tree state does not fit this round", field="init")
-        # increment(t): exact multiples of g from the nodes of t - 1 (held in the state) and t
-        return g * np.rint(total / g) + tree.increment(t), z, tree
-    tree = TreeNoise(d, z * C, leaves, seed=seed, secure=False)
-    return total + tree.increment(t), z, tree
+# The model as a vector, the clip and the noise: popri/federated/updates.py; a client's local
+# update: popri/eval/local.py (both re-exported above).
 
 
 # --------------------------------------------------------------------------- DP-FTRL epochs

@@ -53,7 +53,7 @@ from popri.core.io import (
 from popri.data.instruct import check_example, read_examples
 from popri.data.instruct import prompt as alpaca
 from popri.eval.downstream import load_model
-from popri.methods.dpfl.rounds import clip, flat, set_flat, trainable
+from popri.federated.updates import clip, flat, set_flat, trainable
 from popri.methods.fewfedpit import filters as F
 from popri.methods.fewfedpit.ifs import response_losses
 from popri.methods.fewfedpit.weights import mix

@@ -35,7 +35,7 @@ from popri.core import log, outdir
 from popri.core.artifacts import path_digest
 from popri.core.errors import InputError
 from popri.federated.aggregation import public_count
-from popri.methods.dpfl.rounds import add_noise, set_flat
+from popri.federated.updates import add_noise, set_flat
 from popri.methods.fewfedpit import client as C
 from popri.methods.fewfedpit.weights import WeightedSum
 from popri.models import llm
