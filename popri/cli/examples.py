@@ -167,6 +167,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "audit extract": (
         "popri audit extract --model runs/ffp/r1/global/model --data data/ins --split train",
     ),
+    "audit canaries": (
+        "popri audit canaries examples/dpfl.yaml --run-dir runs/canary-dpfl --canaries 200",
+        "popri audit canaries examples/smoke.yaml --run-dir runs/canary-inf "
+        "--set privacy.epsilon=inf",
+    ),
     "runs list": ("popri runs list runs/",),
     "runs show": ("popri runs show runs/demo",),
     # the two runs the "run" examples write

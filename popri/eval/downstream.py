@@ -222,7 +222,9 @@ def token_stats(model, ids, mask, labels, *, bf16: bool, device: str):
 
 
 # --------------------------------------------------------------------------- model loading
-def _adapter_base(path: Path) -> str:
+def adapter_base(path: Path) -> str:
+    """The base model a PEFT adapter directory was trained on (its metrics.json, else its
+    adapter config)."""
     meta = path / "metrics.json"
     if meta.exists():
         try:
@@ -243,7 +245,7 @@ def load_model(name: str, adapter: str | None = None, *, device: str | None = No
     p = Path(name).expanduser()
 
     if adapter is None and p.is_dir() and (p / ADAPTER_CONFIG).exists():
-        adapter, name = str(p), _adapter_base(p)
+        adapter, name = str(p), adapter_base(p)
     model, tok = llm.load_causal_lm(name, adapter, device=device, trainable_adapter=trainable_adapter)
     if adapter and (Path(adapter) / "tokenizer_config.json").exists():
         tok = llm.load_tokenizer(adapter)  # a train-downstream adapter records its BOS/EOS choice

@@ -405,6 +405,55 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
         return int(self.clients or AUDIT_CLIENTS[self.mechanism])
 
 
+# --------------------------------------------------------------------------- canary audit
+CANARY_STYLES = ("random", "echo")
+CANARY_SCORES = ("embed", "lcs", "generator", "model")
+CANARY_BREAKS = ("no-noise",)
+
+
+@dataclass(frozen=True)
+class CanarySpec(Spec):
+    """``popri audit canaries``: m canary clients planted in one run's private data, scored from
+    what the run releases, and the one-run lower bound on its epsilon (Steinke, Nasr, Jagielski,
+    "Privacy auditing with one (1) training run", NeurIPS 2023, arXiv:2305.08846)."""
+
+    canaries: int = param(
+        200, "m: canary clients, each included with probability 1/2 by a seeded, recorded draw "
+             "(more canaries: a tighter bound; with 200 and perfect guesses it reaches ~3).",
+        short="-m", lo=10, hi=100_000)
+    style: str = param(
+        "random", "random: secret phrases of --words words drawn from the public data's "
+                  "vocabulary; echo: a public text's opening with a random suffix (the "
+                  "Canary's Echo, arXiv:2502.14921).", choices=CANARY_STYLES)
+    words: int = param(10, "Words of each canary's random secret.", lo=3, hi=200)
+    copies: int = param(
+        4, "Records of its secret each canary client holds (one client still: under add/remove "
+           "one client the claim covers them together).", lo=1, hi=1000)
+    scores: tuple[str, ...] | None = param(
+        None, "Membership scores to try (comma-separated: embed, lcs, generator, model; default: "
+              "all that the method releases); the bound is Bonferroni-corrected over them.",
+        sep=",")
+    significance: float = param(0.05, "The bound holds with probability 1 - this, over the "
+                                      "canaries' draw (default 0.05).", lo=0, lo_open=True,
+                                hi=0.5)
+    brk: str | None = param(
+        None, "no-noise: run the same config at z = 1e-6 (no noise in effect, no budget) and "
+              "hold it to the config's privacy.epsilon (the test that the audit has teeth; NOT "
+              "a private run).",
+        flag="--break", choices=CANARY_BREAKS)
+
+    def check(self) -> None:
+        t = self.scores
+        if isinstance(t, str):
+            t = tuple(x.strip() for x in t.split(",") if x.strip())
+        if t is not None:
+            bad = [x for x in t if x not in CANARY_SCORES]
+            if bad:
+                raise ConfigError(f"unknown score {bad[0]!r} (one of {', '.join(CANARY_SCORES)})",
+                                  field="scores")
+            object.__setattr__(self, "scores", tuple(t) or None)
+
+
 # --------------------------------------------------------------------------- extraction audit
 @dataclass(frozen=True)
 class ExtractSpec(Spec):

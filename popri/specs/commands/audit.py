@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from popri.core.spec import REQUIRED, Call, json_param, out_param, param, same, seed_param
-from popri.specs.privacy import AuditSpec, ExtractSpec
+from popri.specs.privacy import AuditSpec, CanarySpec, ExtractSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,3 +41,20 @@ class AuditReleaseCall(AuditSpec, Call):
                                                '--level user: m (default 8).', short='-M')
     seed: int = seed_param("Seed of the data and of every trial's noise.")
     as_json: bool = json_param('One JSON object on stdout.')
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditCanariesCall(CanarySpec, Call):
+    """``popri audit canaries``."""
+
+    command: ClassVar[str] = 'audit canaries'
+    into: ClassVar[dict] = {'spec': CanarySpec}
+    config: str | None = param(None, 'YAML config of the run audited (without it: the embedded '
+                                     'default).', positional=True, metavar='CONFIG')
+    run_dir: str = param(help='Directory of the audit: its data, canaries.jsonl, the run (RUN/run), '
+                              'audit.json.')
+    set_: tuple[str, ...] = param((), 'Override a config key of the run audited: --set '
+                                      'privacy.epsilon=inf (repeatable; as popri run --set).',
+                                  flag='--set', short='-s')
+    seed: int = seed_param('Seed of the canaries and of their inclusion draw.')
+    as_json: bool = json_param('One JSON object (audit.json) on stdout.')
