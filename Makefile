@@ -23,7 +23,7 @@ test:
 	@bash scripts/test.sh
 
 test-fast:
-	@bash scripts/test.sh -m "not slow"
+	@POPRI_FAST=1 bash scripts/test.sh -m "not slow"
 
 test-heavy:
 	@POPRI_SKIP_MIN=1 bash scripts/test.sh -m heavy

@@ -278,6 +278,17 @@ def pytest_collection_modifyitems(config, items):
     (longest-first scheduling)."""
     items[:] = ([i for i in items if i.get_closest_marker("slow")]
                 + [i for i in items if not i.get_closest_marker("slow")])
+    if os.environ.get("POPRI_FAST") == "1":  # make test-fast: the inner loop, no popri process
+        slow = [i for i in items if FAST_SKIPS & set(getattr(i, "fixturenames", ()))]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [i for i in items if i not in slow]
+
+
+#: ``POPRI_FAST=1`` (``make test-fast``) leaves out the tests that start popri processes or
+#: build the tiny models (the fixtures below): what remains is the library's unit and property
+#: tests, a developer's inner loop; CI (``make test``) runs everything
+FAST_SKIPS = {"run_popri", "tiny_lm", "tiny_st_model", "tiny_inputs", "dataset"}
 
 
 @pytest.hookimpl(hookwrapper=True)
