@@ -35,6 +35,16 @@ def test_clip_bounds_the_norm_and_keeps_small_updates(xs, c):
         assert np.allclose(out * (norm / c), d, rtol=1e-4, atol=1e-3)
 
 
+def test_a_diverged_update_adds_zeros_not_nan():
+    """A client whose local training diverged (NaN / inf) has no norm to scale; passed on it
+    would make the noisy sum NaN, a release its sensitivity does not cover: it adds zeros."""
+    for bad in (np.nan, np.inf, -np.inf):
+        d = np.ones(8, dtype=np.float32)
+        d[3] = bad
+        out, norm = R.clip(d, 1.0)
+        assert np.array_equal(out, np.zeros(8, dtype=np.float32)) and norm == float("inf")
+
+
 class _Rel:
     """The two things add_noise asks of a Release."""
 

@@ -50,8 +50,17 @@ def set_flat(params, vec: np.ndarray) -> None:
 
 
 def clip(delta: np.ndarray, c: float) -> tuple[np.ndarray, float]:
-    """(Delta * min(1, C / ||Delta||), ||Delta||): the L2 clip that bounds a client's share."""
-    norm = float(np.linalg.norm(delta.astype(np.float64)))
+    """(Delta * min(1, C / ||Delta||), ||Delta||): the L2 clip that bounds a client's share.
+
+    An update that is not finite (a client whose local training diverged: NaN or inf) has no
+    norm a clip could scale, and ``NaN > C`` is false: passed on, it would make the whole noisy
+    sum NaN -- a release that tells whether some client's data diverged, which the sum's
+    sensitivity does not cover.  It contributes zeros instead (norm <= C holds for every
+    client), and its norm is reported as inf."""
+    d64 = delta.astype(np.float64)
+    if not np.all(np.isfinite(d64)):
+        return np.zeros_like(delta), math.inf
+    norm = float(np.linalg.norm(d64))
     if norm > c:
         delta = delta * np.float32(c / norm)
     return delta, norm

@@ -489,13 +489,15 @@ def _summary(spec: FLSpec, part: Participation, *, round_: int, base: str, dim: 
 def _private(seed: int, n: int, part: Participation, norms: list[float], losses: list[float],
              spec: FLSpec, flower) -> dict:
     """The round's exact statistics (NOT PRIVATE: ``private_diagnostics``)."""
-    arr = np.asarray(norms, dtype=np.float64)
+    every = np.asarray(norms, dtype=np.float64)
+    arr = every[np.isfinite(every)]  # a diverged client's update (not finite) counted apart
     return {
         "private": False, "note": NOT_PRIVATE, "seed": seed,
         "clients": n, "participants": int(len(part.members)),
         "update_norm_mean": float(arr.mean()) if arr.size else None,
         "update_norm_max": float(arr.max()) if arr.size else None,
         "clipped_share": float((arr > spec.clip).mean()) if arr.size else None,
+        "diverged": int((~np.isfinite(every)).sum()),
         "local_loss": float(np.mean(losses)) if losses else None,
         **({"flower": {"supernodes": flower.nodes, "survivors": flower.survivors,
                        "quantisation_bound": flower.quantisation_bound,
@@ -516,7 +518,9 @@ def _how(private: dict, flower, release: bool, diagnostics: bool) -> str:
     return (f"{private['participants']} clients, mean update norm "
             f"{norm if norm is not None else float('nan'):.4g} (clipped "
             f"{(private['clipped_share'] or 0) * 100:.0f}%), local loss "
-            f"{loss if loss is not None else float('nan'):.4f}")
+            f"{loss if loss is not None else float('nan'):.4f}"
+            + (f"; {private['diverged']} diverged (not finite: zeros in the sum)"
+               if private.get("diverged") else ""))
 
 
 def run_round(data: str, out: str, spec: FLSpec, *, round_: int, noise_multiplier: float,
