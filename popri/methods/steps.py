@@ -46,26 +46,36 @@ def is_file_source(src: str) -> bool:
 
 
 # ------------------------------------------------------------------ data
+def private_fetch(cfg, out: str) -> BenchFetchCall:
+    """The ``bench fetch`` of a config's private federated text (data.source) into ``out``."""
+    d = cfg.data
+    return BenchFetchCall(name=d.source, out=out, split=d.split, max_tokens=d.max_tokens,
+                          seed=cfg.seed, date_from=d.date_from,
+                          max_samples_per_client=d.max_samples_per_client,
+                          max_clients=d.max_clients)
+
+
+def public_fetch(cfg, out: str) -> BenchFetchCall:
+    """The ``bench fetch`` of a config's public data Omega (data.public_source) into ``out``."""
+    d = cfg.data
+    return BenchFetchCall(name=d.public_source, out=out, max_tokens=d.max_tokens,
+                          seed=cfg.seed, public=True, date_to=d.public_date_to,
+                          max_samples_per_client=d.public_max_samples_per_client)
+
+
 def fetch_text(run: RunContext, *, public: bool = True) -> Iterable[Stage]:
     """``bench fetch`` of the private federated text (unless data.dir) and, with ``public``,
     of Omega (unless it is a file)."""
-    c, d = run.cfg, run.cfg.data
-    common: dict[str, Any] = {"max_tokens": d.max_tokens, "seed": c.seed}
+    d = run.cfg.data
     if not d.dir:
-        yield Stage("fetch-private", BenchFetchCall(
-            name=d.source, out=str(run.paths.private), split=d.split, **common,
-            date_from=d.date_from, max_samples_per_client=d.max_samples_per_client,
-            max_clients=d.max_clients),
-            outputs=[str(run.paths.private)])
+        yield Stage("fetch-private", private_fetch(run.cfg, str(run.paths.private)),
+                    outputs=[str(run.paths.private)])
     if not d.public_source:
         raise ConfigError("is needed (the initial population Omega)",
                           field="data.public_source")
     if public and not is_file_source(d.public_source):
-        yield Stage("fetch-public", BenchFetchCall(
-            name=d.public_source, out=str(run.paths.public), **common, public=True,
-            date_to=d.public_date_to,
-            max_samples_per_client=d.public_max_samples_per_client),
-            outputs=[str(run.paths.public)])
+        yield Stage("fetch-public", public_fetch(run.cfg, str(run.paths.public)),
+                    outputs=[str(run.paths.public)])
 
 def embed_private(run: RunContext) -> Iterable[Stage]:
     """``embed`` of the private train and validation splits, and of Omega when checkpoint

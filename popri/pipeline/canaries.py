@@ -28,7 +28,7 @@ asks for (the test that the audit has teeth).
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
 import shutil
 import subprocess
@@ -36,12 +36,13 @@ import sys
 from pathlib import Path
 
 from popri.apps.audit import canaries as C
-from popri.core import io, log, provenance
+from popri.core import io, log, outdir, provenance
 from popri.core.errors import InputError
 from popri.data.records import text_records
-from popri.methods.steps import is_file_source
+from popri.methods import steps
 from popri.pipeline import config as config_mod
 from popri.privacy import onerun
+from popri.privacy.ledger import total
 from popri.specs.commands.bench import BenchFetchCall
 from popri.specs.privacy import CanarySpec
 
@@ -69,23 +70,19 @@ def _fetch(call: BenchFetchCall, what: str) -> None:
 
 
 def base_data(cfg, root: Path) -> tuple[Path, list[str]]:
-    """(the private dataset as the run would read it, the public texts for the vocabulary)."""
+    """(the private dataset as the run would read it, the public texts for the vocabulary):
+    the run's own fetches (:func:`popri.methods.steps.private_fetch`, ``public_fetch``)."""
     d = cfg.data
-    common = {"max_tokens": d.max_tokens, "seed": cfg.seed}
     if d.dir:
         priv = Path(d.dir)
     else:
         priv = root / "base"
-        _fetch(BenchFetchCall(name=d.source, out=str(priv), split=d.split, **common,
-                              date_from=d.date_from, max_samples_per_client=d.max_samples_per_client,
-                              max_clients=d.max_clients), "private")
-    if is_file_source(d.public_source):
+        _fetch(steps.private_fetch(cfg, str(priv)), "private")
+    if steps.is_file_source(d.public_source):
         recs, _ = text_records(d.public_source)
     else:
         pub = root / "public"
-        _fetch(BenchFetchCall(name=d.public_source, out=str(pub), **common, public=True,
-                              date_to=d.public_date_to,
-                              max_samples_per_client=d.public_max_samples_per_client), "public")
+        _fetch(steps.public_fetch(cfg, str(pub)), "public")
         recs, _ = text_records(str(pub))
     return priv, [r["text"] for r in recs]
 
@@ -101,7 +98,7 @@ def _canaries(root: Path, spec: CanarySpec, seed: int, public_texts: list[str]) 
         have = io.read_jsonl(path)
         if have != want:
             raise InputError("holds other canaries (another --seed, --canaries, --style or "
-                             "--words, or other public data): audit in a new --run-dir", path=path)
+                             "--words, or other public data): audit in a new --run-dir", path=str(path))
         return have
     io.write_jsonl(want, path)
     return want
@@ -114,9 +111,8 @@ def audited_data(priv: Path, out: Path, canaries: list[dict], copies: int) -> No
     rows = [r for c in canaries if c["included"] for r in
             ({"id": f"{c['id']}#{j}", "client_id": c["client_id"], "text": c["text"]}
              for j in range(copies))]
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    outdir.check(out, inputs=[priv])  # a directory popri did not write is never replaced
+    tmp = outdir.staging_dir(out)
     for split in ("train", "val", "test"):
         src = priv / f"{split}.jsonl"
         if src.exists():
@@ -130,16 +126,13 @@ def audited_data(priv: Path, out: Path, canaries: list[dict], copies: int) -> No
     tr["clients"] = int(tr.get("clients", 0)) + n_in
     tr["samples"] = int(tr.get("samples", 0)) + len(rows)
     counts["train"] = tr
-    import hashlib
     files = {f.name: {"sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
                       "bytes": f.stat().st_size} for f in sorted(tmp.glob("*.jsonl"))}
     man.update(counts=counts, files=files, canaries={
         "m": len(canaries), "included": n_in, "copies": copies,
         "note": "canary clients of 'popri audit canaries' added to the train split"})
     io.write_json(man, tmp / "manifest.json")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    outdir.replace(tmp, out, kind="canary-data")
     provenance.finish({str(out): provenance.private(f"{priv} with canary clients")}, None,
                       ok=True)
 
@@ -180,13 +173,10 @@ def scores(cfg, art: dict, texts: list[str], which: tuple[str, ...]) -> dict[str
     return {k: [float(x) for x in v] for k, v in out.items()}
 
 
-def ledger_claim(run: Path, delta: float) -> dict:
-    """The run's total epsilon and its relation, as ``popri account ledger RUN`` prints it."""
-    p = _popri(["account", "ledger", str(run), "--json", "--delta", repr(delta)],
-               stdout=subprocess.PIPE)
-    if p.returncode:
-        raise InputError(f"'popri account ledger' failed (exit {p.returncode})", path=run)
-    return json.loads(p.stdout)
+def ledger_claim(run: Path, delta: float, accountant: str) -> dict:
+    """The run's total epsilon and its relation, as ``popri account ledger RUN`` totals them
+    (:func:`popri.privacy.ledger.total`)."""
+    return total([run], delta=delta, accountant=accountant).to_dict()
 
 
 def audit(config: str | None, run_dir: str, overrides: list[str], spec: CanarySpec, *,
@@ -212,7 +202,7 @@ def audit(config: str | None, run_dir: str, overrides: list[str], spec: CanarySp
     p = _popri(["run", *([config] if config else []), *[f"--set={o}" for o in ov],
                 f"--set=data.dir={root / 'data'}"], stdout=sys.stderr)
     if p.returncode:
-        raise InputError(f"the audited run failed (exit {p.returncode})", path=root / "run")
+        raise InputError(f"the audited run failed (exit {p.returncode})", path=str(root / "run"))
     art = released(cfg, root / "run")
     texts = [c["text"] for c in can]
     inc = [c["included"] for c in can]
@@ -222,9 +212,9 @@ def audit(config: str | None, run_dir: str, overrides: list[str], spec: CanarySp
            for k, v in sc.items()}
     best_score = max(per, key=lambda k: per[k]["eps_lower"])
     best = per[best_score]
-    led = ledger_claim(root / "run", delta)
-    eps_run = float(led.get("epsilon", math.inf)) if led.get("epsilon") is not None else math.inf
-    claimed = float(asked) if spec.brk else eps_run
+    led = ledger_claim(root / "run", delta, cfg.privacy.accountant)
+    eps_run = math.inf if led.get("epsilon") is None else float(led["epsilon"])
+    claimed = (math.inf if asked is None else float(asked)) if spec.brk else eps_run
     result = {
         "method": cfg.method, "break": spec.brk, "eps_claimed": claimed,
         "eps_ledger": eps_run, "neighbouring": led.get("neighbouring"), "delta": delta,
