@@ -83,7 +83,7 @@ def test_an_audit_of_a_dp_fedavg_run_prints_the_bound_beside_the_ledger(dataset,
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(p.stdout)  # stdout: the audit's JSON only (the run's table went to stderr)
     assert r == json.loads((out / "audit.json").read_text())
-    assert r["method"] == "dp-fedavg" and r["m"] == 20 and r["score"] == "model"
+    assert r["method"] == "dp-fedavg" and r["m"] == 20 and r["score"] in ("model", "model-raw")
     assert r["neighbouring"] == "add/remove one client" and r["eps_ledger"] <= 1.0 + 1e-9
     assert r["eps_claimed"] == r["eps_ledger"] and r["refuted"] is (r["eps_lower"] > 1.0)
     assert 0 <= r["correct"] <= r["r"] <= r["m"]
@@ -100,7 +100,7 @@ def test_an_audit_of_a_dp_fedavg_run_prints_the_bound_beside_the_ledger(dataset,
     assert man["counts"]["train"]["clients"] == base["counts"]["train"]["clients"] + r["included"]
     assert json.loads((out / "data" / "provenance.json").read_text())["status"] == "private"
     rows = [json.loads(x) for x in (out / "membership_scores.jsonl").read_text().splitlines()]
-    assert [x["id"] for x in rows] == [c["id"] for c in can] and all("model" in x for x in rows)
+    assert [x["id"] for x in rows] == [c["id"] for c in can] and all("model" in x and "model-raw" in x for x in rows)
     # the same directory with other canaries: refused, the draw kept
     p = run_popri(["audit", "canaries", "--run-dir", out, "--canaries", "20", "--seed", "1",
                    *_sets(data, pub, tiny_lm)])

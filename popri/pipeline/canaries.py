@@ -47,8 +47,10 @@ from popri.specs.commands.bench import BenchFetchCall
 from popri.specs.privacy import CanarySpec
 
 #: the methods a canary audit runs, and the scores each one's releases allow
-SCORES_OF = {"popri": ("generator", "embed", "lcs"), "pe-sft": ("generator", "embed", "lcs"),
-             "pe": ("embed", "lcs"), "dp-fedavg": ("model",), "dp-ftrl": ("model",)}
+SCORES_OF = {"popri": ("generator", "generator-raw", "embed", "lcs"),
+             "pe-sft": ("generator", "generator-raw", "embed", "lcs"),
+             "pe": ("embed", "lcs"), "dp-fedavg": ("model", "model-raw"),
+             "dp-ftrl": ("model", "model-raw")}
 BREAKS = ("no-noise",)
 #: --break no-noise: the noise multiplier of the run (1e-6 of the sensitivity: none, in effect)
 NO_NOISE_Z = 1e-6
@@ -153,20 +155,30 @@ def released(cfg, run: Path) -> dict:
 
 
 def scores(cfg, art: dict, texts: list[str], which: tuple[str, ...]) -> dict[str, list[float]]:
-    out = {}
+    """The membership scores ``which`` of the canaries ``texts`` that the released artifacts
+    ``art`` allow (each model read once for a score and its -raw twin)."""
+    out: dict = {}
+    gains: dict[str, dict] = {}
     for s in which:
+        kind, raw = s.removesuffix("-raw"), s.endswith("-raw")
         if s in ("embed", "lcs") and "synthetic" not in art:
             continue
         if s == "embed":
             out[s] = C.embed_scores(texts, art["synthetic"], cfg.embedder)
         elif s == "lcs":
             out[s] = C.lcs_scores(texts, art["synthetic"])
-        elif s == "generator" and "adapter" in art:
-            out[s] = C.likelihood_ratio(texts, model=cfg.generator.model, adapter=art["adapter"],
-                                        reference=cfg.generator.model)
-        elif s == "model" and "model" in art:
-            out[s] = C.model_ratio(texts, art["model"],
-                                   reference=getattr(cfg.fl, "model", None) or cfg.downstream.model)
+        elif kind == "generator" and "adapter" in art:
+            if kind not in gains:
+                gains[kind] = C.likelihood_gains(texts, model=cfg.generator.model,
+                                                 adapter=art["adapter"],
+                                                 reference=cfg.generator.model)
+            out[s] = gains[kind]["raw" if raw else "calibrated"]
+        elif kind == "model" and "model" in art:
+            if kind not in gains:
+                gains[kind] = C.model_gains(
+                    texts, art["model"],
+                    reference=getattr(cfg.fl, "model", None) or cfg.downstream.model)
+            out[s] = gains[kind]["raw" if raw else "calibrated"]
     if not out:
         raise InputError(f"the run released nothing the scores {', '.join(which)} read",
                          field="scores")

@@ -407,7 +407,7 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
 
 # --------------------------------------------------------------------------- canary audit
 CANARY_STYLES = ("random", "echo")
-CANARY_SCORES = ("embed", "lcs", "generator", "model")
+CANARY_SCORES = ("embed", "lcs", "generator", "generator-raw", "model", "model-raw")
 CANARY_BREAKS = ("no-noise",)
 
 
@@ -430,8 +430,9 @@ class CanarySpec(Spec):
         4, "Records of its secret each canary client holds (one client still: under add/remove "
            "one client the claim covers them together).", lo=1, hi=1000)
     scores: tuple[str, ...] | None = param(
-        None, "Membership scores to try (comma-separated: embed, lcs, generator, model; default: "
-              "all that the method releases); the bound is Bonferroni-corrected over them.",
+        None, "Membership scores to try (comma-separated: embed, lcs, generator, generator-raw, "
+              "model, model-raw; default: all that the method releases); the bound is "
+              "Bonferroni-corrected over them.",
         sep=",")
     significance: float = param(0.05, "The bound holds with probability 1 - this, over the "
                                       "canaries' draw (default 0.05).", lo=0, lo_open=True,

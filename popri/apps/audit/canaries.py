@@ -26,7 +26,14 @@ private data independently with probability 1/2 by a seeded draw (recorded in ca
   inference attacks from first principles", arXiv:2112.03570), less the same ratio of the
   canary's words shuffled (the words' own gain, shared by every canary, cancels);
 - ``model``: the same ratio for a released downstream model (DP-FedAvg / DP-FTRL's global model)
-  against its initial weights.
+  against its initial weights;
+- ``generator-raw``, ``model-raw``: the same ratios without the shuffled-words control.  Which
+  is stronger depends on the vocabulary: when the canaries' words are rare (random words of a
+  large public vocabulary) learning the words is itself the membership signal and the control
+  removes it; when they are common, the control removes what every canary shares.  A tiny
+  random Llama (SmolLM2's tokenizer) trained by DP-FedAvg without noise on 200 canaries of
+  random sotu words, 8 full-batch local steps at lr 0.5: separation of included from excluded
+  1.5 SD raw, 1.15 SD controlled (simulated outside the pipeline, benchmarks/canary_audit.py).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from popri.eval.fluency import text_nll
 from popri.models.embed import embed_texts
 
 STYLES = ("random", "echo")
-SCORES = ("embed", "lcs", "generator", "model")
+SCORES = ("embed", "lcs", "generator", "generator-raw", "model", "model-raw")
 _WORD = re.compile(r"[A-Za-z]{3,12}")
 
 
@@ -124,7 +131,7 @@ def embed_scores(canaries: Sequence[str], samples: Sequence[str], embedder: str)
 
 def shuffled(texts: Sequence[str], seed: int = 0) -> list[str]:
     """Each text's words in a seeded random order: the same words (the same unigram content),
-    not the same sequence -- the control of :func:`likelihood_ratio`."""
+    not the same sequence -- the control of :func:`likelihood_gains`."""
     rng = np.random.default_rng([int(seed), 0x5F1E])
     out = []
     for t in texts:
@@ -133,30 +140,29 @@ def shuffled(texts: Sequence[str], seed: int = 0) -> list[str]:
     return out
 
 
-def likelihood_ratio(canaries: Sequence[str], *, model: str, adapter: str | None = None,
-                     reference: str, reference_adapter: str | None = None,
-                     calibrate: bool = True) -> np.ndarray:
+def likelihood_gains(canaries: Sequence[str], *, model: str, adapter: str | None = None,
+                     reference: str, reference_adapter: str | None = None) -> dict[str, np.ndarray]:
     """Mean per-token NLL of each canary under the reference minus under the released model
-    (``model`` + ``adapter``): higher when the release learned the canary.  ``calibrate``
-    subtracts the same gain on the canary's words shuffled (:func:`shuffled`): what the model
-    learned of the words themselves -- the corpus's vocabulary, shared by canaries in and out --
-    cancels, and what is left is the sequence the included canaries taught it (on a tiny
-    model trained by DP-FedAvg without noise: 0.5 SD of separation raw, 3 calibrated)."""
-    texts = list(canaries) + (shuffled(canaries) if calibrate else [])
-    nll, n = text_nll(model, texts, adapter=adapter)  # each model loaded once
+    (``model`` + ``adapter``), higher when the release learned the canary: ``raw``, and
+    ``calibrated``, less the same gain on the canary's words shuffled (:func:`shuffled`): what
+    the model learned of the words themselves -- shared by canaries in and out when the words
+    are common -- cancels, and what is left is the sequence the included canaries taught it.
+    One NLL pass per model over the canaries and their shuffles."""
+    texts = list(canaries) + shuffled(canaries)
+    nll, n = text_nll(model, texts, adapter=adapter)
     ref, rn = text_nll(reference, texts, adapter=reference_adapter)
     g = ref / np.maximum(rn, 1) - nll / np.maximum(n, 1)
     m = len(canaries)
-    return g[:m] - g[m:] if calibrate else g
+    return {"raw": g[:m], "calibrated": g[:m] - g[m:]}
 
 
-def model_ratio(canaries: Sequence[str], path: str, *, reference: str) -> np.ndarray:
-    """:func:`likelihood_ratio` of a released downstream model directory (a full model, or a
+def model_gains(canaries: Sequence[str], path: str, *, reference: str) -> dict[str, np.ndarray]:
+    """:func:`likelihood_gains` of a released downstream model directory (a full model, or a
     LoRA adapter on its recorded base) against ``reference``, its initial weights."""
     from pathlib import Path
 
     p = Path(path)
     if (p / "adapter_config.json").exists():
-        return likelihood_ratio(canaries, model=adapter_base(p), adapter=str(p),
+        return likelihood_gains(canaries, model=adapter_base(p), adapter=str(p),
                                 reference=reference)
-    return likelihood_ratio(canaries, model=str(p), reference=reference)
+    return likelihood_gains(canaries, model=str(p), reference=reference)
