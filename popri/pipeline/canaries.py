@@ -196,7 +196,12 @@ def audit(config: str | None, run_dir: str, overrides: list[str], spec: CanarySp
     """The audit: data, canaries, the run, the scores, the bound (module docstring)."""
     root = Path(run_dir)
     ov = [*overrides, f"run_dir={root / 'run'}"]
-    asked = config_mod.load(config, ov).privacy.epsilon  # the claim a --break is held to
+    try:  # the claim a --break is held to: the config's epsilon, None (inf) when it has none
+        asked = config_mod.load(config, ov).privacy.epsilon
+    except InputError as e:  # privacy.epsilon=null without a z: valid once the break sets z
+        if not (spec.brk and getattr(e, "field", "") == "privacy.epsilon"):
+            raise
+        asked = None
     if spec.brk == "no-noise":
         # the least noise a run takes (its config never switches noise off: z > 0), no budget
         ov += ["privacy.epsilon=null", f"privacy.noise_multiplier={NO_NOISE_Z!r}"]
