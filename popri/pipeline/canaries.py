@@ -196,15 +196,13 @@ def audit(config: str | None, run_dir: str, overrides: list[str], spec: CanarySp
     """The audit: data, canaries, the run, the scores, the bound (module docstring)."""
     root = Path(run_dir)
     ov = [*overrides, f"run_dir={root / 'run'}"]
-    try:  # the claim a --break is held to: the config's epsilon, None (inf) when it has none
-        asked = config_mod.load(config, ov).privacy.epsilon
-    except InputError as e:  # privacy.epsilon=null without a z: valid once the break sets z
-        if not (spec.brk and getattr(e, "field", "") == "privacy.epsilon"):
-            raise
-        asked = None
-    if spec.brk == "no-noise":
-        # the least noise a run takes (its config never switches noise off: z > 0), no budget
-        ov += ["privacy.epsilon=null", f"privacy.noise_multiplier={NO_NOISE_Z!r}"]
+    # --break no-noise: the least noise a run takes (its config never switches noise off: z > 0)
+    z_ov = [f"privacy.noise_multiplier={NO_NOISE_Z!r}"] if spec.brk == "no-noise" else []
+    # the claim a --break is held to: the config's epsilon (None: inf), read with the break's z,
+    # so that a config of privacy.epsilon: null alone is a valid one to break
+    asked = config_mod.load(config, ov + z_ov).privacy.epsilon
+    if z_ov:
+        ov += ["privacy.epsilon=null", *z_ov]  # no budget
     cfg = config_mod.load(config, ov)
     if cfg.method not in SCORES_OF:
         raise InputError(f"method {cfg.method!r} has no DP claim a canary audit could test "

