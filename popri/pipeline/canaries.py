@@ -49,8 +49,8 @@ from popri.specs.privacy import CanarySpec
 #: the methods a canary audit runs, and the scores each one's releases allow
 SCORES_OF = {"popri": ("generator", "generator-raw", "embed", "lcs"),
              "pe-sft": ("generator", "generator-raw", "embed", "lcs"),
-             "pe": ("embed", "lcs"), "dp-fedavg": ("model", "model-raw"),
-             "dp-ftrl": ("model", "model-raw")}
+             "pe": ("embed", "lcs"), "dp-fedavg": ("model", "model-raw", "model-rows"),
+             "dp-ftrl": ("model", "model-raw", "model-rows")}
 BREAKS = ("no-noise",)
 #: --break no-noise: the noise multiplier of the run (1e-6 of the sensitivity: none, in effect)
 NO_NOISE_Z = 1e-6
@@ -154,6 +154,11 @@ def released(cfg, run: Path) -> dict:
     return out
 
 
+def _fl_reference(cfg) -> str:
+    """The initial weights of a DP-FL run's global model."""
+    return getattr(cfg.fl, "model", None) or cfg.downstream.model
+
+
 def scores(cfg, art: dict, texts: list[str], which: tuple[str, ...]) -> dict[str, list[float]]:
     """The membership scores ``which`` of the canaries ``texts`` that the released artifacts
     ``art`` allow (each model read once for a score and its -raw twin)."""
@@ -173,11 +178,14 @@ def scores(cfg, art: dict, texts: list[str], which: tuple[str, ...]) -> dict[str
                                                  adapter=art["adapter"],
                                                  reference=cfg.generator.model)
             out[s] = gains[kind]["raw" if raw else "calibrated"]
+        elif s == "model-rows" and "model" in art:
+            if not (Path(art["model"]) / "adapter_config.json").exists():  # a full model only
+                out[s] = C.row_shifts(texts, art["model"], reference=_fl_reference(cfg))
         elif kind == "model" and "model" in art:
             if kind not in gains:
                 gains[kind] = C.model_gains(
                     texts, art["model"],
-                    reference=getattr(cfg.fl, "model", None) or cfg.downstream.model)
+                    reference=_fl_reference(cfg))
             out[s] = gains[kind]["raw" if raw else "calibrated"]
     if not out:
         raise InputError(f"the run released nothing the scores {', '.join(which)} read",

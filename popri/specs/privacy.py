@@ -407,7 +407,8 @@ class AuditSpec(FredDesignSpec, GaussianCalibrationSpec, TargetDeltaSpec, Accoun
 
 # --------------------------------------------------------------------------- canary audit
 CANARY_STYLES = ("random", "echo")
-CANARY_SCORES = ("embed", "lcs", "generator", "generator-raw", "model", "model-raw")
+CANARY_SCORES = ("embed", "lcs", "generator", "generator-raw", "model", "model-raw",
+                 "model-rows")
 CANARY_BREAKS = ("no-noise",)
 
 
@@ -431,7 +432,7 @@ class CanarySpec(Spec):
            "one client the claim covers them together).", lo=1, hi=1000)
     scores: tuple[str, ...] | None = param(
         None, "Membership scores to try (comma-separated: embed, lcs, generator, generator-raw, "
-              "model, model-raw; default: all that the method releases); the bound is "
+              "model, model-raw, model-rows; default: all that the method releases); the bound is "
               "Bonferroni-corrected over them.",
         sep=",")
     significance: float = param(0.05, "The bound holds with probability 1 - this, over the "

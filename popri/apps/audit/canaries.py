@@ -31,7 +31,13 @@ private data independently with probability 1/2 by a seeded draw (recorded in ca
   is stronger depends on the vocabulary: when the canaries' words are rare (random words of a
   large public vocabulary) learning the words is itself the membership signal and the control
   removes it; when they are common, the control removes what every canary shares (measured
-  on benchmarks/configs/canary-dpfl.yaml without noise: docs/privacy.md, the canary audit).
+  on benchmarks/configs/canary-dpfl.yaml without noise: docs/privacy.md, the canary audit);
+- ``model-rows``: white-box, for a released FULL model (DP-FedAvg / DP-FTRL's global model):
+  how far the input-embedding rows of the canary's tokens moved from the initial weights (the
+  mean L2 shift over the tokens no other canary holds; all its tokens when it has none).  A
+  token's row moves when a client's text holds it (its gradient as input, and as target where
+  the embeddings are tied) and hardly otherwise, so rare tokens make it a sharp test; white-box
+  audits read the released weights as the one-run paper's do (arXiv:2305.08846, section 6).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import numpy as np
 from popri.eval.downstream import adapter_base
 from popri.eval.fluency import text_nll
 from popri.models.embed import embed_texts
+from popri.models.llm import load_causal_lm
 from popri.specs.privacy import CANARY_SCORES as SCORES  # noqa: F401  (one list: the spec's)
 from popri.specs.privacy import CANARY_STYLES as STYLES
 _WORD = re.compile(r"[A-Za-z]{3,12}")
@@ -151,6 +158,29 @@ def likelihood_gains(canaries: Sequence[str], *, model: str, adapter: str | None
     g = ref / np.maximum(rn, 1) - nll / np.maximum(n, 1)
     m = len(canaries)
     return {"raw": g[:m], "calibrated": g[:m] - g[m:]}
+
+
+def row_shifts(canaries: Sequence[str], path: str, *, reference: str) -> np.ndarray:
+    """The ``model-rows`` score (module docstring) of each canary: the mean L2 distance between
+    the released full model's input-embedding rows of its tokens and the reference's (its
+    initial weights), over the tokens no other canary holds (all its tokens when none is its
+    own).  The tokens come from the reference's tokenizer, which the release shares."""
+    from collections import Counter
+
+    def rows(name: str):
+        model, tok = load_causal_lm(name)
+        return model.get_input_embeddings().weight.detach().double().numpy(), tok
+
+    new, _ = rows(path)
+    old, tok = rows(reference)
+    ids = [sorted(set(tok(str(t), add_special_tokens=False)["input_ids"])) for t in canaries]
+    held = Counter(i for row in ids for i in row)
+    shift = np.linalg.norm(new - old, axis=1)
+    out = np.zeros(len(canaries))
+    for i, row in enumerate(ids):
+        own = [t for t in row if held[t] == 1] or row
+        out[i] = float(np.mean(shift[own])) if own else 0.0
+    return out.astype(np.float64)
 
 
 def model_gains(canaries: Sequence[str], path: str, *, reference: str) -> dict[str, np.ndarray]:
