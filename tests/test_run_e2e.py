@@ -223,13 +223,14 @@ def test_baseline_methods_run_end_to_end(method, tiny_inputs, tiny_lm, tiny_st_m
 @pytest.mark.slow
 def test_slow_embedded_default_reduced_on_real_models(tmp_path):
     """The README's main job at reduced size on the real SmolLM2-135M / MiniLM (offline)."""
-    # 4 texts per client (default 16: fetch and embed), 48 new tokens (default 85: the three
-    # generation stages took 234 of this test's 600 s), one DPO epoch (default 2), 16 val / test
-    # records (48 before: alone on the box the run took 219 s, of which the three downstream
-    # arms' training 90 s and the four evaluations 29 s)
+    # 4 texts per client (default 16: fetch and embed), 24 new tokens (default 85; 48 until
+    # 2026-12-08: beside the other worker the three generation stages took 240 of this test's
+    # 620 s), one DPO epoch (default 2), 16 val / test records (48 before: alone on the box the
+    # run took 219 s, of which the three downstream arms' training 90 s and the four
+    # evaluations 29 s)
     ov = [f"run_dir={tmp_path / 'run'}", "rounds=1", "prompts=3", "num_synthetic=18",
           "downstream.eval_max_samples=16", "downstream.epochs=1", "dpo.select_checkpoint=false",
-          "data.max_samples_per_client=4", "generator.max_new_tokens=48", "dpo.epochs=1"]
+          "data.max_samples_per_client=4", "generator.max_new_tokens=24", "dpo.epochs=1"]
     repo = Path(__file__).resolve().parents[1]
     e = env()
     e["POPRI_THREADS"] = "2"
