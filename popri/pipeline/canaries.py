@@ -193,6 +193,10 @@ def scores(cfg, art: dict, texts: list[str], which: tuple[str, ...]) -> dict[str
     return {k: [float(x) for x in v] for k, v in out.items()}
 
 
+def _finite(x: float) -> float | None:
+    return None if math.isinf(x) else x
+
+
 def ledger_claim(run: Path, delta: float, accountant: str) -> dict:
     """The run's total epsilon and its relation, as ``popri account ledger RUN`` totals them
     (:func:`popri.privacy.ledger.total`)."""
@@ -239,8 +243,10 @@ def audit(config: str | None, run_dir: str, overrides: list[str], spec: CanarySp
     eps_run = math.inf if led.get("epsilon") is None else float(led["epsilon"])
     claimed = (math.inf if asked is None else float(asked)) if spec.brk else eps_run
     result = {
-        "method": cfg.method, "break": spec.brk, "eps_claimed": claimed,
-        "eps_ledger": eps_run, "neighbouring": led.get("neighbouring"), "delta": delta,
+        # an infinite epsilon is written null, as a config's privacy.epsilon: null (JSON has no
+        # inf); `refuted` compares the numbers
+        "method": cfg.method, "break": spec.brk, "eps_claimed": _finite(claimed),
+        "eps_ledger": _finite(eps_run), "neighbouring": led.get("neighbouring"), "delta": delta,
         "eps_lower": best["eps_lower"], "score": best_score, "m": len(can),
         "included": sum(inc), "copies": spec.copies, "style": spec.style,
         "k": best["k_plus"], "r": best["r"], "correct": best["correct"],
