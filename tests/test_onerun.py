@@ -89,3 +89,24 @@ def test_audit_takes_the_best_k_at_a_bonferroni_level():
     assert O.epsilon_lower_bound(m=400, r=row["r"], v=row["correct"], delta=1e-5) >= row["eps_lower"]
     blind = O.audit(rng.standard_normal(400), inc, delta=1e-5)  # scores that know nothing
     assert blind["eps_lower"] < 0.5
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 80), st.floats(0.0, 5.0), st.sampled_from([0.0, 1e-6, 1e-4, 1e-2]),
+       st.data())
+def test_the_p_value_is_the_papers_appendix_d_running_sum(r, eps, delta, data):
+    """Steinke et al.'s Appendix D computes the alpha term as a running sum of binomial pmfs
+    (i = 1 .. v, alpha = max of the partial sums over i); the same from its definition here, on a
+    grid of (m, r, v, eps, delta)."""
+    from scipy import stats
+
+    v = data.draw(st.integers(0, r))
+    m = data.draw(st.integers(r, 4 * r))
+    q = 1 / (1 + math.exp(-eps))
+    beta = stats.binom.sf(v - 1, r, q)
+    alpha, run = 0.0, 0.0
+    for i in range(1, v + 1):
+        run += stats.binom.pmf(v - i, r, q)
+        alpha = max(alpha, run / i)
+    want = min(beta + alpha * delta * 2 * m, 1.0)
+    assert O.p_value(m, r, v, eps, delta) == pytest.approx(want, rel=1e-7, abs=1e-12)
