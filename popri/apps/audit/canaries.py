@@ -36,8 +36,9 @@ private data independently with probability 1/2 by a seeded draw (recorded in ca
   how far the input-embedding rows of the canary's tokens moved from the initial weights (the
   mean L2 shift over the tokens no other canary holds; all its tokens when it has none).  A
   token's row moves when a client's text holds it (its gradient as input, and as target where
-  the embeddings are tied) and hardly otherwise, so rare tokens make it a sharp test; white-box
-  audits read the released weights as the one-run paper's do (arXiv:2305.08846, section 6).
+  the embeddings are tied) and hardly otherwise, so rare tokens make it a sharp test (a
+  white-box score: it reads the released weights, which the one-run theorem allows as any
+  other function of the output, arXiv:2305.08846).
 """
 
 from __future__ import annotations
