@@ -109,7 +109,6 @@ def test_an_audit_of_a_dp_fedavg_run_prints_the_bound_beside_the_ledger(dataset,
     assert [json.loads(x) for x in (out / "canaries.jsonl").read_text().splitlines()] == can
 
 
-
 def test_the_audit_has_teeth_a_run_without_noise_is_refuted_far_above_its_claim(
         dataset, tiny_lm, tmp_path, run_popri):
     """Issue 69, point 4: the same DP-FedAvg run at z = 1e-6 (--break no-noise) is held to the

@@ -29,7 +29,6 @@ asks for (the test that the audit has teeth).
 from __future__ import annotations
 
 import hashlib
-import math
 import shutil
 import subprocess
 import sys
@@ -179,7 +178,7 @@ def scores(cfg, art: dict, texts: list[str], which: tuple[str, ...]) -> dict[str
                                                  reference=cfg.generator.model)
             out[s] = gains[kind]["raw" if raw else "calibrated"]
         elif s == "model-rows" and "model" in art:
-            if not (Path(art["model"]) / "adapter_config.json").exists():  # a full model only
+            if not C.is_adapter(art["model"]):  # a full model only: LoRA moves no embedding row
                 out[s] = C.row_shifts(texts, art["model"], reference=_fl_reference(cfg))
         elif kind == "model" and "model" in art:
             if kind not in gains:
@@ -191,10 +190,6 @@ def scores(cfg, art: dict, texts: list[str], which: tuple[str, ...]) -> dict[str
         raise InputError(f"the run released nothing the scores {', '.join(which)} read",
                          field="scores")
     return {k: [float(x) for x in v] for k, v in out.items()}
-
-
-def _finite(x: float) -> float | None:
-    return None if math.isinf(x) else x
 
 
 def ledger_claim(run: Path, delta: float, accountant: str) -> dict:
@@ -240,18 +235,17 @@ def audit(config: str | None, run_dir: str, overrides: list[str], spec: CanarySp
     best_score = max(per, key=lambda k: per[k]["eps_lower"])
     best = per[best_score]
     led = ledger_claim(root / "run", delta, cfg.privacy.accountant)
-    eps_run = math.inf if led.get("epsilon") is None else float(led["epsilon"])
-    claimed = (math.inf if asked is None else float(asked)) if spec.brk else eps_run
+    # None is an infinite epsilon, in the ledger's total as in a config's privacy.epsilon: null
+    # (and in audit.json: JSON has no inf)
+    claimed = asked if spec.brk else led.get("epsilon")
     result = {
-        # an infinite epsilon is written null, as a config's privacy.epsilon: null (JSON has no
-        # inf); `refuted` compares the numbers
-        "method": cfg.method, "break": spec.brk, "eps_claimed": _finite(claimed),
-        "eps_ledger": _finite(eps_run), "neighbouring": led.get("neighbouring"), "delta": delta,
+        "method": cfg.method, "break": spec.brk, "eps_claimed": claimed,
+        "eps_ledger": led.get("epsilon"), "neighbouring": led.get("neighbouring"), "delta": delta,
         "eps_lower": best["eps_lower"], "score": best_score, "m": len(can),
         "included": sum(inc), "copies": spec.copies, "style": spec.style,
         "k": best["k_plus"], "r": best["r"], "correct": best["correct"],
         "significance": spec.significance, "scores": per,
-        "refuted": best["eps_lower"] > claimed}
+        "refuted": claimed is not None and best["eps_lower"] > float(claimed)}
     io.write_json(result, root / "audit.json")
     io.write_jsonl([{"id": c["id"], "included": c["included"],
                      **{k: sc[k][i] for k in sc}} for i, c in enumerate(can)],

@@ -45,13 +45,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from popri.eval.downstream import adapter_base
 from popri.eval.fluency import text_nll
 from popri.models.embed import embed_texts
-from popri.models.llm import load_causal_lm
+from popri.models.llm import ADAPTER_CONFIG, load_causal_lm
 from popri.specs.privacy import CANARY_SCORES as SCORES  # noqa: F401  (one list: the spec's)
 from popri.specs.privacy import CANARY_STYLES as STYLES
 _WORD = re.compile(r"[A-Za-z]{3,12}")
@@ -181,16 +182,18 @@ def row_shifts(canaries: Sequence[str], path: str, *, reference: str) -> np.ndar
     for i, row in enumerate(ids):
         own = [t for t in row if held[t] == 1] or row
         out[i] = float(np.mean(shift[own])) if own else 0.0
-    return out.astype(np.float64)
+    return out
+
+
+def is_adapter(path: str) -> bool:
+    """Whether a released model directory is a PEFT adapter (else a full model)."""
+    return (Path(path) / ADAPTER_CONFIG).exists()
 
 
 def model_gains(canaries: Sequence[str], path: str, *, reference: str) -> dict[str, np.ndarray]:
     """:func:`likelihood_gains` of a released downstream model directory (a full model, or a
     LoRA adapter on its recorded base) against ``reference``, its initial weights."""
-    from pathlib import Path
-
-    p = Path(path)
-    if (p / "adapter_config.json").exists():
-        return likelihood_gains(canaries, model=adapter_base(p), adapter=str(p),
+    if is_adapter(path):
+        return likelihood_gains(canaries, model=adapter_base(Path(path)), adapter=str(path),
                                 reference=reference)
-    return likelihood_gains(canaries, model=str(p), reference=reference)
+    return likelihood_gains(canaries, model=str(path), reference=reference)
